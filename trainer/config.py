@@ -1,0 +1,81 @@
+"""The root config schema: one dataclass per group, registered in Hydra's ConfigStore.
+
+YAML files under `conf/` are validated against these dataclasses when Hydra composes them,
+so an unknown key or a value of the wrong type fails at startup with the key named.
+`validate()` then checks the values (ranges, divisibility, cross-group constraints).
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from data.config import DataConfig
+from model.config import ModelConfig
+from optim.config import OptimConfig
+
+AUTOCAST_CHOICES = ("bf16", "none")
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 200  # optimizer steps
+    batch_size: int = 8  # global sequences per step (all ranks, all micro-steps)
+    seq_len: int = 256  # tokens per sequence
+    val_every: int = 50  # evaluate every this many steps (and always at the end); 0 = end only
+    val_tokens: int = 65536  # fixed validation budget in tokens, the same at every evaluation
+    log_every: int = 1  # console line every this many steps
+    device: str = "auto"  # auto (cuda when available, else cpu) | cpu | cuda
+    autocast: str = "bf16"  # bf16: matmuls in bfloat16 with fp32 master weights | none: fp32
+
+
+@dataclass
+class Config:
+    seed: int = 0  # seeds torch, numpy and python; same seed -> same run
+    run_dir: str = "."  # where metrics.jsonl goes; Hydra sets it to its run directory
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self) -> None:
+        """Check every value once, before any work; raise ValueError naming the key."""
+        self.model.validate()
+        self.data.validate()
+        t = self.train
+        for key in ("steps", "batch_size", "seq_len", "val_tokens", "log_every"):
+            if getattr(t, key) <= 0:
+                raise ValueError(f"train.{key} must be positive, got {getattr(t, key)}")
+        if t.val_every < 0:
+            raise ValueError(f"train.val_every must be >= 0, got {t.val_every}")
+        if t.val_tokens < t.seq_len:
+            raise ValueError(
+                f"train.val_tokens ({t.val_tokens}) must cover at least one sequence of "
+                f"train.seq_len ({t.seq_len}) tokens"
+            )
+        if t.device not in DEVICE_CHOICES:
+            raise ValueError(f"train.device must be one of {DEVICE_CHOICES}, got {t.device!r}")
+        if t.autocast not in AUTOCAST_CHOICES:
+            raise ValueError(
+                f"train.autocast must be one of {AUTOCAST_CHOICES}, got {t.autocast!r}"
+            )
+        self.optim.validate(t.steps)
+
+
+def register_configs() -> None:
+    """Register the schema so `conf/config.yaml` is type-checked against it."""
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+
+
+def to_config(cfg: DictConfig | Config | dict[str, Any]) -> Config:
+    """Turn a composed DictConfig (or a plain dict) into a validated `Config` object."""
+    if isinstance(cfg, Config):
+        conf = cfg
+    else:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+        conf = OmegaConf.to_object(merged)
+    conf.validate()
+    return conf
