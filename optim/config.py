@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 NS_COEFFICIENT_SETS = ("classic", "polar_express")
 LR_SCALES = ("original", "match_rms_adamw", "none")
+NS_DTYPES = ("auto", "bf16", "fp32")
 OPTIMIZER_NAMES = ("muon_adamw", "adamw")
 
 
@@ -16,9 +17,13 @@ class MuonConfig:
     nesterov: bool = True  # Nesterov-style lookahead on the momentum buffer
     ns_steps: int = 5  # Newton-Schulz iterations (polar_express has 5 tuned steps)
     ns_coefficients: str = "classic"  # classic | polar_express
-    lr_scale: str = "original"  # original: max(1,rows/cols)**0.5 | match_rms_adamw: 0.2*sqrt(max) | none
+    # LR factor by shape: original = max(1, rows/cols)**0.5 | match_rms_adamw = 0.2*sqrt(max) | none
+    lr_scale: str = "original"
     weight_decay: float = 0.0  # decoupled: p *= 1 - lr * weight_decay
     eps: float = 1e-7  # added to the Frobenius norm before normalising
+    # Newton–Schulz precision: bf16 | fp32 | auto = bf16 on CUDA and on CPUs with native bf16,
+    # fp32 elsewhere (emulated bf16 matmuls are several times slower than fp32)
+    ns_dtype: str = "auto"
 
 
 @dataclass
@@ -68,6 +73,8 @@ class OptimConfig:
             )
         if m.lr_scale not in LR_SCALES:
             raise ValueError(f"optim.muon.lr_scale must be one of {LR_SCALES}, got {m.lr_scale!r}")
+        if m.ns_dtype not in NS_DTYPES:
+            raise ValueError(f"optim.muon.ns_dtype must be one of {NS_DTYPES}, got {m.ns_dtype!r}")
         if m.weight_decay < 0:
             raise ValueError(f"optim.muon.weight_decay must be >= 0, got {m.weight_decay}")
         if m.eps <= 0:
@@ -85,7 +92,9 @@ class OptimConfig:
         if s.warmup_steps < 0:
             raise ValueError(f"optim.schedule.warmup_steps must be >= 0, got {s.warmup_steps}")
         if not 0.0 <= s.cooldown_frac <= 1.0:
-            raise ValueError(f"optim.schedule.cooldown_frac must be in [0, 1], got {s.cooldown_frac}")
+            raise ValueError(
+                f"optim.schedule.cooldown_frac must be in [0, 1], got {s.cooldown_frac}"
+            )
         if not 0.0 <= s.min_lr_frac <= 1.0:
             raise ValueError(f"optim.schedule.min_lr_frac must be in [0, 1], got {s.min_lr_frac}")
         cooldown = round(s.cooldown_frac * steps)

@@ -1,0 +1,37 @@
+# Two commands from a fresh machine (Python >= 3.10 with venv):
+#   make train   -> builds .venv, the sample corpus, and trains the default model
+#   make test    -> builds .venv and runs the test suite
+# Extra Hydra overrides for train: make train ARGS="optim=adamw train.steps=100"
+# TORCH picks the torch build installed first; the default is the CPU-or-local 2.13.0 wheel.
+# On a GPU machine use e.g. TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128".
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+ARGS ?=
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: train test lint bench clean-venv
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet ".[dev]"
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(BIN)/python train.py $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+bench: $(STAMP)
+	$(BIN)/python scripts/bench_optim.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,45 @@
+"""From `DataConfig` to this rank's train batches and the fixed validation batches."""
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from torch import Tensor
+
+from data.config import DataConfig
+from data.loader import SyntheticLoader, TokenLoader, synthetic_val_batches, val_batches
+
+Batch = tuple[Tensor, Tensor]
+
+
+def build_data(
+    cfg: DataConfig,
+    *,
+    batch_size: int,
+    seq_len: int,
+    val_tokens: int,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
+    progress: bool = True,
+) -> tuple[TokenLoader | SyntheticLoader, Callable[[], Iterable[Batch]]]:
+    """Return the train loader and a function that yields the same val batches every call."""
+    if cfg.source == "synthetic":
+        loader = SyntheticLoader(batch_size, seq_len, seed=seed, rank=rank, world_size=world_size)
+
+        def synthetic_val() -> Iterable[Batch]:
+            return synthetic_val_batches(seed, val_tokens, batch_size, seq_len, rank, world_size)
+
+        return loader, synthetic_val
+
+    from data.sample import build_sample_corpus
+
+    files = build_sample_corpus(
+        Path(cfg.cache_dir).expanduser(), cfg.val_fraction, progress=progress
+    )
+    loader = TokenLoader(files.train, batch_size, seq_len, rank=rank, world_size=world_size)
+
+    def sample_val() -> Iterable[Batch]:
+        return val_batches(files.val, val_tokens, batch_size, seq_len, rank, world_size)
+
+    sample_val()  # fail now, not at the first evaluation, if the val set is too small
+    return loader, sample_val

@@ -1,0 +1,277 @@
+"""Deterministic token loaders for training and validation, rank-aware from the start.
+
+Every rank computes the same global batch position and reads only its own rows, so the data a
+step sees depends on the global batch alone, never on the world size: runs on 1 or 8 ranks see
+the same tokens, and a checkpoint taken on one world size resumes on another.
+"""
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data.shards import load_shard, read_header
+from data.tokenizer import GPT2_VOCAB_SIZE
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+# Synthetic data: training and validation draw from separate random streams of one seed.
+_TRAIN_STREAM, _VAL_STREAM = 0, 1
+
+
+def _check_layout(batch_size: int, seq_len: int, rank: int, world_size: int) -> None:
+    if batch_size < 1:
+        raise ValueError(f"train.batch_size must be >= 1, got {batch_size}")
+    if seq_len < 1:
+        raise ValueError(f"train.seq_len must be >= 1, got {seq_len}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world size {world_size}")
+
+
+def _check_seed(seed: int) -> None:
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+
+
+def _check_divisible(batch_size: int, world_size: int) -> None:
+    if batch_size % world_size:
+        raise ValueError(
+            f"train.batch_size={batch_size} (sequences per step, all ranks together) must be "
+            f"divisible by the world size {world_size}"
+        )
+
+
+def _to_batch(tokens: np.ndarray, rows: int, seq_len: int) -> Batch:
+    """Inputs and next-token targets from rows * seq_len + 1 consecutive tokens."""
+    buf = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+    return buf[:-1].view(rows, seq_len), buf[1:].view(rows, seq_len)
+
+
+class TokenLoader:
+    """Consecutive global batches from a list of shards, read through memory maps.
+
+    A global batch of `batch_size` sequences is the next batch_size * seq_len + 1 tokens of the
+    current shard; rank r takes its contiguous share of the rows. A shard whose rest is too short
+    for a whole batch is left for the next one; after the last shard the stream wraps around and
+    `epoch` counts up.
+    """
+
+    def __init__(
+        self,
+        files: Sequence[Path],
+        batch_size: int,
+        seq_len: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        _check_layout(batch_size, seq_len, rank, world_size)
+        _check_divisible(batch_size, world_size)
+        if not files:
+            raise ValueError("no training shards given")
+        self.files = [Path(f) for f in files]
+        self.batch_size, self.seq_len = batch_size, seq_len
+        self.rank, self.world_size = rank, world_size
+        self.local_batch_size = batch_size // world_size
+        self._span = batch_size * seq_len  # tokens consumed per step, all ranks together
+        # Headers only: validates every shard up front without reading its tokens.
+        self._lengths = [read_header(f) for f in self.files]
+        if max(self._lengths) < self._span + 1:
+            raise ValueError(
+                f"no training shard holds one global batch: train.batch_size={batch_size} x "
+                f"train.seq_len={seq_len} needs {self._span + 1} tokens, the largest of "
+                f"{[str(f) for f in self.files]} has {max(self._lengths)}"
+            )
+        self._shard, self._pos, self.epoch = 0, 0, 0
+        self._tokens: np.ndarray | None = None  # memory map of the current shard
+
+    def _advance_shard(self) -> None:
+        self._shard, self._pos, self._tokens = self._shard + 1, 0, None
+        if self._shard == len(self.files):
+            self._shard, self.epoch = 0, self.epoch + 1
+
+    def next_batch(self) -> Batch:
+        """This rank's (inputs, targets), int64 tensors of shape (batch_size // world, seq_len)."""
+        while self._pos + self._span + 1 > self._lengths[self._shard]:
+            self._advance_shard()
+        if self._tokens is None:
+            self._tokens = load_shard(self.files[self._shard])
+        rows, seq_len = self.local_batch_size, self.seq_len
+        start = self._pos + self.rank * rows * seq_len
+        local = self._tokens[start : start + rows * seq_len + 1]
+        self._pos += self._span
+        return _to_batch(local, rows, seq_len)
+
+    def state_dict(self) -> dict[str, int]:
+        """The global stream position: the same on every rank, independent of the world size."""
+        return {"shard": self._shard, "pos": self._pos, "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue exactly where `state_dict()` was taken."""
+        shard, pos, epoch = int(state["shard"]), int(state["pos"]), int(state["epoch"])
+        if not 0 <= shard < len(self.files) or not 0 <= pos <= self._lengths[shard] or epoch < 0:
+            raise ValueError(
+                f"loader state {state} does not fit the {len(self.files)} training shards "
+                "(were the shards changed since the checkpoint?)"
+            )
+        self._shard, self._pos, self.epoch, self._tokens = shard, pos, epoch, None
+
+
+def _val_row_ranges(
+    n_seq: int, batch_size: int, rank: int, world_size: int
+) -> Iterator[tuple[int, int]]:
+    """This rank's [first, last) sequence indices of each global validation batch, if any.
+
+    Each global batch's rows are split into near-equal contiguous shares, so the union over
+    ranks is exactly the single-rank set. A rank with no rows in a small last batch gets nothing.
+    """
+    for start in range(0, n_seq, batch_size):
+        rows = min(batch_size, n_seq - start)
+        lo = start + rows * rank // world_size
+        hi = start + rows * (rank + 1) // world_size
+        if hi > lo:
+            yield lo, hi
+
+
+def val_sequence_count(files: Sequence[Path], val_tokens: int, seq_len: int) -> int:
+    """How many sequences of seq_len the validation budget holds (val_tokens rounded down).
+
+    Raises if the validation shards cannot supply them, before any training is done.
+    """
+    if seq_len < 1:
+        raise ValueError(f"train.seq_len must be >= 1, got {seq_len}")
+    if not files:
+        raise ValueError("no validation shards given")
+    available = sum(read_header(f) for f in files)
+    names = [str(f) for f in files]
+    if available < seq_len + 1:
+        raise ValueError(
+            f"validation shards {names} hold {available} tokens, fewer than one sequence of "
+            f"train.seq_len={seq_len} plus its target ({seq_len + 1})"
+        )
+    n_seq = val_tokens // seq_len
+    if n_seq < 1:
+        raise ValueError(
+            f"train.val_tokens={val_tokens} is less than one sequence of train.seq_len={seq_len}"
+        )
+    if n_seq * seq_len + 1 > available:
+        raise ValueError(
+            f"train.val_tokens={val_tokens} needs {n_seq * seq_len + 1} validation tokens but "
+            f"{names} hold only {available}; lower train.val_tokens"
+        )
+    return n_seq
+
+
+def val_batches(
+    files: Sequence[Path],
+    val_tokens: int,
+    batch_size: int,
+    seq_len: int,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Iterator[Batch]:
+    """This rank's share of the fixed validation set: the first val_tokens of the val stream.
+
+    The set (val_tokens // seq_len sequences) does not depend on batch_size or world_size, but
+    ranks may get different row counts, some none. For a loss identical on every layout,
+    accumulate (sum of token losses, token count) per rank and all-reduce both once at the end,
+    rather than averaging per-batch means.
+    """
+    # Validate now, not on the first next(): a bad budget must fail before training starts.
+    _check_layout(batch_size, seq_len, rank, world_size)
+    n_seq = val_sequence_count(files, val_tokens, seq_len)
+    stream = _read_prefix(files, n_seq * seq_len + 1)
+    ranges = _val_row_ranges(n_seq, batch_size, rank, world_size)
+    return (
+        _to_batch(stream[lo * seq_len : hi * seq_len + 1], hi - lo, seq_len) for lo, hi in ranges
+    )
+
+
+def _read_prefix(files: Sequence[Path], n_tokens: int) -> np.ndarray:
+    """The first n_tokens of the shards' concatenated stream (sequences may span shards)."""
+    parts, needed = [], n_tokens
+    for f in files:
+        if needed == 0:
+            break
+        part = load_shard(f)[:needed]
+        parts.append(part)
+        needed -= len(part)
+    return np.concatenate(parts)
+
+
+def _generator(seed: int, stream: int, index: int) -> torch.Generator:
+    # SeedSequence mixes (seed, stream, index) so that nearby seeds give unrelated streams.
+    state = np.random.SeedSequence([seed, stream, index]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+def _random_tokens(seed: int, stream: int, index: int, shape: tuple[int, ...]) -> torch.Tensor:
+    generator = _generator(seed, stream, index)
+    return torch.randint(0, GPT2_VOCAB_SIZE, shape, generator=generator, dtype=torch.int64)
+
+
+class SyntheticLoader:
+    """Uniformly random tokens: the TokenLoader interface with no data, for speed and smoke runs.
+
+    Each global batch is a function of (seed, step) alone, so resume and any world size see
+    exactly the same tokens.
+    """
+
+    def __init__(
+        self, batch_size: int, seq_len: int, seed: int, rank: int = 0, world_size: int = 1
+    ) -> None:
+        _check_layout(batch_size, seq_len, rank, world_size)
+        _check_divisible(batch_size, world_size)
+        _check_seed(seed)
+        self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
+        self.rank, self.world_size = rank, world_size
+        self.local_batch_size = batch_size // world_size
+        self.step = 0
+
+    def next_batch(self) -> Batch:
+        """This rank's (inputs, targets), int64 tensors of shape (batch_size // world, seq_len)."""
+        tokens = _random_tokens(
+            self.seed, _TRAIN_STREAM, self.step, (self.batch_size, self.seq_len + 1)
+        )
+        self.step += 1
+        rows = tokens[self.rank * self.local_batch_size : (self.rank + 1) * self.local_batch_size]
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+    def state_dict(self) -> dict[str, int]:
+        """The global step: all there is to resume, on any world size."""
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue exactly where `state_dict()` was taken."""
+        self.step = int(state["step"])
+
+
+def synthetic_val_batches(
+    seed: int,
+    val_tokens: int,
+    batch_size: int,
+    seq_len: int,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Iterator[Batch]:
+    """The synthetic counterpart of `val_batches`, from a stream separate from training.
+
+    Sequence j is drawn from (seed, j) alone, so the set is the same for any batch size and
+    world size; average losses the way `val_batches` says.
+    """
+    _check_layout(batch_size, seq_len, rank, world_size)
+    _check_seed(seed)
+    n_seq = val_tokens // seq_len
+    if n_seq < 1:
+        raise ValueError(
+            f"train.val_tokens={val_tokens} is less than one sequence of train.seq_len={seq_len}"
+        )
+    ranges = _val_row_ranges(n_seq, batch_size, rank, world_size)
+    return (_synthetic_val_rows(seed, seq_len, lo, hi) for lo, hi in ranges)
+
+
+def _synthetic_val_rows(seed: int, seq_len: int, lo: int, hi: int) -> Batch:
+    rows = torch.stack(
+        [_random_tokens(seed, _VAL_STREAM, j, (seq_len + 1,)) for j in range(lo, hi)]
+    )
+    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()

@@ -1,0 +1,72 @@
+"""Which optimizer group each parameter of a model belongs to.
+
+Muon is meant for the hidden weight matrices only; the token embedding, the LM head and the
+small 0-D/1-D parameters (norm gains, biases, scalar lambdas) train better with AdamW at their
+own learning rates. The rule, applied to each trainable parameter through the module that
+registers it:
+
+- "scalar": every 0-D or 1-D parameter, wherever it lives (biases of the head included);
+- "embed":  2-D parameters of an `nn.Embedding`;
+- "head":   2-D parameters of the module named `lm_head` (last component of its qualified name);
+- "muon" (optimizer "muon_adamw") or "hidden" (optimizer "adamw"): every other 2-D parameter.
+
+Anything else (a 3-D parameter, say) fits no group, and a parameter registered by two modules
+(weights tied between embedding and head) would fit two; both are errors that name the
+parameter, so a new kind of parameter cannot silently go untrained or be stepped twice.
+"""
+
+from torch import nn
+
+from optim.config import OPTIMIZER_NAMES
+
+Named = list[tuple[str, nn.Parameter]]
+
+
+def partition_params(model: nn.Module, optimizer_name: str) -> dict[str, Named]:
+    """Split the trainable parameters of `model` into named groups (see the module docstring).
+
+    Returns {"muon" or "hidden", "embed", "head", "scalar"} → [(qualified name, parameter)], in
+    the model's registration order; groups may be empty.
+    """
+    if optimizer_name not in OPTIMIZER_NAMES:
+        raise ValueError(f"optimizer_name must be one of {OPTIMIZER_NAMES}, got {optimizer_name!r}")
+    matrix_group = "muon" if optimizer_name == "muon_adamw" else "hidden"
+    groups: dict[str, Named] = {matrix_group: [], "embed": [], "head": [], "scalar": []}
+    seen: dict[int, str] = {}  # id(param) -> the name it was first found under
+    uncovered = []
+    for module_name, module in model.named_modules():
+        for param_name, p in module.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            name = f"{module_name}.{param_name}" if module_name else param_name
+            if id(p) in seen:
+                raise ValueError(
+                    f"parameter {name!r} is the same tensor as {seen[id(p)]!r} (tied weights); "
+                    "each parameter must belong to exactly one optimizer group, so untie them"
+                )
+            seen[id(p)] = name
+            group = _group_of(module_name, module, p, matrix_group)
+            if group is None:
+                uncovered.append(f"{name} (shape {tuple(p.shape)})")
+            else:
+                groups[group].append((name, p))
+    if uncovered:
+        raise ValueError(
+            "no optimizer group takes these parameters (only 0-D/1-D and 2-D parameters are "
+            f"handled): {', '.join(uncovered)}"
+        )
+    return groups
+
+
+def _group_of(
+    module_name: str, module: nn.Module, p: nn.Parameter, matrix_group: str
+) -> str | None:
+    if p.ndim <= 1:
+        return "scalar"
+    if p.ndim != 2:
+        return None
+    if isinstance(module, nn.Embedding):
+        return "embed"
+    if module_name.rsplit(".", 1)[-1] == "lm_head":
+        return "head"
+    return matrix_group

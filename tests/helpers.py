@@ -1,0 +1,31 @@
+"""Shared test helpers: compose the real Hydra config with small CPU overrides."""
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from trainer.config import register_configs
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+# A run that finishes in seconds on a 2-core CPU: 2 layers, d 64, 2 x 64 tokens per step.
+TINY = [
+    "model.n_layer=2",
+    "model.n_head=2",
+    "model.n_embd=64",
+    "train.steps=4",
+    "train.batch_size=2",
+    "train.seq_len=64",
+    "train.val_every=2",
+    "train.val_tokens=512",
+    "train.device=cpu",
+    "train.autocast=none",
+]
+
+
+def compose_config(overrides: list[str] | None = None) -> DictConfig:
+    """Compose `conf/config.yaml` exactly as `python train.py <overrides>` would."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides or []))

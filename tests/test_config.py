@@ -1,0 +1,116 @@
+"""Every preset composes and validates; bad values fail before any work, naming the key."""
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from tests.helpers import CONF_DIR, compose_config
+from trainer.config import Config, to_config
+
+GROUPS = ["model", "optim", "data", "train", "experiment"]
+
+
+def presets(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def test_every_group_has_presets() -> None:
+    assert {"tiny", "gpt2_124m"} <= set(presets("model"))
+    assert {"muon_adamw", "adamw"} <= set(presets("optim"))
+    assert {"sample", "synthetic"} <= set(presets("data"))
+    assert presets("experiment")
+
+
+@pytest.mark.parametrize(("group", "name"), [(g, n) for g in GROUPS for n in presets(g)])
+def test_every_preset_composes_and_validates(group: str, name: str, tmp_path: Path) -> None:
+    cfg = compose_config([f"{group}={name}", f"run_dir={tmp_path}"])
+    conf = to_config(cfg)
+    assert isinstance(conf, Config)
+
+
+def test_default_is_tiny_muon_on_sample(tmp_path: Path) -> None:
+    conf = to_config(compose_config([f"run_dir={tmp_path}"]))
+    assert (conf.model.n_layer, conf.model.n_embd) == (4, 256)
+    assert conf.optim.name == "muon_adamw"
+    assert conf.data.source == "sample"
+
+
+def test_adamw_preset_only_changes_the_optimizer(tmp_path: Path) -> None:
+    a = to_config(compose_config([f"run_dir={tmp_path}"]))
+    b = to_config(compose_config(["optim=adamw", f"run_dir={tmp_path}"]))
+    assert b.optim.name == "adamw"
+    assert b.optim.adamw == a.optim.adamw and b.model == a.model and b.train == a.train
+
+
+def test_required_key_names_exist(tmp_path: Path) -> None:
+    """External tools rely on these exact keys."""
+    cfg = compose_config([f"run_dir={tmp_path}"])
+    for key in [
+        "seed",
+        "train.steps",
+        "train.val_every",
+        "train.val_tokens",
+        "train.seq_len",
+        "train.batch_size",
+        "optim.muon.lr",
+        "model.n_layer",
+        "model.n_head",
+        "model.n_embd",
+    ]:
+        node = cfg
+        for part in key.split("."):
+            node = node[part]
+        assert node is not None, key
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("model.n_embd=100", "model.n_embd"),
+        ("model.n_head=6", "model.n_embd"),
+        ("model.n_embd=20", "head dim"),
+        ("train.steps=0", "train.steps"),
+        ("train.batch_size=-1", "train.batch_size"),
+        ("train.seq_len=0", "train.seq_len"),
+        ("train.val_tokens=10", "train.val_tokens"),
+        ("train.device=tpu", "train.device"),
+        ("train.autocast=fp8", "train.autocast"),
+        ("optim.muon.lr=-0.1", "optim.muon.lr"),
+        ("optim.muon.momentum=1.0", "optim.muon.momentum"),
+        ("optim.muon.ns_steps=0", "optim.muon.ns_steps"),
+        ("optim.muon.ns_coefficients=cubic", "optim.muon.ns_coefficients"),
+        ("optim.muon.lr_scale=big", "optim.muon.lr_scale"),
+        ("optim.adamw.embed_lr=-1", "optim.adamw.embed_lr"),
+        ("optim.adamw.eps=0", "optim.adamw.eps"),
+        ("optim.schedule.cooldown_frac=1.5", "optim.schedule.cooldown_frac"),
+        ("optim.schedule.warmup_steps=190", "optim.schedule.warmup_steps"),
+        ("data.val_fraction=0", "data.val_fraction"),
+        ("data.source=imagenet", "data.source"),
+    ],
+)
+def test_bad_values_fail_naming_the_key(override: str, key: str, tmp_path: Path) -> None:
+    cfg = compose_config([override, f"run_dir={tmp_path}"])
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        to_config(cfg)
+
+
+def test_unknown_key_is_rejected_at_composition() -> None:
+    with pytest.raises(ConfigCompositionException, match="n_layers"):
+        compose_config(["model.n_layers=3"])
+
+
+def test_wrong_type_is_rejected_with_the_key() -> None:
+    with pytest.raises((ConfigCompositionException, ValidationError), match="train.steps"):
+        compose_config(["train.steps=many"])
+
+
+def test_unknown_preset_names_the_choices() -> None:
+    with pytest.raises((MissingConfigException, ConfigCompositionException), match="gpt5"):
+        compose_config(["model=gpt5"])
+
+
+def test_plain_dict_is_checked_against_the_schema() -> None:
+    with pytest.raises((ConfigKeyError, ValidationError)):
+        to_config({"train": {"stepz": 3}})

@@ -1,0 +1,57 @@
+"""Rank-0 output: one console line per step and the curve as data in `metrics.jsonl`.
+
+Console lines go through `logging`, so under Hydra they also land in the run's log file.
+Non-main ranks get a sink that does nothing, which keeps `if rank == 0` out of the loop.
+"""
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("train")
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsSink:
+    """Appends one JSON object per record to `<run_dir>/metrics.jsonl` and logs a summary."""
+
+    def __init__(self, run_dir: Path, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.path = Path(run_dir) / METRICS_FILE
+        self._file = None
+        if enabled:
+            # Line-buffered so a killed run keeps every completed line.
+            self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+
+    def info(self, msg: str, *args: Any) -> None:
+        if self.enabled:
+            log.info(msg, *args)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def format_step(rec: dict[str, Any], total_steps: int) -> str:
+    """The console line for one step: loss, LR, speed, and the val loss when evaluated."""
+    parts = [f"step {rec['step']:>{len(str(total_steps))}}/{total_steps}"]
+    if "train_loss" in rec:
+        parts.append(f"loss {rec['train_loss']:.4f}")
+    if "val_loss" in rec:
+        parts.append(f"val {rec['val_loss']:.4f}")
+    if "lr" in rec:
+        parts.append(f"lr {rec['lr']:.3g}")
+    if "step_ms" in rec:
+        parts.append(f"{rec['step_ms']:.0f} ms/step")
+    if "tokens_per_s" in rec:
+        parts.append(f"{rec['tokens_per_s']:,.0f} tok/s")
+    parts.append(f"train {rec['train_time_ms'] / 1000:.1f}s")
+    return " | ".join(parts)
+
