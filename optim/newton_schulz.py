@@ -3,9 +3,9 @@
 Muon replaces a matrix update G = U S Vᵀ by (approximately) its orthogonal factor U Vᵀ, the
 "zeroth power" of G. An odd matrix polynomial p(X) = a·X + b·(X Xᵀ)X + c·(X Xᵀ)²X applied a few
 times to X = G/‖G‖_F pushes every singular value towards 1 without an SVD. The iteration runs
-in bf16 (or fp32 where bf16 is slow) on the wide orientation of each matrix (m ≤ n, so X Xᵀ is the smaller m×m Gram
-matrix), and on a whole batch of same-shape matrices at once: one batched-matmul chain for,
-say, all 768×768 matrices of a GPT instead of one chain per matrix.
+in bf16 (fp32 on CPUs where bf16 is emulated) on the wide orientation of each matrix (m ≤ n,
+so X Xᵀ is the smaller m×m Gram matrix), and on a whole batch of same-shape matrices at once:
+one batched-matmul chain for, say, all 768×768 matrices of a GPT instead of one per matrix.
 
 Two coefficient sets:
 - "classic": the quintic (3.4445, −4.7750, 2.0315) of Keller Jordan's Muon, the same at every

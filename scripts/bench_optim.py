@@ -27,7 +27,8 @@ def gpt_shapes(n_layer: int, d: int) -> list[tuple[int, int]]:
     return [(d, d)] * 4 * n_layer + [(4 * d, d), (d, 4 * d)] * n_layer
 
 
-SHAPE_SETS = {"tiny": gpt_shapes(4, 256), "124m": gpt_shapes(12, 768)}
+# "tiny" is the default model preset (conf/model/tiny.yaml), "124m" GPT-2 small.
+SHAPE_SETS = {"tiny": gpt_shapes(4, 128), "124m": gpt_shapes(12, 768)}
 
 
 def timed_step(opt: torch.optim.Optimizer, device: torch.device) -> float:
@@ -46,19 +47,23 @@ def bench(shapes: list[tuple[int, int]], steps: int, warmup: int, device: torch.
     start = [torch.randn(s, generator=gen) for s in shapes]
     grads = [torch.randn(s, generator=gen).to(device) for s in shapes]
     ours_params = [p.clone().to(device).requires_grad_() for p in start]
+    fp32_params = [p.clone().to(device).requires_grad_() for p in start]
     torch_params = [p.clone().to(device).requires_grad_() for p in start]
-    for ps in (ours_params, torch_params):
+    for ps in (ours_params, fp32_params, torch_params):
         for p, g in zip(ps, grads, strict=True):
             p.grad = g  # the same gradient every step: only the optimizer is timed
     kw = {"lr": 0.02, "momentum": 0.95, "nesterov": True, "weight_decay": 0.0, "ns_steps": 5}
     ours = Muon(ours_params, lr_scale="original", ns_coefficients="classic", **kw)
+    # What optim.muon.ns_dtype=auto picks on a CPU without native bf16 (not the same rounding).
+    ours_fp32 = Muon(fp32_params, ns_dtype=torch.float32, **kw)
     ref = torch.optim.Muon(torch_params, adjust_lr_fn="original", **kw)
+    opts = {"ours": ours, "ours_fp32": ours_fp32, "torch": ref}
     for _ in range(warmup):
-        ours.step()
-        ref.step()
-    times: dict[str, list[float]] = {"ours": [], "torch": []}
+        for opt in opts.values():
+            opt.step()
+    times: dict[str, list[float]] = {name: [] for name in opts}
     for rep in range(steps):
-        order = [("ours", ours), ("torch", ref)]
+        order = list(opts.items())
         for name, opt in order if rep % 2 == 0 else order[::-1]:
             times[name].append(timed_step(opt, device))
     # Same math: after the same number of steps the two agree up to bf16 rounding.
@@ -69,6 +74,7 @@ def bench(shapes: list[tuple[int, int]], steps: int, warmup: int, device: torch.
     return {
         "torch_ms": statistics.median(times["torch"]),
         "ours_ms": statistics.median(times["ours"]),
+        "fp32_ms": statistics.median(times["ours_fp32"]),
         "gflop": sum(ns_flops(s, 5) for s in shapes) / 1e9,
         "rel_diff": diff,
     }
@@ -95,13 +101,16 @@ def main() -> None:
 
     print(f"device {device}, threads {torch.get_num_threads()}, torch {torch.__version__}")
     print(f"{args.steps} timed steps after {args.warmup} warmup; medians in ms per step")
+    print("torch = torch.optim.Muon (bf16, one matrix at a time); ours = optim.Muon, bf16,")
+    print("batched by shape (same math); ours fp32 = optim.Muon with ns_dtype=fp32")
     header = f"{'shapes':<6} {'matrices':>8} {'NS GFLOP':>9} {'torch ms':>10} {'ours ms':>9}"
-    print(f"{header} {'torch/ours':>10} {'rel diff':>9}")
+    print(f"{header} {'torch/ours':>10} {'rel diff':>9} {'ours fp32 ms':>13} {'torch/fp32':>10}")
     for name in names:
         r = bench(SHAPE_SETS[name], args.steps, args.warmup, device)
         print(
             f"{name:<6} {len(SHAPE_SETS[name]):>8} {r['gflop']:>9.1f} {r['torch_ms']:>10.1f} "
-            f"{r['ours_ms']:>9.1f} {r['torch_ms'] / r['ours_ms']:>9.2f}x {r['rel_diff']:>9.4f}"
+            f"{r['ours_ms']:>9.1f} {r['torch_ms'] / r['ours_ms']:>9.2f}x {r['rel_diff']:>9.4f} "
+            f"{r['fp32_ms']:>13.1f} {r['torch_ms'] / r['fp32_ms']:>9.2f}x"
         )
 
 

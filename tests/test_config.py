@@ -102,7 +102,7 @@ def test_unknown_key_is_rejected_at_composition() -> None:
 
 
 def test_wrong_type_is_rejected_with_the_key() -> None:
-    with pytest.raises((ConfigCompositionException, ValidationError), match="train.steps"):
+    with pytest.raises((ConfigCompositionException, ValidationError), match=r"train\.steps"):
         compose_config(["train.steps=many"])
 
 

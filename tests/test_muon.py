@@ -144,6 +144,19 @@ def test_matches_torch_muon(nesterov, lr_scale, weight_decay, ns_steps):
     assert max_delta_err(ours, ref, params) < RTOL
 
 
+def test_fp32_newton_schulz_matches_torch_muon():
+    """ns_dtype=fp32 (what `auto` picks on CPUs without native bf16) is the same update: it
+    differs from torch's bf16 run only by bf16's own rounding."""
+    params, grads = random_problem()
+    kw = {"lr": 0.02, "momentum": 0.9, "nesterov": True, "weight_decay": 0.1}
+    ours, _ = run_steps(Muon, params, grads, ns_dtype=torch.float32, **kw)
+    ref, _ = run_steps(torch.optim.Muon, params, grads, **kw)
+    assert max_delta_err(ours, ref, params) < RTOL
+    bf16, _ = run_steps(Muon, params, grads, **kw)
+    assert ours[0].dtype == torch.float32
+    assert not all(torch.equal(a, b) for a, b in zip(ours, bf16, strict=True))
+
+
 @pytest.mark.parametrize(
     ("ours_kw", "torch_kw"),
     [

@@ -54,4 +54,3 @@ def format_step(rec: dict[str, Any], total_steps: int) -> str:
         parts.append(f"{rec['tokens_per_s']:,.0f} tok/s")
     parts.append(f"train {rec['train_time_ms'] / 1000:.1f}s")
     return " | ".join(parts)
-
