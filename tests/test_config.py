@@ -32,7 +32,7 @@ def test_every_preset_composes_and_validates(group: str, name: str, tmp_path: Pa
 
 def test_default_is_tiny_muon_on_sample(tmp_path: Path) -> None:
     conf = to_config(compose_config([f"run_dir={tmp_path}"]))
-    assert (conf.model.n_layer, conf.model.n_embd) == (4, 256)
+    assert (conf.model.n_layer, conf.model.n_embd, conf.model.n_head) == (4, 128, 2)
     assert conf.optim.name == "muon_adamw"
     assert conf.data.source == "sample"
 
@@ -68,9 +68,9 @@ def test_required_key_names_exist(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("override", "key"),
     [
-        ("model.n_embd=100", "model.n_embd"),
+        ("model.n_embd=99", "model.n_embd"),
         ("model.n_head=6", "model.n_embd"),
-        ("model.n_embd=20", "head dim"),
+        ("model.n_embd=22", "head dim"),
         ("train.steps=0", "train.steps"),
         ("train.batch_size=-1", "train.batch_size"),
         ("train.seq_len=0", "train.seq_len"),
