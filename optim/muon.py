@@ -22,8 +22,10 @@ A step has three phases, so that a distributed mode can split the expensive one:
 (a) momentum for every parameter (cheap and elementwise; every rank does it, so momentum is
 replicated and checkpoints do not depend on the world size), (b) Newton–Schulz for the
 parameters this rank owns (`assign_owners`: size-balanced round-robin), (c) apply the updates.
-Here one process owns everything; a distributed mode exchanges the finished updates between
-(b) and (c).
+Without a process group one process owns everything. With one (`process_group=`, passed
+explicitly), every rank receives the same DDP-averaged gradients, runs (a) on all matrices and
+(b) on its own, and the finished updates are exchanged between (b) and (c) (`exchange`):
+all ranks then apply identical updates and stay bit-identical to a single process.
 """
 
 import math
@@ -31,11 +33,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
 from optim.config import LR_SCALES
 from optim.newton_schulz import NORM_SCALE, ns_coefficients, zeropower
+
+# How finished updates travel between ranks. all_reduce: each rank fills the slots of the
+# matrices it owns in a zeroed flat buffer, and one SUM all-reduce hands everyone everything.
+EXCHANGES = ("all_reduce",)
 
 
 def lr_scale_factor(shape: Sequence[int], lr_scale: str) -> float:
@@ -92,6 +99,8 @@ class Muon(torch.optim.Optimizer):
         weight_decay: float = 0.0,
         eps: float = 1e-7,
         ns_dtype: torch.dtype = torch.bfloat16,
+        process_group: dist.ProcessGroup | None = None,
+        exchange: str = "all_reduce",
     ) -> None:
         defaults = {
             "lr": lr,
@@ -103,9 +112,15 @@ class Muon(torch.optim.Optimizer):
             "weight_decay": weight_decay,
             "eps": eps,
         }
-        # Ownership for a distributed mode, which sets these; one process owns every matrix.
-        self.rank = 0
-        self.world_size = 1
+        # Round-robin ownership: with a process group each rank orthogonalises its share of the
+        # matrices and the finished updates are exchanged; without one this process owns all.
+        # The group is passed explicitly: never a silent fallback to the world group.
+        if exchange not in EXCHANGES:
+            raise ValueError(f"Muon exchange must be one of {EXCHANGES}, got {exchange!r}")
+        self.process_group = process_group
+        self.exchange = exchange
+        self.rank = dist.get_rank(process_group) if process_group is not None else 0
+        self.world_size = dist.get_world_size(process_group) if process_group is not None else 1
         # Precision of Newton–Schulz: a property of the hardware, not of the param groups.
         self.ns_dtype = ns_dtype
         super().__init__(params, defaults)
@@ -136,6 +151,8 @@ class Muon(torch.optim.Optimizer):
             owners = assign_owners([p.shape for p in params], self.world_size)
             mine = [i for i, owner in enumerate(owners) if owner == self.rank]
             ortho = self._orthogonalise(group, updates, mine)
+            if self.world_size > 1:
+                ortho = self._exchange(updates, ortho)
             self._apply(group, params, ortho)
         return loss
 
@@ -179,6 +196,20 @@ class Muon(torch.optim.Optimizer):
             for j, i in enumerate(batch):
                 ortho[i] = out[j].mT if _is_tall(updates[i]) else out[j]
         return ortho
+
+    def _exchange(self, updates: list[Tensor], mine: dict[int, Tensor]) -> dict[int, Tensor]:
+        """Give every rank every finished update: one all-reduce of a zero-filled flat buffer.
+
+        Each rank writes the updates it owns into their slots and leaves the rest zero; the
+        SUM then holds every update exactly (x + 0 = x), so all ranks stay bit-identical.
+        """
+        sizes = [u.numel() for u in updates]
+        flat = torch.zeros(sum(sizes), dtype=self.ns_dtype, device=updates[0].device)
+        slots = flat.split(sizes)
+        for i, o in mine.items():
+            slots[i].view_as(o).copy_(o)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group)
+        return {i: slots[i].view(u.shape) for i, u in enumerate(updates)}
 
     def _apply(self, group: dict[str, Any], params: list[Tensor], ortho: dict[int, Tensor]) -> None:
         """Phase (c): decoupled weight decay, then the shape-scaled orthogonal step."""
