@@ -41,8 +41,10 @@ from optim.config import LR_SCALES
 from optim.newton_schulz import NORM_SCALE, ns_coefficients, zeropower
 
 # How finished updates travel between ranks. all_reduce: each rank fills the slots of the
-# matrices it owns in a zeroed flat buffer, and one SUM all-reduce hands everyone everything.
-EXCHANGES = ("all_reduce",)
+# matrices it owns in a zeroed flat buffer, and one SUM all-reduce hands everyone everything
+# (≈ 2·(W-1)/W·P values sent per rank). all_gather: each rank sends only its own updates, packed
+# (≈ (W-1)/W·P), and unpacks the others' by the ownership every rank computes alike.
+EXCHANGES = ("all_reduce", "all_gather")
 
 
 def lr_scale_factor(shape: Sequence[int], lr_scale: str) -> float:
@@ -151,8 +153,10 @@ class Muon(torch.optim.Optimizer):
             owners = assign_owners([p.shape for p in params], self.world_size)
             mine = [i for i, owner in enumerate(owners) if owner == self.rank]
             ortho = self._orthogonalise(group, updates, mine)
-            if self.world_size > 1:
-                ortho = self._exchange(updates, ortho)
+            if self.world_size > 1 and self.exchange == "all_gather":
+                ortho = self._all_gather(updates, ortho, owners)
+            elif self.world_size > 1:
+                ortho = self._all_reduce(updates, ortho)
             self._apply(group, params, ortho)
         return loss
 
@@ -197,7 +201,7 @@ class Muon(torch.optim.Optimizer):
                 ortho[i] = out[j].mT if _is_tall(updates[i]) else out[j]
         return ortho
 
-    def _exchange(self, updates: list[Tensor], mine: dict[int, Tensor]) -> dict[int, Tensor]:
+    def _all_reduce(self, updates: list[Tensor], mine: dict[int, Tensor]) -> dict[int, Tensor]:
         """Give every rank every finished update: one all-reduce of a zero-filled flat buffer.
 
         Each rank writes the updates it owns into their slots and leaves the rest zero; the
@@ -210,6 +214,34 @@ class Muon(torch.optim.Optimizer):
             slots[i].view_as(o).copy_(o)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group)
         return {i: slots[i].view(u.shape) for i, u in enumerate(updates)}
+
+    def _all_gather(
+        self, updates: list[Tensor], mine: dict[int, Tensor], owners: list[int]
+    ) -> dict[int, Tensor]:
+        """Give every rank every finished update: each rank sends only the ones it owns.
+
+        Rank r packs its updates (in index order) into one buffer, padded to the largest
+        rank's size so that all buffers match; every rank unpacks all buffers the same way.
+        """
+        owned = [[i for i, o in enumerate(owners) if o == r] for r in range(self.world_size)]
+        sizes = [sum(updates[i].numel() for i in idx) for idx in owned]
+        device = updates[0].device
+        send = torch.zeros(max(sizes), dtype=self.ns_dtype, device=device)
+        offset = 0
+        for i in owned[self.rank]:
+            n = updates[i].numel()
+            send[offset : offset + n].view_as(mine[i]).copy_(mine[i])
+            offset += n
+        recv = [torch.empty_like(send) for _ in range(self.world_size)]
+        dist.all_gather(recv, send, group=self.process_group)
+        ortho = {}
+        for rank, idx in enumerate(owned):
+            offset = 0
+            for i in idx:
+                n = updates[i].numel()
+                ortho[i] = recv[rank][offset : offset + n].view(updates[i].shape)
+                offset += n
+        return ortho
 
     def _apply(self, group: dict[str, Any], params: list[Tensor], ortho: dict[int, Tensor]) -> None:
         """Phase (c): decoupled weight decay, then the shape-scaled orthogonal step."""

@@ -25,6 +25,9 @@ def _entry(rank: int, world: int, port: int, fn: Callable[..., None], args: tupl
     )
     try:
         fn(rank, world, *args)
+        # Leave together: rank 0 hosts the rendezvous store, and a rank still tearing down
+        # gloo after rank 0 has exited aborts. (On error, skip it: the peer may never come.)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -26,11 +26,14 @@ def problem(shapes: list[tuple[int, int]]) -> tuple[list[torch.Tensor], list[lis
 
 
 def train(
-    shapes: list[tuple[int, int]], ns_dtype: torch.dtype, group: dist.ProcessGroup | None
+    shapes: list[tuple[int, int]],
+    ns_dtype: torch.dtype,
+    group: dist.ProcessGroup | None,
+    exchange: str = "all_reduce",
 ) -> list[torch.Tensor]:
     start, grads = problem(shapes)
     params = [p.clone().requires_grad_() for p in start]
-    opt = Muon(params, ns_dtype=ns_dtype, process_group=group, **KW)
+    opt = Muon(params, ns_dtype=ns_dtype, process_group=group, exchange=exchange, **KW)
     for step_grads in grads:
         for p, g in zip(params, step_grads, strict=True):
             p.grad = g.clone()  # DDP would have averaged these: every rank holds the same
@@ -38,18 +41,21 @@ def train(
     return [p.detach() for p in params]
 
 
-def _rank_main(rank: int, world: int, shapes: list, dtype_name: str, out: str) -> None:
-    params = train(shapes, getattr(torch, dtype_name), dist.group.WORLD)
+def _rank_main(
+    rank: int, world: int, shapes: list, dtype_name: str, exchange: str, out: str
+) -> None:
+    params = train(shapes, getattr(torch, dtype_name), dist.group.WORLD, exchange)
     torch.save(params, Path(out) / f"rank{rank}.pt")
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("exchange", ["all_reduce", "all_gather"])
 @pytest.mark.parametrize("shapes", list(SHAPES))
 @pytest.mark.parametrize("dtype_name", ["bfloat16", "float32"])
-def test_all_reduce_exchange_is_bitwise_single_process(
-    shapes: str, dtype_name: str, tmp_path: Path
+def test_exchange_is_bitwise_single_process(
+    exchange: str, shapes: str, dtype_name: str, tmp_path: Path
 ) -> None:
-    run_ranks(_rank_main, 2, SHAPES[shapes], dtype_name, str(tmp_path))
+    run_ranks(_rank_main, 2, SHAPES[shapes], dtype_name, exchange, str(tmp_path))
     reference = train(SHAPES[shapes], getattr(torch, dtype_name), None)
     for rank in range(2):
         got = torch.load(tmp_path / f"rank{rank}.pt")
