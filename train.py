@@ -46,7 +46,7 @@ def train(cfg: DictConfig | Config) -> float:
         check_writable(run_dir)
     seed_everything(conf.seed)
     t = conf.train
-    next_batch_loader, val_batches = build_data(
+    train_loader, val_batches = build_data(
         conf.data,
         batch_size=t.batch_size,
         seq_len=t.seq_len,
@@ -77,7 +77,7 @@ def train(cfg: DictConfig | Config) -> float:
     )
     try:
         return loop.run(
-            fwd, optimizers, next_batch_loader.next_batch, val_batches, t, conf.optim, rt, sink
+            fwd, optimizers, train_loader.next_batch, val_batches, t, conf.optim, rt, sink
         )
     finally:
         sink.close()
