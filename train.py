@@ -2,7 +2,8 @@
 
 Hydra composes `conf/config.yaml` with the command-line overrides; `train(cfg)` does the
 work and returns the final validation loss (what a Hydra sweep minimises). Tests call
-`train()` directly, with no Hydra in the way.
+`train()` directly, with no Hydra in the way. Under torchrun every rank runs this file;
+`dist.nproc=N` makes this one process start N ranks itself.
 """
 
 import logging
@@ -12,14 +13,19 @@ from pathlib import Path
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch.distributed import ProcessGroup
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.build import build_data
 from model import GPT
-from optim import build_optimizers
+from optim import build_optimizers, ddp_ignored_params
 from trainer import loop
 from trainer.config import Config, register_configs, to_config
+from trainer.dist import agree_on_config, local_main_first, process_group
+from trainer.launch import spawn_ranks
 from trainer.metrics import MetricsSink
-from trainer.runtime import init_runtime, resolve_ns_dtype, seed_everything
+from trainer.runtime import Runtime, init_runtime, resolve_ns_dtype, seed_everything
 
 log = logging.getLogger("train")
 
@@ -38,52 +44,92 @@ def check_writable(run_dir: Path) -> None:
 def train(cfg: DictConfig | Config) -> float:
     """Build everything from `cfg`, train, and return the final validation loss."""
     conf = to_config(cfg)  # validates every value before any work
+    if conf.dist.nproc > 1:
+        return spawn_ranks(conf, train_rank)
+    return train_rank(conf)
+
+
+def train_rank(conf: Config) -> float:
+    """This rank's share of the run (the whole run in a single process)."""
     rt = init_runtime(conf.train.device, conf.train.autocast)
-    if rt.world_size > 1:
-        raise RuntimeError("multi-process training is not available yet: run one process")
+    accum_steps = conf.train.accumulation_steps(rt.world_size)  # fails before any work
+    with process_group(rt, conf.dist) as group:
+        conf = agree_on_config(conf, rt)
+        return _train(conf, rt, group, accum_steps)
+
+
+def _train(conf: Config, rt: Runtime, group: ProcessGroup | None, accum_steps: int) -> float:
     run_dir = Path(conf.run_dir)
     if rt.is_main:
         check_writable(run_dir)
     seed_everything(conf.seed)
     t = conf.train
-    train_loader, val_batches = build_data(
-        conf.data,
-        batch_size=t.batch_size,
-        seq_len=t.seq_len,
-        val_tokens=t.val_tokens,
-        seed=conf.seed,
-        rank=rt.rank,
-        world_size=rt.world_size,
-        progress=rt.is_main,
-    )
+    micro = t.batch_size // (rt.world_size * accum_steps)
+    with local_main_first(rt):  # one rank per node builds the corpus cache
+        train_loader, val_batches = build_data(
+            conf.data,
+            batch_size=t.batch_size,
+            seq_len=t.seq_len,
+            val_tokens=t.val_tokens,
+            val_batch_size=micro * rt.world_size,
+            seed=conf.seed,
+            rank=rt.rank,
+            world_size=rt.world_size,
+            progress=rt.is_main,
+        )
     model = GPT(conf.model).to(rt.device)
     ns_dtype = resolve_ns_dtype(conf.optim.muon.ns_dtype, rt.device)
-    optimizers = build_optimizers(model, conf.optim, rt.device.type, ns_dtype)
-    fwd = torch.compile(model) if conf.model.compile else model
+    optimizers = build_optimizers(model, conf.optim, rt.device.type, ns_dtype, group)
+    ddp = None
+    if group is not None:
+        # DDP leaves alone what it must not sync: Muon's gradients when Muon reduces them itself
+        # (reduce_scatter), and the buffers, which are derived from the config (rotary
+        # frequencies) and so equal on every rank already.
+        ignored = ddp_ignored_params(model, conf.optim) + [n for n, _ in model.named_buffers()]
+        DDP._set_params_and_buffers_to_ignore_for_model(model, ignored)
+        ddp = DDP(model, gradient_as_bucket_view=True)
+    fwd = ddp or model
+    fwd = torch.compile(fwd) if conf.model.compile else fwd
     sink = MetricsSink(run_dir, enabled=rt.is_main)
     n_params = sum(p.numel() for p in model.parameters())
     sink.info(
-        "model %d layers, d %d, %d heads: %.2fM parameters | %s (Newton-Schulz in %s) | "
-        "device %s, %s | %d tokens/step",
+        "model %d layers, d %d, %d heads: %.2fM parameters | %s (Newton-Schulz in %s%s) | "
+        "%d rank(s) on %s, %s | %d tokens/step = %d ranks x %d micro-steps x %d x %d",
         conf.model.n_layer,
         conf.model.n_embd,
         conf.model.n_head,
         n_params / 1e6,
         conf.optim.name,
         str(ns_dtype).removeprefix("torch."),
-        rt.device,
+        f", exchange {conf.optim.muon.exchange}" if group is not None else "",
+        rt.world_size,
+        rt.device.type,
         "bf16 autocast" if rt.autocast_dtype else "fp32",
         t.batch_size * t.seq_len,
+        rt.world_size,
+        accum_steps,
+        micro,
+        t.seq_len,
     )
     try:
         return loop.run(
-            fwd, optimizers, train_loader.next_batch, val_batches, t, conf.optim, rt, sink
+            fwd,
+            optimizers,
+            train_loader.next_batch,
+            val_batches,
+            t,
+            conf.optim,
+            rt,
+            sink,
+            accum_steps=accum_steps,
+            no_sync=ddp.no_sync if ddp is not None else None,
         )
     finally:
         sink.close()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@record  # a failing rank's traceback reaches torchrun's summary
 def main(cfg: DictConfig) -> float:
     log.info("config:\n%s", OmegaConf.to_yaml(cfg))
     return train(cfg)

@@ -17,17 +17,26 @@ def build_data(
     batch_size: int,
     seq_len: int,
     val_tokens: int,
+    val_batch_size: int | None = None,
     seed: int,
     rank: int = 0,
     world_size: int = 1,
     progress: bool = True,
 ) -> tuple[TokenLoader | SyntheticLoader, Callable[[], Iterable[Batch]]]:
-    """Return the train loader and a function that yields the same val batches every call."""
+    """Return the train loader and a function that yields the same val batches every call.
+
+    `batch_size` is global (all ranks); each rank reads its share. Validation runs in global
+    batches of `val_batch_size` sequences (default `batch_size`), which changes how the fixed
+    validation set is cut, never which tokens it holds.
+    """
+    val_batch_size = val_batch_size or batch_size
     if cfg.source == "synthetic":
         loader = SyntheticLoader(batch_size, seq_len, seed=seed, rank=rank, world_size=world_size)
 
         def synthetic_val() -> Iterable[Batch]:
-            return synthetic_val_batches(seed, val_tokens, batch_size, seq_len, rank, world_size)
+            return synthetic_val_batches(
+                seed, val_tokens, val_batch_size, seq_len, rank, world_size
+            )
 
         return loader, synthetic_val
 
@@ -39,7 +48,7 @@ def build_data(
     loader = TokenLoader(files.train, batch_size, seq_len, rank=rank, world_size=world_size)
 
     def sample_val() -> Iterable[Batch]:
-        return val_batches(files.val, val_tokens, batch_size, seq_len, rank, world_size)
+        return val_batches(files.val, val_tokens, val_batch_size, seq_len, rank, world_size)
 
     sample_val()  # fail now, not at the first evaluation, if the val set is too small
     return loader, sample_val

@@ -10,6 +10,7 @@ from the checkpoint) follows the same schedule.
 """
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from optim.config import OptimConfig
@@ -23,10 +24,13 @@ def build_optimizers(
     cfg: OptimConfig,
     device_type: str,
     ns_dtype: torch.dtype = torch.bfloat16,
+    process_group: dist.ProcessGroup | None = None,
 ) -> list[torch.optim.Optimizer]:
     """[Muon, AdamW] for "muon_adamw" or [AdamW] for "adamw"; empty groups are left out.
 
-    `ns_dtype` is the Newton–Schulz precision that `optim.muon.ns_dtype` resolved to.
+    `ns_dtype` is the Newton–Schulz precision that `optim.muon.ns_dtype` resolved to. With a
+    `process_group` Muon splits its Newton–Schulz work across the group's ranks
+    (`optim.muon.exchange`); AdamW needs none: DDP gives every rank the same gradients.
     """
     groups = partition_params(model, cfg.name)
     a = cfg.adamw
@@ -56,6 +60,8 @@ def build_optimizers(
                 weight_decay=m.weight_decay,
                 eps=m.eps,
                 ns_dtype=ns_dtype,
+                process_group=process_group,
+                exchange=m.exchange,
             )
         )
     if adamw_groups:
@@ -71,6 +77,17 @@ def build_optimizers(
     if not optimizers:
         raise ValueError("the model has no trainable parameters to optimize")
     return optimizers
+
+
+def ddp_ignored_params(model: nn.Module, cfg: OptimConfig) -> list[str]:
+    """Names of the parameters DDP must not reduce: Muon's, when its exchange reduces them.
+
+    With `optim.muon.exchange=reduce_scatter` Muon sends each gradient to its owner itself, so
+    an all-reduce by DDP would be duplicate traffic.
+    """
+    if cfg.name != "muon_adamw" or cfg.muon.exchange != "reduce_scatter":
+        return []
+    return [name for name, _ in partition_params(model, cfg.name)["muon"]]
 
 
 def apply_schedules(

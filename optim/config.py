@@ -6,6 +6,7 @@ NS_COEFFICIENT_SETS = ("classic", "polar_express")
 LR_SCALES = ("original", "match_rms_adamw", "none")
 NS_DTYPES = ("auto", "bf16", "fp32")
 OPTIMIZER_NAMES = ("muon_adamw", "adamw")
+MUON_EXCHANGES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 @dataclass
@@ -24,6 +25,11 @@ class MuonConfig:
     # Newton–Schulz precision: bf16 | fp32 | auto = bf16 on CUDA and on CPUs with native bf16,
     # fp32 elsewhere (emulated bf16 matmuls are several times slower than fp32)
     ns_dtype: str = "auto"
+    # How ranks share Newton–Schulz work (optim/exchange.py; one process ignores it):
+    # all_reduce: updates summed into a zeroed buffer | all_gather: each rank sends its own (half
+    # the bytes) | reduce_scatter: Muon gradients skip DDP and go to their owners, updated
+    # parameters are gathered (the least traffic; momentum lives on the owner)
+    exchange: str = "all_reduce"
 
 
 @dataclass
@@ -75,6 +81,10 @@ class OptimConfig:
             raise ValueError(f"optim.muon.lr_scale must be one of {LR_SCALES}, got {m.lr_scale!r}")
         if m.ns_dtype not in NS_DTYPES:
             raise ValueError(f"optim.muon.ns_dtype must be one of {NS_DTYPES}, got {m.ns_dtype!r}")
+        if m.exchange not in MUON_EXCHANGES:
+            raise ValueError(
+                f"optim.muon.exchange must be one of {MUON_EXCHANGES}, got {m.exchange!r}"
+            )
         if m.weight_decay < 0:
             raise ValueError(f"optim.muon.weight_decay must be >= 0, got {m.weight_decay}")
         if m.eps <= 0:

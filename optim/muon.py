@@ -19,13 +19,21 @@ all matrices of that shape (tall ones transposed to their wide side first, so a 
 matmuls are fastest with (see `zeropower`). `scripts/bench_optim.py` measures the difference.
 
 A step has three phases, so that a distributed mode can split the expensive one:
-(a) momentum for every parameter (cheap and elementwise; every rank does it, so momentum is
-replicated and checkpoints do not depend on the world size), (b) Newton–Schulz for the
-parameters this rank owns (`assign_owners`: size-balanced round-robin), (c) apply the updates.
-Without a process group one process owns everything. With one (`process_group=`, passed
-explicitly), every rank receives the same DDP-averaged gradients, runs (a) on all matrices and
-(b) on its own, and the finished updates are exchanged between (b) and (c) (`exchange`):
-all ranks then apply identical updates and stay bit-identical to a single process.
+(a) momentum, cheap and elementwise, (b) Newton–Schulz, (c) apply the updates. Without a process
+group one process does all three for every matrix. With one (`process_group=`, passed
+explicitly, never a silent fallback to the world group), matrix i is orthogonalised by rank
+`owners[i]` (`optim/exchange.py`: cost-balanced round-robin) and `exchange` says how results
+travel:
+
+- "all_reduce" / "all_gather": DDP has already given every rank the same averaged gradients.
+  Every rank runs (a) on all matrices, so momentum is replicated and checkpoints do not depend
+  on the world size; (b) on its own; the finished updates are exchanged; every rank runs (c)
+  on all matrices. All ranks stay bit-identical to a single process.
+- "reduce_scatter": the Muon parameters are left out of DDP. `step` reduce-scatters the local
+  gradients so each owner receives the average of its matrices, runs (a), (b) and (c) on those,
+  and all-gathers the new parameters. Momentum then lives on the owner only; `state_dict()`
+  gathers it, so it is a collective that every rank must call, and returns the same
+  world-size-independent state as the other modes; `load_state_dict` keeps each rank's share.
 """
 
 import math
@@ -38,13 +46,15 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
 from optim.config import LR_SCALES
+from optim.exchange import (
+    EXCHANGES,
+    all_gather_owned,
+    all_reduce_owned,
+    assign_owners,
+    check_supported,
+    reduce_scatter_to_owners,
+)
 from optim.newton_schulz import NORM_SCALE, ns_coefficients, zeropower
-
-# How finished updates travel between ranks. all_reduce: each rank fills the slots of the
-# matrices it owns in a zeroed flat buffer, and one SUM all-reduce hands everyone everything
-# (≈ 2·(W-1)/W·P values sent per rank). all_gather: each rank sends only its own updates, packed
-# (≈ (W-1)/W·P), and unpacks the others' by the ownership every rank computes alike.
-EXCHANGES = ("all_reduce", "all_gather")
 
 
 def lr_scale_factor(shape: Sequence[int], lr_scale: str) -> float:
@@ -57,28 +67,6 @@ def lr_scale_factor(shape: Sequence[int], lr_scale: str) -> float:
     if lr_scale == "none":
         return 1.0
     raise ValueError(f"unknown lr_scale {lr_scale!r}; expected one of {LR_SCALES}")
-
-
-def ns_flops(shape: Sequence[int], steps: int) -> int:
-    """FLOPs of `steps` Newton–Schulz iterations on one matrix: steps·(4m²n + 2m³), m ≤ n."""
-    m, n = sorted(shape)
-    return steps * (4 * m * m * n + 2 * m**3)
-
-
-def assign_owners(shapes: Sequence[Sequence[int]], world_size: int) -> list[int]:
-    """The rank that orthogonalises each matrix: round-robin in order of decreasing cost.
-
-    Sorting by Newton–Schulz cost (ties by index, so every rank computes the same order) and
-    dealing the matrices out in turn gives each rank about the same work, where dealing them
-    out in model order could hand one rank all the large ones.
-    """
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    order = sorted(range(len(shapes)), key=lambda i: (-ns_flops(shapes[i], 1), i))
-    owners = [0] * len(shapes)
-    for position, i in enumerate(order):
-        owners[i] = position % world_size
-    return owners
 
 
 class Muon(torch.optim.Optimizer):
@@ -114,9 +102,6 @@ class Muon(torch.optim.Optimizer):
             "weight_decay": weight_decay,
             "eps": eps,
         }
-        # Round-robin ownership: with a process group each rank orthogonalises its share of the
-        # matrices and the finished updates are exchanged; without one this process owns all.
-        # The group is passed explicitly: never a silent fallback to the world group.
         if exchange not in EXCHANGES:
             raise ValueError(f"Muon exchange must be one of {EXCHANGES}, got {exchange!r}")
         self.process_group = process_group
@@ -126,6 +111,15 @@ class Muon(torch.optim.Optimizer):
         # Precision of Newton–Schulz: a property of the hardware, not of the param groups.
         self.ns_dtype = ns_dtype
         super().__init__(params, defaults)
+        if process_group is not None:
+            # Collective: a mode the backend can't run fails here, not at the first step.
+            param_dtypes = {p.dtype for g in self.param_groups for p in g["params"]}
+            check_supported(exchange, process_group, sorted({ns_dtype, *param_dtypes}, key=str))
+
+    @property
+    def owner_only(self) -> bool:
+        """True when each rank keeps the momentum of the matrices it owns only."""
+        return self.exchange == "reduce_scatter" and self.world_size > 1
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group (the constructor adds its groups this way too), validating it first."""
@@ -146,44 +140,83 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
+            if self.owner_only:
+                self._step_owner_only(group)
+                continue
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            updates = self._momentum(group, params)
+            updates = self._momentum(group, params, [p.grad for p in params])
             owners = assign_owners([p.shape for p in params], self.world_size)
             mine = [i for i, owner in enumerate(owners) if owner == self.rank]
-            ortho = self._orthogonalise(group, updates, mine)
-            if self.world_size > 1 and self.exchange == "all_gather":
-                ortho = self._all_gather(updates, ortho, owners)
-            elif self.world_size > 1:
-                ortho = self._all_reduce(updates, ortho)
-            self._apply(group, params, ortho)
+            ortho = self._orthogonalise(group, {i: updates[i] for i in mine})
+            if self.world_size > 1:
+                shapes = [p.shape for p in params]
+                args = (shapes, self.ns_dtype, params[0].device, self.process_group)
+                if self.exchange == "all_gather":
+                    ortho = dict(enumerate(all_gather_owned(ortho, shapes, owners, *args[1:])))
+                else:
+                    ortho = dict(enumerate(all_reduce_owned(ortho, *args)))
+            self._apply(group, dict(enumerate(params)), ortho)
         return loss
 
-    def _momentum(self, group: dict[str, Any], params: list[Tensor]) -> list[Tensor]:
-        """Phase (a): advance every momentum buffer; return the (Nesterov) update of each."""
+    def _step_owner_only(self, group: dict[str, Any]) -> None:
+        """The "reduce_scatter" step: average my matrices' gradients, update them, share them."""
+        params = group["params"]
+        missing = [i for i, p in enumerate(params) if p.grad is None]
+        if missing:
+            # Ownership and the collectives cover the whole group, so every rank must bring a
+            # gradient for every matrix (a rank skipping one would desynchronise the others).
+            raise RuntimeError(
+                f"Muon exchange=reduce_scatter needs a gradient for every parameter on every "
+                f"rank; parameters {missing} of group {group.get('name', '?')!r} have none"
+            )
+        owners = self._owners(group)
+        grads = reduce_scatter_to_owners([p.grad for p in params], owners, self.process_group)
+        mine = sorted(grads)
+        for g in grads.values():
+            g.div_(self.world_size)  # the SUM over ranks -> the average DDP would have given
+        updates = self._momentum(group, [params[i] for i in mine], [grads[i] for i in mine])
+        ortho = self._orthogonalise(group, dict(zip(mine, updates, strict=True)))
+        self._apply(group, {i: params[i] for i in mine}, ortho)
+        new = {i: params[i] for i in mine}
+        shapes = [p.shape for p in params]
+        gathered = all_gather_owned(
+            new, shapes, owners, params[0].dtype, params[0].device, self.process_group
+        )
+        for i, (p, value) in enumerate(zip(params, gathered, strict=True)):
+            if owners[i] != self.rank:
+                p.copy_(value)
+
+    def _owners(self, group: dict[str, Any]) -> list[int]:
+        return assign_owners([p.shape for p in group["params"]], self.world_size)
+
+    def _momentum(
+        self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]
+    ) -> list[Tensor]:
+        """Phase (a): advance each momentum buffer; return the (Nesterov) update of each."""
         momentum = group["momentum"]
         updates = []
-        for p in params:
+        for p, g in zip(params, grads, strict=True):
             state = self.state[p]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p)
             buf = state["momentum_buffer"]
-            buf.lerp_(p.grad, 1 - momentum)
+            buf.lerp_(g, 1 - momentum)
             # Without Nesterov the update *is* the buffer: later phases only read it.
-            updates.append(p.grad.lerp(buf, momentum) if group["nesterov"] else buf)
+            updates.append(g.lerp(buf, momentum) if group["nesterov"] else buf)
         return updates
 
     def _orthogonalise(
-        self, group: dict[str, Any], updates: list[Tensor], indices: list[int]
+        self, group: dict[str, Any], updates: dict[int, Tensor]
     ) -> dict[int, Tensor]:
-        """Phase (b): Newton–Schulz of `updates[i]` for i in `indices`, one batch per shape.
+        """Phase (b): Newton–Schulz of each update, one batch per shape.
 
-        Returns `ns_dtype` matrices in each parameter's own orientation, keyed by index.
+        Returns `ns_dtype` matrices in each parameter's own orientation, under the same keys.
         """
         by_shape: dict[tuple[int, int], list[int]] = {}
-        for i in indices:
-            m, n = sorted(updates[i].shape)
+        for i, u in updates.items():
+            m, n = sorted(u.shape)
             by_shape.setdefault((m, n), []).append(i)
         coefficients = ns_coefficients(group["ns_coefficients"], group["ns_steps"])
         norm_scale = NORM_SCALE[group["ns_coefficients"]]
@@ -201,54 +234,56 @@ class Muon(torch.optim.Optimizer):
                 ortho[i] = out[j].mT if _is_tall(updates[i]) else out[j]
         return ortho
 
-    def _all_reduce(self, updates: list[Tensor], mine: dict[int, Tensor]) -> dict[int, Tensor]:
-        """Give every rank every finished update: one all-reduce of a zero-filled flat buffer.
-
-        Each rank writes the updates it owns into their slots and leaves the rest zero; the
-        SUM then holds every update exactly (x + 0 = x), so all ranks stay bit-identical.
-        """
-        sizes = [u.numel() for u in updates]
-        flat = torch.zeros(sum(sizes), dtype=self.ns_dtype, device=updates[0].device)
-        slots = flat.split(sizes)
-        for i, o in mine.items():
-            slots[i].view_as(o).copy_(o)
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group)
-        return {i: slots[i].view(u.shape) for i, u in enumerate(updates)}
-
-    def _all_gather(
-        self, updates: list[Tensor], mine: dict[int, Tensor], owners: list[int]
-    ) -> dict[int, Tensor]:
-        """Give every rank every finished update: each rank sends only the ones it owns.
-
-        Rank r packs its updates (in index order) into one buffer, padded to the largest
-        rank's size so that all buffers match; every rank unpacks all buffers the same way.
-        """
-        owned = [[i for i, o in enumerate(owners) if o == r] for r in range(self.world_size)]
-        sizes = [sum(updates[i].numel() for i in idx) for idx in owned]
-        device = updates[0].device
-        send = torch.zeros(max(sizes), dtype=self.ns_dtype, device=device)
-        offset = 0
-        for i in owned[self.rank]:
-            n = updates[i].numel()
-            send[offset : offset + n].view_as(mine[i]).copy_(mine[i])
-            offset += n
-        recv = [torch.empty_like(send) for _ in range(self.world_size)]
-        dist.all_gather(recv, send, group=self.process_group)
-        ortho = {}
-        for rank, idx in enumerate(owned):
-            offset = 0
-            for i in idx:
-                n = updates[i].numel()
-                ortho[i] = recv[rank][offset : offset + n].view(updates[i].shape)
-                offset += n
-        return ortho
-
-    def _apply(self, group: dict[str, Any], params: list[Tensor], ortho: dict[int, Tensor]) -> None:
+    def _apply(
+        self, group: dict[str, Any], params: dict[int, Tensor], ortho: dict[int, Tensor]
+    ) -> None:
         """Phase (c): decoupled weight decay, then the shape-scaled orthogonal step."""
         lr = group["lr"]
-        for i, p in enumerate(params):
+        for i, p in params.items():
             p.mul_(1 - lr * group["weight_decay"])
             p.add_(ortho[i], alpha=-lr * lr_scale_factor(p.shape, group["lr_scale"]))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer state, with every momentum buffer, whatever the mode and world size.
+
+        With exchange="reduce_scatter" on several ranks this gathers the owners' buffers, so
+        every rank must call it (a rank-0-only call would wait forever for the others).
+        """
+        sd = super().state_dict()
+        if not self.owner_only or not self._any_rank_has_state():
+            return sd
+        for group, packed in zip(self.param_groups, sd["param_groups"], strict=True):
+            params = group["params"]
+            mine = {
+                i: self.state[p]["momentum_buffer"]
+                for i, p in enumerate(params)
+                if "momentum_buffer" in self.state[p]
+            }
+            shapes = [p.shape for p in params]
+            owners = self._owners(group)
+            dtype, device = params[0].dtype, params[0].device
+            buffers = all_gather_owned(mine, shapes, owners, dtype, device, self.process_group)
+            for index, buf in zip(packed["params"], buffers, strict=True):
+                sd["state"].setdefault(index, {})["momentum_buffer"] = buf
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state saved by any mode on any world size; keep only my share if owner-only."""
+        super().load_state_dict(state_dict)
+        if not self.owner_only:
+            return
+        for group in self.param_groups:
+            for p, owner in zip(group["params"], self._owners(group), strict=True):
+                if owner != self.rank:
+                    self.state[p].pop("momentum_buffer", None)
+
+    def _any_rank_has_state(self) -> bool:
+        """Whether any rank holds momentum yet (a rank may own no matrix at all)."""
+        has = any("momentum_buffer" in s for s in self.state.values())
+        device = next(p.device for g in self.param_groups for p in g["params"])
+        flag = torch.tensor([float(has)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group)
+        return bool(flag.item())
 
 
 def _is_tall(t: Tensor) -> bool:

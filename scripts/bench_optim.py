@@ -19,7 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from optim.muon import Muon, ns_flops
+from optim.exchange import ns_flops
+from optim.muon import Muon
 
 
 def gpt_shapes(n_layer: int, d: int) -> list[tuple[int, int]]:

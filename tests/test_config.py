@@ -7,7 +7,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from tests.helpers import CONF_DIR, compose_config
-from trainer.config import Config, to_config
+from trainer.config import Config, TrainConfig, to_config
 
 GROUPS = ["model", "optim", "data", "train", "experiment"]
 
@@ -88,10 +88,17 @@ def test_required_key_names_exist(tmp_path: Path) -> None:
         ("optim.schedule.warmup_steps=190", "optim.schedule.warmup_steps"),
         ("data.val_fraction=0", "data.val_fraction"),
         ("data.source=imagenet", "data.source"),
+        ("optim.muon.exchange=carrier_pigeon", "optim.muon.exchange"),
+        ("train.micro_batch_size=-1", "train.micro_batch_size"),
+        ("dist.nproc=0", "dist.nproc"),
+        ("dist.max_restarts=-1", "dist.max_restarts"),
+        ("dist.backend=mpi", "dist.backend"),
+        ("dist.timeout_s=0", "dist.timeout_s"),
+        ("dist.backend=nccl train.device=cpu", "dist.backend=nccl"),
     ],
 )
 def test_bad_values_fail_naming_the_key(override: str, key: str, tmp_path: Path) -> None:
-    cfg = compose_config([override, f"run_dir={tmp_path}"])
+    cfg = compose_config([*override.split(), f"run_dir={tmp_path}"])
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         to_config(cfg)
 
@@ -114,3 +121,22 @@ def test_unknown_preset_names_the_choices() -> None:
 def test_plain_dict_is_checked_against_the_schema() -> None:
     with pytest.raises((ConfigKeyError, ValidationError)):
         to_config({"train": {"stepz": 3}})
+
+
+@pytest.mark.parametrize(
+    ("batch", "micro", "world", "steps"),
+    [(8, 0, 1, 1), (8, 0, 2, 1), (8, 2, 2, 2), (8, 1, 2, 4), (8, 4, 1, 2), (12, 2, 3, 2)],
+)
+def test_accumulation_steps_keep_the_global_batch(
+    batch: int, micro: int, world: int, steps: int
+) -> None:
+    t = TrainConfig(batch_size=batch, micro_batch_size=micro)
+    assert t.accumulation_steps(world) == steps
+    # ranks x micro-steps x micro-batch is the global batch, whatever the world size
+    assert world * steps * (micro or batch // world) == batch
+
+
+@pytest.mark.parametrize(("batch", "micro", "world"), [(8, 3, 1), (8, 3, 2), (6, 0, 4), (8, 8, 2)])
+def test_indivisible_global_batch_names_both_keys(batch: int, micro: int, world: int) -> None:
+    with pytest.raises(ValueError, match=r"train\.batch_size .* train\.micro_batch_size"):
+        TrainConfig(batch_size=batch, micro_batch_size=micro).accumulation_steps(world)

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch.optim._muon import _zeropower_via_newtonschulz as torch_zeropower
 
-from optim.muon import Muon, assign_owners, lr_scale_factor, ns_flops
+from optim.exchange import assign_owners, ns_flops
+from optim.muon import Muon, lr_scale_factor
 from optim.newton_schulz import CLASSIC, NORM_SCALE, POLAR_EXPRESS, ns_coefficients, zeropower
 
 # Mixed shapes: several of one shape (batched together), tall and wide (a 64×32 shares a batch

@@ -17,12 +17,16 @@ from optim.config import OptimConfig
 
 AUTOCAST_CHOICES = ("auto", "bf16", "none")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+BACKEND_CHOICES = ("auto", "nccl", "gloo")
 
 
 @dataclass
 class TrainConfig:
     steps: int = 200  # optimizer steps
     batch_size: int = 8  # global sequences per step (all ranks, all micro-steps)
+    # sequences per rank per forward/backward; 0 = batch_size / world size (no accumulation).
+    # Gradient-accumulation steps = batch_size / (world size x micro_batch_size).
+    micro_batch_size: int = 0
     seq_len: int = 256  # tokens per sequence
     val_every: int = 50  # evaluate every this many steps (and always at the end); 0 = end only
     val_tokens: int = 65536  # fixed validation budget in tokens, the same at every evaluation
@@ -33,6 +37,29 @@ class TrainConfig:
     # than fp32 on an AVX2-only CPU)
     autocast: str = "auto"
 
+    def accumulation_steps(self, world_size: int) -> int:
+        """Micro-steps per optimizer step on `world_size` ranks; raises if they don't divide."""
+        micro = self.micro_batch_size or self.batch_size // world_size
+        if micro < 1 or self.batch_size % (world_size * micro):
+            shown = self.micro_batch_size or "0, i.e. batch_size / world size"
+            raise ValueError(
+                f"train.batch_size ({self.batch_size}) must be divisible by the world size "
+                f"({world_size}) x train.micro_batch_size ({shown}); change train.batch_size, "
+                "train.micro_batch_size or the number of ranks"
+            )
+        return self.batch_size // (world_size * micro)
+
+
+@dataclass
+class DistConfig:
+    # Ranks that `python train.py` starts itself through torch's elastic launcher (one node,
+    # so a Hydra multirun job can be multi-process); 1 = this process alone. Under torchrun
+    # leave it at 1: torchrun starts the ranks.
+    nproc: int = 1
+    max_restarts: int = 0  # with nproc > 1: relaunch all ranks this often after a failure
+    backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU | nccl | gloo
+    timeout_s: float = 600.0  # a collective waiting longer fails instead of hanging
+
 
 @dataclass
 class Config:
@@ -42,6 +69,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
 
     def validate(self) -> None:
         """Check every value once, before any work; raise ValueError naming the key."""
@@ -51,6 +79,8 @@ class Config:
         for key in ("steps", "batch_size", "seq_len", "val_tokens", "log_every"):
             if getattr(t, key) <= 0:
                 raise ValueError(f"train.{key} must be positive, got {getattr(t, key)}")
+        if t.micro_batch_size < 0:
+            raise ValueError(f"train.micro_batch_size must be >= 0, got {t.micro_batch_size}")
         if t.val_every < 0:
             raise ValueError(f"train.val_every must be >= 0, got {t.val_every}")
         if t.val_tokens < t.seq_len:
@@ -65,10 +95,25 @@ class Config:
                 f"train.autocast must be one of {AUTOCAST_CHOICES}, got {t.autocast!r}"
             )
         self.optim.validate(t.steps)
+        d = self.dist
+        if d.nproc < 1:
+            raise ValueError(f"dist.nproc must be >= 1, got {d.nproc}")
+        if d.max_restarts < 0:
+            raise ValueError(f"dist.max_restarts must be >= 0, got {d.max_restarts}")
+        if d.backend not in BACKEND_CHOICES:
+            raise ValueError(f"dist.backend must be one of {BACKEND_CHOICES}, got {d.backend!r}")
+        if d.timeout_s <= 0:
+            raise ValueError(f"dist.timeout_s must be > 0, got {d.timeout_s}")
+        if d.backend == "nccl" and t.device == "cpu":
+            raise ValueError("dist.backend=nccl needs train.device=cuda (or auto on a GPU)")
 
 
 def register_configs() -> None:
-    """Register the schema so `conf/config.yaml` is type-checked against it."""
+    """Register the schema so `conf/config.yaml` is type-checked against it, and the resolvers
+    its `hydra:` section uses (rank-aware run directory and logging)."""
+    from trainer.launch import register_resolvers
+
+    register_resolvers()
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
 

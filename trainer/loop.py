@@ -1,12 +1,14 @@
 """The training loop: step, schedule, evaluate on a fixed token budget, log.
 
 Train time is wall-clock time spent in training steps only; evaluation is excluded, the
-way public speedrun records are timed.
+way public speedrun records are timed. Losses are reduced over all ranks, so the logged curve
+is the same whatever the number of ranks or micro-steps that computed it.
 """
 
 import math
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import Tensor, nn
@@ -14,6 +16,7 @@ from torch import Tensor, nn
 from optim import apply_schedules
 from optim.config import OptimConfig
 from trainer.config import TrainConfig
+from trainer.dist import all_reduce_sum, world_mean
 from trainer.metrics import MetricsSink, format_step
 from trainer.runtime import Runtime
 
@@ -22,19 +25,22 @@ Batch = tuple[Tensor, Tensor]
 
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: Iterable[Batch], rt: Runtime) -> float:
-    """Mean loss over every validation token, whatever the batch size or world size."""
+    """Mean loss over every validation token, whatever the batch size or world size.
+
+    Each rank sums (token loss, token count) over its share; one all-reduce adds them up.
+    """
     was_training = model.training
     model.eval()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
-    n_tokens = 0
+    totals = torch.zeros(2, dtype=torch.float64, device=rt.device)  # [loss sum, tokens]
     for x, y in batches:
         x, y = x.to(rt.device), y.to(rt.device)
         with rt.autocast():
             loss = model(x, y)
-        loss_sum += loss.double() * y.numel()
-        n_tokens += y.numel()
+        totals[0] += loss.double() * y.numel()
+        totals[1] += y.numel()
     model.train(was_training)
-    return (loss_sum / n_tokens).item()
+    loss_sum, n_tokens = all_reduce_sum(totals).tolist()
+    return loss_sum / n_tokens
 
 
 def train_step(
@@ -42,17 +48,29 @@ def train_step(
     optimizers: list[torch.optim.Optimizer],
     batch: Batch,
     rt: Runtime,
+    accum_steps: int = 1,
+    no_sync: Callable[[], AbstractContextManager] | None = None,
 ) -> float:
-    """One optimizer step on this rank's share of the global batch; returns its mean loss."""
+    """One optimizer step on this rank's share of the global batch; returns the global loss.
+
+    The share is split into `accum_steps` micro-batches of equal size; each contributes
+    loss / accum_steps to the gradients, and all but the last skip DDP's gradient all-reduce
+    (`no_sync`), so the one all-reduce averages the whole global batch.
+    """
     x, y = (t.to(rt.device, non_blocking=True) for t in batch)
-    with rt.autocast():
-        loss = model(x, y)
-    loss.backward()
+    loss_sum = torch.zeros((), device=rt.device)
+    for k, (xm, ym) in enumerate(zip(x.chunk(accum_steps), y.chunk(accum_steps), strict=True)):
+        last = k == accum_steps - 1
+        with nullcontext() if last or no_sync is None else no_sync():
+            with rt.autocast():
+                loss = model(xm, ym)
+            (loss / accum_steps).backward()
+        loss_sum += loss.detach()
     for opt in optimizers:
         opt.step()
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-    return loss.item()
+    return world_mean(loss_sum / accum_steps).item()
 
 
 def run(
@@ -64,8 +82,13 @@ def run(
     optim_cfg: OptimConfig,
     rt: Runtime,
     sink: MetricsSink,
+    accum_steps: int = 1,
+    no_sync: Callable[[], AbstractContextManager] | None = None,
 ) -> float:
-    """Train for `train_cfg.steps` steps; return the final validation loss."""
+    """Train for `train_cfg.steps` steps; return the final validation loss.
+
+    `no_sync` is the DDP wrapper's `no_sync` (None in a single process).
+    """
     steps = train_cfg.steps
     tokens_per_step = train_cfg.batch_size * train_cfg.seq_len
     train_time = 0.0
@@ -77,7 +100,7 @@ def run(
         rt.synchronize()
         t0 = time.perf_counter()
         lr_mult = apply_schedules(optimizers, step - 1, steps, optim_cfg)
-        loss = train_step(model, optimizers, next_batch(), rt)
+        loss = train_step(model, optimizers, next_batch(), rt, accum_steps, no_sync)
         rt.synchronize()
         dt = time.perf_counter() - t0
         train_time += dt

@@ -1,0 +1,214 @@
+"""Launching: torchrun (one node, two loopback nodes, a restart), `dist.nproc`, Hydra multirun.
+
+Every run here is a real `torchrun`/`python train.py` subprocess with its working directory in
+a temporary folder, so the test sees exactly which files each launch creates.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from tests.dist_utils import free_port
+from tests.helpers import TINY
+from trainer import launch
+
+REPO = Path(__file__).resolve().parents[1]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+# Fail within a minute rather than hang if a rank goes missing.
+QUICK = [*TINY, "train.steps=2", "dist.timeout_s=60"]
+
+
+def run(cmd: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
+    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"{cmd} failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+    return out
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """Every directory under `root` that holds a metrics file or a .hydra folder."""
+    found = {p.parent for p in root.rglob("metrics.jsonl")} | {
+        p.parent for p in root.rglob(".hydra")
+    }
+    return sorted(found)
+
+
+def steps(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_torchrun_two_ranks_write_one_run_directory(tmp_path: Path, corpus_cache: Path) -> None:
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", str(REPO / "train.py"), *QUICK]
+    run([*cmd, f"data.cache_dir={corpus_cache}"], cwd=tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["outputs"], "something beside outputs/"
+    (run_dir,) = run_dirs(tmp_path)
+    # outputs/<date>/<time>, like a single-process run.
+    datetime.strptime(str(run_dir.relative_to(tmp_path / "outputs")), "%Y-%m-%d/%H-%M-%S")
+    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "metrics.jsonl", "train.log"]
+    assert steps(run_dir) == [0, 1, 2]
+    log = (run_dir / "train.log").read_text()
+    assert "2 rank(s) on cpu" in log and "final val loss" in log
+    assert log.count("step 2/2") == 1, "more than one rank logged"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_loopback_nodes_finish_a_run(tmp_path: Path, corpus_cache: Path) -> None:
+    endpoint = f"127.0.0.1:{free_port()}"
+    node = [
+        *TORCHRUN,
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        "--rdzv-id=loopback",
+        str(REPO / "train.py"),
+        *QUICK,
+        f"data.cache_dir={corpus_cache}",
+    ]
+    nodes = [
+        subprocess.Popen(node, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for _ in range(2)
+    ]
+    try:
+        outputs = [p.communicate(timeout=240)[0].decode() for p in nodes]
+    finally:
+        for p in nodes:
+            p.kill()
+    for p, out in zip(nodes, outputs, strict=True):
+        assert p.returncode == 0, out[-5000:]
+    # Nodes may not share a start time, so a multi-node run is named by its rendezvous id.
+    assert run_dirs(tmp_path) == [tmp_path / "outputs" / "torchrun-loopback"]
+    assert steps(tmp_path / "outputs" / "torchrun-loopback") == [0, 1, 2]
+
+
+def _workers(parent: int) -> list[int]:
+    """The pids whose parent is `parent` (torchrun's worker processes)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_torchrun_restart_returns_to_the_same_run_directory(
+    tmp_path: Path, corpus_cache: Path
+) -> None:
+    """A rank SIGKILLed mid-run; torchrun --max-restarts=1 relaunches into the same directory."""
+    cmd = [
+        *TORCHRUN,
+        "--standalone",
+        "--nproc_per_node=2",
+        "--max-restarts=1",
+        str(REPO / "train.py"),
+        *TINY,
+        "train.steps=150",
+        "train.val_every=0",
+        "dist.timeout_s=60",
+        f"data.cache_dir={corpus_cache}",
+    ]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while not [m for m in tmp_path.rglob("metrics.jsonl") if len(steps(m.parent)) > 3]:
+            assert proc.poll() is None and time.monotonic() < deadline, "run never got going"
+            time.sleep(0.2)
+        (victim, *_) = sorted(_workers(proc.pid))
+        os.kill(victim, signal.SIGKILL)
+        out = proc.communicate(timeout=300)[0].decode()
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-5000:]
+    (run_dir,) = run_dirs(tmp_path)
+    seen = steps(run_dir)
+    assert seen.count(0) == 2, "the restarted attempt did not write into the first directory"
+    assert seen[-1] == 150
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_multirun_points_can_be_multi_process(tmp_path: Path, corpus_cache: Path) -> None:
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "-m",
+        *QUICK,
+        "dist.nproc=2",
+        "seed=0,1",
+        f"data.cache_dir={corpus_cache}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]
+    run(cmd, cwd=tmp_path, timeout=380)
+    assert run_dirs(tmp_path) == [tmp_path / "sweep" / "0", tmp_path / "sweep" / "1"]
+    for job in run_dirs(tmp_path):
+        assert steps(job) == [0, 1, 2]
+        log = (job / "train.log").read_text()
+        assert "starting 2 ranks" in log and "2 rank(s) on cpu" in log and "final val loss" in log
+
+
+@pytest.mark.timeout(120)
+def test_failing_rank_traceback_reaches_torchrun(tmp_path: Path) -> None:
+    cmd = [
+        *TORCHRUN,
+        "--standalone",
+        "--nproc_per_node=2",
+        str(REPO / "train.py"),
+        "model.n_head=3",
+    ]
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=100)
+    assert out.returncode != 0
+    summary = out.stderr[out.stderr.index("Root Cause") :]
+    # @record writes the exception to torchrun's error file, so its summary shows it.
+    assert "must be divisible by model.n_head (3)" in summary
+    assert "To enable traceback" not in summary
+    assert not list(tmp_path.rglob("metrics.jsonl"))
+
+
+def test_rank_zero_alone_gets_a_run_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    assert launch.launch_dir("outputs") == "."
+    assert launch.rank_zero(".hydra", None) is None
+    monkeypatch.setenv("RANK", "0")
+    assert launch.rank_zero(".hydra", None) == ".hydra"
+
+
+def test_torchrun_run_directory_is_the_launchers_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun it is the parent's start time: the same for every call, ranks, restarts."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("GROUP_WORLD_SIZE", raising=False)
+    first = launch.launch_dir("outputs")
+    # `ps` computes the parent's start time independently.
+    lstart = subprocess.run(
+        ["ps", "-o", "lstart=", "-p", str(os.getppid())], capture_output=True, text=True
+    ).stdout.strip()
+    expected = datetime.strptime(lstart, "%a %b %d %H:%M:%S %Y")
+    assert first == f"outputs/{expected:%Y-%m-%d}/{expected:%H-%M-%S}"
+    time.sleep(1.1)
+    assert launch.launch_dir("outputs") == first
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    assert launch.launch_dir("outputs") == "outputs/torchrun-abc"
+
+
+def test_nproc_under_torchrun_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.helpers import compose_config
+    from train import train
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    with pytest.raises(ValueError, match=r"leave dist\.nproc at 1 under torchrun"):
+        train(compose_config([*TINY, "dist.nproc=2", "run_dir=/nonexistent"]))

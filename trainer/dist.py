@@ -1,0 +1,150 @@
+"""The process group: start it, check that all ranks run the same config, reduce, tear down.
+
+Ranks come from torchrun's environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
+`MASTER_PORT`), read by `trainer.runtime.init_runtime`; a world of one needs no group at all.
+The backend follows the device: NCCL on CUDA, gloo on CPU.
+"""
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from trainer.config import Config, DistConfig
+from trainer.runtime import Runtime
+
+
+def resolve_backend(setting: str, device: torch.device) -> str:
+    """`dist.backend` as a backend name: auto -> nccl on CUDA, gloo on CPU."""
+    if setting == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if setting == "nccl" and device.type != "cuda":
+        raise ValueError(f"dist.backend=nccl needs a CUDA device, but this rank runs on {device}")
+    return setting
+
+
+@contextmanager
+def process_group(rt: Runtime, cfg: DistConfig) -> Iterator[dist.ProcessGroup | None]:
+    """The world group for the duration of the block (None for a single process).
+
+    On success every rank waits for the others before tearing down, so no rank leaves while a
+    peer still talks to it; on an error the group is torn down at once (the launcher stops the
+    other ranks). Either way the group is destroyed here, never left to interpreter exit.
+    """
+    if rt.world_size == 1:
+        yield None
+        return
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised; train() starts its own")
+    backend = resolve_backend(cfg.backend, rt.device)
+    timeout = timedelta(seconds=cfg.timeout_s)
+    store = _attempt_store(timeout)
+    dist.init_process_group(
+        backend,
+        timeout=timeout,
+        device_id=rt.device if backend == "nccl" else None,
+        **({"store": store, "rank": rt.rank, "world_size": rt.world_size} if store else {}),
+    )
+    finished = False
+    try:
+        yield dist.group.WORLD
+        finished = True
+    finally:
+        if finished:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+@contextmanager
+def local_main_first(rt: Runtime) -> Iterator[None]:
+    """Local rank 0 of each node runs the block first, then the node's other ranks.
+
+    For work that fills a node-local cache (building the sample corpus): the others then
+    find it done instead of all doing it at once.
+    """
+    if not dist.is_initialized():
+        yield
+        return
+    if rt.local_rank != 0:
+        dist.barrier()
+    yield
+    if rt.local_rank == 0:
+        dist.barrier()
+
+
+def _attempt_store(timeout: timedelta) -> dist.Store | None:
+    """Under torchrun's shared agent store, a key space of this restart attempt's own.
+
+    torchrun (c10d rendezvous) keeps one TCP store for all restarts, and torch's env://
+    rendezvous adds no per-attempt prefix, so a restarted rank would read the dead attempt's
+    peer addresses and fail to connect (pytorch/pytorch#135712, #167288). Prefixing by the
+    restart count keeps attempts apart. None: let env:// set up the store as usual.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"gpt-speedrun/attempt-{attempt}", store)
+
+
+def agree_on_config(conf: Config, rt: Runtime) -> Config:
+    """Check that every rank composed the same config; take rank 0's run directory.
+
+    Rank 0 sends its resolved config to all; a rank whose values differ names the keys, and
+    every rank raises (so none waits forever in a collective). `run_dir` may differ (ranks
+    other than 0 create no directory), so rank 0's is adopted everywhere.
+    """
+    if rt.world_size == 1:
+        return conf
+    mine = _flatten(asdict(conf))
+    theirs = _broadcast_object(mine if rt.is_main else None)
+    differ = sorted(
+        k for k in mine.keys() | theirs.keys() if k != "run_dir" and mine.get(k) != theirs.get(k)
+    )
+    bad = torch.tensor([float(bool(differ))], device=rt.device)
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if differ:
+        shown = ", ".join(f"{k}: {mine.get(k)!r} here, {theirs.get(k)!r} on rank 0" for k in differ)
+        raise ValueError(f"rank {rt.rank} was given a different config than rank 0: {shown}")
+    if bad.item():
+        raise ValueError("ranks were given different configs; the differing rank names the keys")
+    conf.run_dir = theirs["run_dir"]
+    return conf
+
+
+def all_reduce_sum(t: Tensor) -> Tensor:
+    """The sum of `t` over all ranks, in place (a no-op without a process group)."""
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def world_mean(t: Tensor) -> Tensor:
+    """The mean of `t` over all ranks (every rank gets the same value)."""
+    if not dist.is_initialized():
+        return t
+    return all_reduce_sum(t.clone()) / dist.get_world_size()
+
+
+def _broadcast_object(obj: Any) -> Any:
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
