@@ -26,10 +26,11 @@ class MuonConfig:
     # fp32 elsewhere (emulated bf16 matmuls are several times slower than fp32)
     ns_dtype: str = "auto"
     # How ranks share Newton–Schulz work (optim/exchange.py; one process ignores it):
-    # all_reduce: updates summed into a zeroed buffer | all_gather: each rank sends its own (half
-    # the bytes) | reduce_scatter: Muon gradients skip DDP and go to their owners, updated
-    # parameters are gathered (the least traffic; momentum lives on the owner)
-    exchange: str = "all_reduce"
+    # all_gather: each rank sends its own updates (fastest in scripts/bench_dist_muon.py) |
+    # all_reduce: updates summed into a zeroed buffer (twice the bytes) | reduce_scatter: Muon
+    # gradients skip DDP and go to their owners, updated parameters are gathered (least traffic
+    # in all; momentum then lives on the owner and state_dict() is a collective)
+    exchange: str = "all_gather"
 
 
 @dataclass

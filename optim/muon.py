@@ -46,14 +46,7 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
 from optim.config import LR_SCALES
-from optim.exchange import (
-    EXCHANGES,
-    all_gather_owned,
-    all_reduce_owned,
-    assign_owners,
-    check_supported,
-    reduce_scatter_to_owners,
-)
+from optim.exchange import EXCHANGES, RoundRobin, check_supported
 from optim.newton_schulz import NORM_SCALE, ns_coefficients, zeropower
 
 
@@ -90,7 +83,7 @@ class Muon(torch.optim.Optimizer):
         eps: float = 1e-7,
         ns_dtype: torch.dtype = torch.bfloat16,
         process_group: dist.ProcessGroup | None = None,
-        exchange: str = "all_reduce",
+        exchange: str = "all_gather",
     ) -> None:
         defaults = {
             "lr": lr,
@@ -110,6 +103,7 @@ class Muon(torch.optim.Optimizer):
         self.world_size = dist.get_world_size(process_group) if process_group is not None else 1
         # Precision of Newton–Schulz: a property of the hardware, not of the param groups.
         self.ns_dtype = ns_dtype
+        self._exchange_cache: dict[tuple, RoundRobin] = {}  # per group: owners, comm buffers
         super().__init__(params, defaults)
         if process_group is not None:
             # Collective: a mode the backend can't run fails here, not at the first step.
@@ -139,28 +133,26 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
+        for index, group in enumerate(self.param_groups):
             if self.owner_only:
-                self._step_owner_only(group)
+                self._step_owner_only(index, group)
                 continue
-            params = [p for p in group["params"] if p.grad is not None]
+            with_grad = [i for i, p in enumerate(group["params"]) if p.grad is not None]
+            params = [group["params"][i] for i in with_grad]
             if not params:
                 continue
-            updates = self._momentum(group, params, [p.grad for p in params])
-            owners = assign_owners([p.shape for p in params], self.world_size)
-            mine = [i for i, owner in enumerate(owners) if owner == self.rank]
-            ortho = self._orthogonalise(group, {i: updates[i] for i in mine})
-            if self.world_size > 1:
-                shapes = [p.shape for p in params]
-                args = (shapes, self.ns_dtype, params[0].device, self.process_group)
-                if self.exchange == "all_gather":
-                    ortho = dict(enumerate(all_gather_owned(ortho, shapes, owners, *args[1:])))
-                else:
-                    ortho = dict(enumerate(all_reduce_owned(ortho, *args)))
+            rr = self._round_robin(index, group, with_grad)
+            mine = rr.mine if rr is not None else range(len(params))
+            updates = self._momentum(group, params, [p.grad for p in params], set(mine))
+            ortho = self._orthogonalise(group, updates)
+            if rr is not None and self.exchange == "all_gather":
+                ortho = dict(enumerate(rr.all_gather(ortho, self.ns_dtype)))
+            elif rr is not None:
+                ortho = dict(enumerate(rr.all_reduce(ortho, self.ns_dtype)))
             self._apply(group, dict(enumerate(params)), ortho)
         return loss
 
-    def _step_owner_only(self, group: dict[str, Any]) -> None:
+    def _step_owner_only(self, index: int, group: dict[str, Any]) -> None:
         """The "reduce_scatter" step: average my matrices' gradients, update them, share them."""
         params = group["params"]
         missing = [i for i, p in enumerate(params) if p.grad is None]
@@ -171,40 +163,46 @@ class Muon(torch.optim.Optimizer):
                 f"Muon exchange=reduce_scatter needs a gradient for every parameter on every "
                 f"rank; parameters {missing} of group {group.get('name', '?')!r} have none"
             )
-        owners = self._owners(group)
-        grads = reduce_scatter_to_owners([p.grad for p in params], owners, self.process_group)
-        mine = sorted(grads)
+        rr = self._round_robin(index, group, range(len(params)))
+        grads = rr.reduce_scatter([p.grad for p in params])
         for g in grads.values():
             g.div_(self.world_size)  # the SUM over ranks -> the average DDP would have given
-        updates = self._momentum(group, [params[i] for i in mine], [grads[i] for i in mine])
-        ortho = self._orthogonalise(group, dict(zip(mine, updates, strict=True)))
-        self._apply(group, {i: params[i] for i in mine}, ortho)
-        new = {i: params[i] for i in mine}
-        shapes = [p.shape for p in params]
-        gathered = all_gather_owned(
-            new, shapes, owners, params[0].dtype, params[0].device, self.process_group
+        mine = {i: params[i] for i in rr.mine}
+        updates = self._momentum(
+            group, list(mine.values()), [grads[i] for i in mine], set(range(len(mine)))
         )
-        for i, (p, value) in enumerate(zip(params, gathered, strict=True)):
-            if owners[i] != self.rank:
-                p.copy_(value)
+        ortho = self._orthogonalise(group, dict(zip(mine, updates.values(), strict=True)))
+        self._apply(group, mine, ortho)
+        for i, value in enumerate(rr.all_gather(mine, params[0].dtype)):
+            if rr.owners[i] != self.rank:
+                params[i].copy_(value)
 
-    def _owners(self, group: dict[str, Any]) -> list[int]:
-        return assign_owners([p.shape for p in group["params"]], self.world_size)
+    def _round_robin(self, index: int, group: dict[str, Any], members: Sequence[int]):
+        """The ownership and exchange buffers of these members of group `index` (None alone)."""
+        if self.process_group is None or self.world_size == 1:
+            return None
+        key = (index, tuple(members))
+        if key not in self._exchange_cache:
+            shapes = [group["params"][i].shape for i in members]
+            self._exchange_cache[key] = RoundRobin(shapes, self.process_group)
+        return self._exchange_cache[key]
 
     def _momentum(
-        self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]
-    ) -> list[Tensor]:
-        """Phase (a): advance each momentum buffer; return the (Nesterov) update of each."""
+        self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor], want: set[int]
+    ) -> dict[int, Tensor]:
+        """Phase (a): advance each momentum buffer; return the (Nesterov) update of those in
+        `want` (by position), the ones this rank orthogonalises."""
         momentum = group["momentum"]
-        updates = []
-        for p, g in zip(params, grads, strict=True):
+        updates = {}
+        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
             state = self.state[p]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p)
             buf = state["momentum_buffer"]
             buf.lerp_(g, 1 - momentum)
-            # Without Nesterov the update *is* the buffer: later phases only read it.
-            updates.append(g.lerp(buf, momentum) if group["nesterov"] else buf)
+            if i in want:
+                # Without Nesterov the update *is* the buffer: later phases only read it.
+                updates[i] = g.lerp(buf, momentum) if group["nesterov"] else buf
         return updates
 
     def _orthogonalise(
@@ -241,7 +239,10 @@ class Muon(torch.optim.Optimizer):
         lr = group["lr"]
         for i, p in params.items():
             p.mul_(1 - lr * group["weight_decay"])
-            p.add_(ortho[i], alpha=-lr * lr_scale_factor(p.shape, group["lr_scale"]))
+            # A tall matrix's update is a transposed view; adding it to a row-major parameter
+            # walks memory column-wise, 2-3x slower on a CPU than transposing it first.
+            update = ortho[i].contiguous()
+            p.add_(update, alpha=-lr * lr_scale_factor(p.shape, group["lr_scale"]))
 
     def state_dict(self) -> dict[str, Any]:
         """The optimizer state, with every momentum buffer, whatever the mode and world size.
@@ -252,19 +253,20 @@ class Muon(torch.optim.Optimizer):
         sd = super().state_dict()
         if not self.owner_only or not self._any_rank_has_state():
             return sd
-        for group, packed in zip(self.param_groups, sd["param_groups"], strict=True):
+        for index, group in enumerate(self.param_groups):
             params = group["params"]
             mine = {
                 i: self.state[p]["momentum_buffer"]
                 for i, p in enumerate(params)
                 if "momentum_buffer" in self.state[p]
             }
-            shapes = [p.shape for p in params]
-            owners = self._owners(group)
-            dtype, device = params[0].dtype, params[0].device
-            buffers = all_gather_owned(mine, shapes, owners, dtype, device, self.process_group)
-            for index, buf in zip(packed["params"], buffers, strict=True):
-                sd["state"].setdefault(index, {})["momentum_buffer"] = buf
+            rr = self._round_robin(index, group, range(len(params)))
+            buffers = rr.all_gather(mine, params[0].dtype, reuse=False)
+            # state_dict() numbers the parameters of all groups in order: group `index` holds
+            # the numbers listed in its packed "params".
+            numbers = sd["param_groups"][index]["params"]
+            for number, buf in zip(numbers, buffers, strict=True):
+                sd["state"].setdefault(number, {})["momentum_buffer"] = buf
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -272,8 +274,9 @@ class Muon(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         if not self.owner_only:
             return
-        for group in self.param_groups:
-            for p, owner in zip(group["params"], self._owners(group), strict=True):
+        for index, group in enumerate(self.param_groups):
+            rr = self._round_robin(index, group, range(len(group["params"])))
+            for p, owner in zip(group["params"], rr.owners, strict=True):
                 if owner != self.rank:
                     self.state[p].pop("momentum_buffer", None)
 

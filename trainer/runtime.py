@@ -43,6 +43,11 @@ def resolve_device(setting: str, local_rank: int = 0) -> torch.device:
     if setting == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("train.device=cuda but no CUDA device is visible; use cpu or auto")
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} CUDA device(s) "
+                "are visible: start at most one rank per GPU (torchrun --nproc_per_node)"
+            )
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
