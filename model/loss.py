@@ -19,46 +19,51 @@ from torch import Tensor
 CPU_CHUNK_ROWS = 128
 
 
-def _chunks(n: int, device: torch.device) -> range:
-    return range(0, n, CPU_CHUNK_ROWS if device.type == "cpu" else max(n, 1))
+def default_chunk_rows(n: int, device: torch.device) -> int:
+    """Rows per chunk: cache-sized on a CPU, all of them at once elsewhere."""
+    return CPU_CHUNK_ROWS if device.type == "cpu" else max(n, 1)
 
 
 class _SoftcapCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, cap: float) -> Tensor:
+    def forward(ctx, logits: Tensor, targets: Tensor, cap: float, chunk: int) -> Tensor:
         n = logits.size(0)
         lse = torch.empty(n, dtype=torch.float32, device=logits.device)
         total = torch.zeros((), dtype=torch.float64, device=logits.device)
-        for i in _chunks(n, logits.device):
-            rows = slice(i, i + CPU_CHUNK_ROWS)
+        for i in range(0, n, chunk):
+            rows = slice(i, i + chunk)
             z = torch.tanh(logits[rows].float() / cap).mul_(cap)
             lse[rows] = torch.logsumexp(z, dim=-1)
             picked = z.gather(1, targets[rows, None]).squeeze(1)
             total += (lse[rows] - picked).sum(dtype=torch.float64)
         ctx.save_for_backward(logits, targets, lse)
-        ctx.cap = cap
+        ctx.cap, ctx.chunk = cap, chunk
         return (total / n).float()
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
         logits, targets, lse = ctx.saved_tensors
         cap, n = ctx.cap, logits.size(0)
         grad = torch.empty_like(logits)
         scale = grad_out.float() / n
-        for i in _chunks(n, logits.device):
-            rows = slice(i, i + CPU_CHUNK_ROWS)
+        for i in range(0, n, ctx.chunk):
+            rows = slice(i, i + ctx.chunk)
             t = torch.tanh(logits[rows].float() / cap)
             p = torch.exp(t * cap - lse[rows, None])  # softmax(z)
             p.scatter_add_(1, targets[rows, None], torch.full_like(p[:, :1], -1.0))
             # dz/dl = 1 - tanh²(l / cap), so dl = (p - onehot) · (1 - t²)
             p.addcmul_(p, t.square_(), value=-1.0).mul_(scale)
             grad[rows] = p
-        return grad, None, None
+        return grad, None, None, None
 
 
-def softcap_cross_entropy(logits: Tensor, targets: Tensor, cap: float) -> Tensor:
+def softcap_cross_entropy(
+    logits: Tensor, targets: Tensor, cap: float, chunk_rows: int | None = None
+) -> Tensor:
     """Mean cross-entropy of `cap · tanh(logits / cap)` against `targets`.
 
-    logits: (N, V); targets: (N,) int64. `cap` must be > 0.
+    logits: (N, V); targets: (N,) int64. `cap` must be > 0. `chunk_rows`: rows computed at a
+    time (default: `default_chunk_rows` for the logits' device).
     """
-    return _SoftcapCrossEntropy.apply(logits, targets, cap)
+    chunk = chunk_rows or default_chunk_rows(logits.size(0), logits.device)
+    return _SoftcapCrossEntropy.apply(logits, targets, cap, chunk)

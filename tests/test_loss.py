@@ -9,18 +9,16 @@ from model.loss import softcap_cross_entropy
 
 
 @pytest.mark.parametrize("n", [1, 37, 300])  # fewer rows than a chunk, a ragged last chunk
-@pytest.mark.parametrize("chunk", [16, 128])
-def test_matches_plain_softcap_cross_entropy(
-    n: int, chunk: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(loss_module, "CPU_CHUNK_ROWS", chunk)
+@pytest.mark.parametrize("chunk", [16, 128, "all"])  # "all": one chunk, as on a GPU
+def test_matches_plain_softcap_cross_entropy(n: int, chunk: int | str) -> None:
+    chunk_rows = n if chunk == "all" else chunk
     gen = torch.Generator().manual_seed(n)
     logits = (torch.randn(n, 1000, generator=gen) * 40).requires_grad_()  # well into the cap
     targets = torch.randint(0, 1000, (n,), generator=gen)
 
     ref = F.cross_entropy(30.0 * torch.tanh(logits / 30.0), targets)
     (ref_grad,) = torch.autograd.grad(ref * 3.0, logits)  # a non-unit upstream gradient
-    out = softcap_cross_entropy(logits, targets, 30.0)
+    out = softcap_cross_entropy(logits, targets, 30.0, chunk_rows)
     (grad,) = torch.autograd.grad(out * 3.0, logits)
 
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
@@ -35,3 +33,10 @@ def test_bf16_logits_give_fp32_loss_and_bf16_grad() -> None:
     assert out.dtype == torch.float32 and logits.grad.dtype == torch.bfloat16
     ref = F.cross_entropy(15.0 * torch.tanh(logits.float() / 15.0), targets)
     torch.testing.assert_close(out, ref)
+
+
+def test_chunking_follows_the_device() -> None:
+    """Cache-sized chunks on a CPU; one chunk of every row on other devices (a GPU)."""
+    assert loss_module.default_chunk_rows(1000, torch.device("cpu")) == loss_module.CPU_CHUNK_ROWS
+    assert loss_module.default_chunk_rows(1000, torch.device("cuda")) == 1000
+    assert loss_module.default_chunk_rows(0, torch.device("cuda")) == 1
