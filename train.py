@@ -15,16 +15,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed import ProcessGroup
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.build import build_data
 from model import GPT
 from optim import build_optimizers, ddp_ignored_params
 from trainer import loop
 from trainer.config import Config, register_configs, to_config
-from trainer.dist import agree_on_config, local_main_first, process_group
+from trainer.dist import agree_on_config, local_main_first, process_group, wrap_ddp
 from trainer.launch import spawn_ranks
-from trainer.metrics import MetricsSink
+from trainer.metrics import MetricsSink, describe_run
 from trainer.runtime import Runtime, init_runtime, resolve_ns_dtype, seed_everything
 
 log = logging.getLogger("train")
@@ -80,37 +79,11 @@ def _train(conf: Config, rt: Runtime, group: ProcessGroup | None, accum_steps: i
     model = GPT(conf.model).to(rt.device)
     ns_dtype = resolve_ns_dtype(conf.optim.muon.ns_dtype, rt.device)
     optimizers = build_optimizers(model, conf.optim, rt.device.type, ns_dtype, group)
-    ddp = None
-    if group is not None:
-        # DDP leaves alone what it must not sync: Muon's gradients when Muon reduces them itself
-        # (reduce_scatter), and the buffers, which are derived from the config (rotary
-        # frequencies) and so equal on every rank already.
-        ignored = ddp_ignored_params(model, conf.optim) + [n for n, _ in model.named_buffers()]
-        DDP._set_params_and_buffers_to_ignore_for_model(model, ignored)
-        ddp = DDP(model, gradient_as_bucket_view=True)
+    ddp = wrap_ddp(model, ddp_ignored_params(model, conf.optim)) if group is not None else None
     fwd = ddp or model
     fwd = torch.compile(fwd) if conf.model.compile else fwd
     sink = MetricsSink(run_dir, enabled=rt.is_main)
-    n_params = sum(p.numel() for p in model.parameters())
-    sink.info(
-        "model %d layers, d %d, %d heads: %.2fM parameters | %s (Newton-Schulz in %s%s) | "
-        "%d rank(s) on %s, %s | %d tokens/step = %d ranks x %d micro-steps x %d x %d",
-        conf.model.n_layer,
-        conf.model.n_embd,
-        conf.model.n_head,
-        n_params / 1e6,
-        conf.optim.name,
-        str(ns_dtype).removeprefix("torch."),
-        f", exchange {conf.optim.muon.exchange}" if group is not None else "",
-        rt.world_size,
-        rt.device.type,
-        "bf16 autocast" if rt.autocast_dtype else "fp32",
-        t.batch_size * t.seq_len,
-        rt.world_size,
-        accum_steps,
-        micro,
-        t.seq_len,
-    )
+    sink.info("%s", describe_run(conf, rt, model, ns_dtype, accum_steps))
     try:
         return loop.run(
             fwd,

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer.config import Config, DistConfig
 from trainer.runtime import Runtime
@@ -118,6 +119,18 @@ def agree_on_config(conf: Config, rt: Runtime) -> Config:
         raise ValueError("ranks were given different configs; the differing rank names the keys")
     conf.run_dir = theirs["run_dir"]
     return conf
+
+
+def wrap_ddp(model: nn.Module, skip: list[str]) -> DDP:
+    """DDP around `model`, leaving alone the parameters named in `skip` and every buffer.
+
+    `skip` is for gradients reduced elsewhere (Muon's, with exchange=reduce_scatter); the
+    buffers (rotary frequencies) derive from the config, so every rank has them already and
+    broadcasting them each forward would be wasted traffic.
+    """
+    ignored = [*skip, *(name for name, _ in model.named_buffers())]
+    DDP._set_params_and_buffers_to_ignore_for_model(model, ignored)
+    return DDP(model, gradient_as_bucket_view=True)
 
 
 def all_reduce_sum(t: Tensor) -> Tensor:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from trainer.config import Config
+from trainer.config import Config, to_config
 
 log = logging.getLogger("train")
 
@@ -119,8 +119,6 @@ def _rank_entry(entry: Callable[[Config], float], conf: dict, logging_cfg: dict 
         # launcher does the same by setting OMP_NUM_THREADS=1).
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
-    from trainer.config import to_config
-
     return entry(to_config(conf))
 
 

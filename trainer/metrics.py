@@ -9,6 +9,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+
+from trainer.config import Config
+from trainer.runtime import Runtime
+
 log = logging.getLogger("train")
 
 METRICS_FILE = "metrics.jsonl"
@@ -54,3 +60,21 @@ def format_step(rec: dict[str, Any], total_steps: int) -> str:
         parts.append(f"{rec['tokens_per_s']:,.0f} tok/s")
     parts.append(f"train {rec['train_time_ms'] / 1000:.1f}s")
     return " | ".join(parts)
+
+
+def describe_run(
+    conf: Config, rt: Runtime, model: nn.Module, ns_dtype: torch.dtype, accum_steps: int
+) -> str:
+    """The startup line: model, optimizer, ranks, precision and how a step's tokens split."""
+    m, t = conf.model, conf.train
+    n_params = sum(p.numel() for p in model.parameters())
+    micro = t.batch_size // (rt.world_size * accum_steps)
+    exchange = f", exchange {conf.optim.muon.exchange}" if rt.world_size > 1 else ""
+    precision = "bf16 autocast" if rt.autocast_dtype else "fp32"
+    return (
+        f"model {m.n_layer} layers, d {m.n_embd}, {m.n_head} heads: {n_params / 1e6:.2f}M "
+        f"parameters | {conf.optim.name} (Newton-Schulz in "
+        f"{str(ns_dtype).removeprefix('torch.')}{exchange}) | {rt.world_size} rank(s) on "
+        f"{rt.device.type}, {precision} | {t.batch_size * t.seq_len} tokens/step = "
+        f"{rt.world_size} ranks x {accum_steps} micro-steps x {micro} x {t.seq_len}"
+    )
