@@ -187,22 +187,38 @@ def test_rank_zero_alone_gets_a_run_directory(monkeypatch: pytest.MonkeyPatch) -
     assert launch.rank_zero(".hydra", None) == ".hydra"
 
 
+# A stand-in for torchrun: notes when it started, then asks two "workers" started 1 s apart
+# (as a restart would be) for their run directory.
+LAUNCHER = """
+import json, os, subprocess, sys, time
+started = time.time()
+ask = "from trainer.launch import launch_dir; print(launch_dir('outputs'))"
+worker = [sys.executable, "-c", ask]
+env = {**os.environ, "TORCHELASTIC_RUN_ID": "abc", "RANK": "0"}
+env.pop("GROUP_WORLD_SIZE", None)
+first = subprocess.run(worker, env=env, capture_output=True, text=True, check=True).stdout
+time.sleep(1.1)
+again = subprocess.run(worker, env=env, capture_output=True, text=True, check=True).stdout
+print(json.dumps([started, first.strip(), again.strip()]))
+"""
+
+
 def test_torchrun_run_directory_is_the_launchers_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under torchrun it is the parent's start time: the same for every call, ranks, restarts."""
+    """Under torchrun it is the parent's start time: the same for every worker and restart."""
+    out = subprocess.run(
+        [sys.executable, "-c", LAUNCHER], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    started, first, again = json.loads(out.stdout)
+    assert first == again, "a later worker of the same launcher got another directory"
+    stamp = datetime.strptime(first, "outputs/%Y-%m-%d/%H-%M-%S")
+    # The launcher noted its start just after the interpreter came up; the stamp is truncated
+    # to the second.
+    assert 0 <= started - stamp.timestamp() < 3
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
     monkeypatch.setenv("RANK", "0")
-    monkeypatch.delenv("GROUP_WORLD_SIZE", raising=False)
-    first = launch.launch_dir("outputs")
-    # `ps` computes the parent's start time independently.
-    lstart = subprocess.run(
-        ["ps", "-o", "lstart=", "-p", str(os.getppid())], capture_output=True, text=True
-    ).stdout.strip()
-    expected = datetime.strptime(lstart, "%a %b %d %H:%M:%S %Y")
-    assert first == f"outputs/{expected:%Y-%m-%d}/{expected:%H-%M-%S}"
-    time.sleep(1.1)
-    assert launch.launch_dir("outputs") == first
     monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
-    assert launch.launch_dir("outputs") == "outputs/torchrun-abc"
+    assert launch.launch_dir("outputs") == "outputs/torchrun-abc"  # several nodes
 
 
 def test_nproc_under_torchrun_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
