@@ -118,35 +118,49 @@ def test_single_process_state_resumes_on_two_ranks(exchange: str, tmp_path: Path
             assert torch.equal(a, b), f"rank {rank} did not continue the single-process run"
 
 
-def _missing_grad_main(rank: int, world: int) -> None:
+def _missing_grad_main(rank: int, world: int, out: str) -> None:
     params = [torch.zeros(4, 4, requires_grad=True), torch.zeros(4, 4, requires_grad=True)]
     opt = Muon(params, process_group=dist.group.WORLD, exchange="reduce_scatter")
     params[0].grad = torch.ones(4, 4)  # params[1] has no gradient
-    with pytest.raises(RuntimeError, match="needs a gradient for every parameter"):
+    try:
         opt.step()
+    except RuntimeError as e:
+        (Path(out) / f"rank{rank}.txt").write_text(str(e))
 
 
 @pytest.mark.timeout(120)
-def test_reduce_scatter_names_parameters_without_gradients() -> None:
-    run_ranks(_missing_grad_main, WORLD)
+def test_reduce_scatter_names_parameters_without_gradients(tmp_path: Path) -> None:
+    run_ranks(_missing_grad_main, WORLD, str(tmp_path))
+    for rank in range(WORLD):  # every rank refused the step, before any collective
+        message = (tmp_path / f"rank{rank}.txt").read_text()
+        assert "needs a gradient for every parameter" in message and "[1]" in message
 
 
-def _unsupported_main(rank: int, world: int) -> None:
+def _unsupported_main(rank: int, world: int, out: str) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise RuntimeError("this backend has no point-to-point transfers")
 
     # A backend without send/recv (in this process only): the gloo rings can't run.
     dist.batch_isend_irecv = refuse
     params = [torch.zeros(4, 4, requires_grad=True)]
+    messages = []
     for exchange in ("all_gather", "reduce_scatter"):
-        with pytest.raises(ValueError, match=f"exchange={exchange} is not supported by the gloo"):
+        try:
             Muon(params, process_group=dist.group.WORLD, exchange=exchange)
-    Muon(params, process_group=dist.group.WORLD, exchange="all_reduce")  # still works
+        except ValueError as e:
+            messages.append(str(e))
+    Muon(params, process_group=dist.group.WORLD, exchange="all_reduce")  # needs no send/recv
+    (Path(out) / f"rank{rank}.txt").write_text("\n".join(messages))
 
 
 @pytest.mark.timeout(120)
-def test_exchange_the_backend_lacks_fails_at_construction() -> None:
-    run_ranks(_unsupported_main, WORLD)
+def test_exchange_the_backend_lacks_fails_at_construction(tmp_path: Path) -> None:
+    run_ranks(_unsupported_main, WORLD, str(tmp_path))
+    for rank in range(WORLD):
+        messages = (tmp_path / f"rank{rank}.txt").read_text().splitlines()
+        assert len(messages) == 2
+        for exchange, message in zip(("all_gather", "reduce_scatter"), messages, strict=True):
+            assert f"optim.muon.exchange={exchange} is not supported by the gloo" in message
 
 
 def test_unknown_exchange_is_rejected() -> None:
