@@ -177,7 +177,9 @@ class Muon(torch.optim.Optimizer):
             if rr.owners[i] != self.rank:
                 params[i].copy_(value)
 
-    def _round_robin(self, index: int, group: dict[str, Any], members: Sequence[int]):
+    def _round_robin(
+        self, index: int, group: dict[str, Any], members: Sequence[int]
+    ) -> RoundRobin | None:
         """The ownership and exchange buffers of these members of group `index` (None alone)."""
         if self.process_group is None or self.world_size == 1:
             return None
