@@ -8,6 +8,7 @@ work and returns the final validation loss (what a Hydra sweep minimises). Tests
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 import hydra
@@ -20,11 +21,21 @@ from data.build import build_data
 from model import GPT
 from optim import build_optimizers, ddp_ignored_params
 from trainer import loop
+from trainer.checkpoint import CHECKPOINTS_DIR
 from trainer.config import Config, register_configs, to_config
-from trainer.dist import agree_on_config, local_main_first, process_group, wrap_ddp
+from trainer.dist import (
+    agree_on_config,
+    local_main_first,
+    process_group,
+    raise_together,
+    wrap_ddp,
+)
+from trainer.fault import Faults
 from trainer.launch import spawn_ranks
-from trainer.metrics import MetricsSink, describe_run
+from trainer.metrics import METRICS_FILE, MetricsSink, describe_run
 from trainer.runtime import Runtime, init_runtime, resolve_ns_dtype, seed_everything
+from trainer.signals import Stopped, StopRequests
+from trainer.snapshot import Checkpointer
 
 log = logging.getLogger("train")
 
@@ -59,10 +70,17 @@ def train_rank(conf: Config) -> float:
 
 def _train(conf: Config, rt: Runtime, group: ProcessGroup | None, accum_steps: int) -> float:
     run_dir = Path(conf.run_dir)
-    if rt.is_main:
-        check_writable(run_dir)
-    seed_everything(conf.seed)
     t = conf.train
+    error = None
+    if rt.is_main:
+        try:
+            check_writable(run_dir)
+            if t.checkpoint_every or t.checkpoint_at_end:
+                check_writable(run_dir / CHECKPOINTS_DIR)
+        except OSError as e:
+            error = e
+    raise_together(error, rt, "checking the run directory")
+    seed_everything(conf.seed)
     micro = t.batch_size // (rt.world_size * accum_steps)
     with local_main_first(rt):  # one rank per node builds the corpus cache
         train_loader, val_batches = build_data(
@@ -79,12 +97,15 @@ def _train(conf: Config, rt: Runtime, group: ProcessGroup | None, accum_steps: i
     model = GPT(conf.model).to(rt.device)
     ns_dtype = resolve_ns_dtype(conf.optim.muon.ns_dtype, rt.device)
     optimizers = build_optimizers(model, conf.optim, rt.device.type, ns_dtype, group)
+    checkpoints = Checkpointer(conf, rt, model, optimizers, train_loader)
+    start = checkpoints.resume()  # before DDP: its construction broadcasts the parameters
     ddp = wrap_ddp(model, ddp_ignored_params(model, conf.optim)) if group is not None else None
     fwd = ddp or model
     fwd = torch.compile(fwd) if conf.model.compile else fwd
-    sink = MetricsSink(run_dir, enabled=rt.is_main)
+    history = checkpoints.last.parents[1] / METRICS_FILE if checkpoints.last else None
+    sink = MetricsSink(run_dir, rt.is_main, resume_step=start.step, history=history)
     sink.info("%s", describe_run(conf, rt, model, ns_dtype, accum_steps))
-    try:
+    with StopRequests() as stop, sink:
         return loop.run(
             fwd,
             optimizers,
@@ -96,16 +117,22 @@ def _train(conf: Config, rt: Runtime, group: ProcessGroup | None, accum_steps: i
             sink,
             accum_steps=accum_steps,
             no_sync=ddp.no_sync if ddp is not None else None,
+            start=start,
+            checkpoints=checkpoints,
+            stop=stop,
+            faults=Faults(t.fault, rt.rank, run_dir),
         )
-    finally:
-        sink.close()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 @record  # a failing rank's traceback reaches torchrun's summary
 def main(cfg: DictConfig) -> float:
     log.info("config:\n%s", OmegaConf.to_yaml(cfg))
-    return train(cfg)
+    try:
+        return train(cfg)
+    except Stopped as e:  # a checkpoint is saved: no traceback, the shell's signal status
+        log.warning("%s", e)
+        sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":

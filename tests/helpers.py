@@ -21,6 +21,8 @@ TINY = [
     "train.val_tokens=512",
     "train.device=cpu",
     "train.autocast=none",
+    "train.checkpoint_every=0",  # tests that checkpoint say so (each save is ~80 MB here)
+    "train.checkpoint_at_end=false",
 ]
 
 

@@ -58,6 +58,10 @@ def test_required_key_names_exist(tmp_path: Path) -> None:
         "model.n_layer",
         "model.n_head",
         "model.n_embd",
+        "train.checkpoint_every",
+        "train.checkpoint_keep",
+        "train.resume",
+        "train.on_nonfinite",
     ]:
         node = cfg
         for part in key.split("."):
@@ -95,6 +99,11 @@ def test_required_key_names_exist(tmp_path: Path) -> None:
         ("dist.backend=mpi", "dist.backend"),
         ("dist.timeout_s=0", "dist.timeout_s"),
         ("dist.backend=nccl train.device=cpu", "dist.backend=nccl"),
+        ("train.checkpoint_every=-5", "train.checkpoint_every"),
+        ("train.checkpoint_keep=0", "train.checkpoint_keep"),
+        ("train.resume=''", "train.resume"),
+        ("train.on_nonfinite=ignore", "train.on_nonfinite"),
+        ("train.fault.kill_at_step=-1", "train.fault.kill_at_step"),
     ],
 )
 def test_bad_values_fail_naming_the_key(override: str, key: str, tmp_path: Path) -> None:

@@ -18,6 +18,20 @@ from optim.config import OptimConfig
 AUTOCAST_CHOICES = ("auto", "bf16", "none")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 BACKEND_CHOICES = ("auto", "nccl", "gloo")
+NONFINITE_CHOICES = ("stop", "skip")
+
+
+@dataclass
+class FaultConfig:
+    """Test-only fault injection; both off (0) in every real run."""
+
+    # SIGKILL rank `rank` right after this step, once per run directory (a marker file
+    # remembers it fired), so a restarted run that passes the step again lives on.
+    kill_at_step: int = 0
+    # Send SIGTERM to rank `rank` after this step, once (a scheduler's pre-emption notice).
+    signal_at_step: int = 0
+    rank: int = 0
+    nonfinite_at_step: int = 0  # make this step's training loss NaN on every rank
 
 
 @dataclass
@@ -36,6 +50,17 @@ class TrainConfig:
     # CPUs with native bf16 matmul (AVX-512 BF16 / AMX), fp32 elsewhere (bf16 is ~10x slower
     # than fp32 on an AVX2-only CPU)
     autocast: str = "auto"
+    # Checkpoints go to <run_dir>/checkpoints/step_NNNNNN (see trainer/checkpoint.py).
+    checkpoint_every: int = 50  # save every this many steps; 0 = no periodic saves
+    checkpoint_at_end: bool = True  # save after the last step
+    checkpoint_keep: int = 2  # keep this many newest checkpoints, delete older ones
+    # auto: continue from <run_dir>/checkpoints if it holds one, else start fresh | never |
+    # a path: a checkpoint directory, a checkpoints/ directory or a run directory
+    resume: str = "auto"
+    # A non-finite training loss: stop (name the step and the last good checkpoint) | skip
+    # (drop that step's update and go on; costs one host sync per step before the update)
+    on_nonfinite: str = "stop"
+    fault: FaultConfig = field(default_factory=FaultConfig)
 
     def accumulation_steps(self, world_size: int) -> int:
         """Micro-steps per optimizer step on `world_size` ranks; raises if they don't divide."""
@@ -94,6 +119,20 @@ class Config:
             raise ValueError(
                 f"train.autocast must be one of {AUTOCAST_CHOICES}, got {t.autocast!r}"
             )
+        if t.checkpoint_every < 0:
+            raise ValueError(f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}")
+        if t.checkpoint_keep < 1:
+            raise ValueError(f"train.checkpoint_keep must be >= 1, got {t.checkpoint_keep}")
+        if not t.resume:
+            raise ValueError("train.resume must be auto, never or a checkpoint path")
+        if t.on_nonfinite not in NONFINITE_CHOICES:
+            raise ValueError(
+                f"train.on_nonfinite must be one of {NONFINITE_CHOICES}, got {t.on_nonfinite!r}"
+            )
+        f = t.fault
+        for key in ("kill_at_step", "signal_at_step", "rank", "nonfinite_at_step"):
+            if getattr(f, key) < 0:
+                raise ValueError(f"train.fault.{key} must be >= 0, got {getattr(f, key)}")
         self.optim.validate(t.steps)
         d = self.dist
         if d.nproc < 1:
@@ -106,6 +145,17 @@ class Config:
             raise ValueError(f"dist.timeout_s must be > 0, got {d.timeout_s}")
         if d.backend == "nccl" and t.device == "cpu":
             raise ValueError("dist.backend=nccl needs train.device=cuda (or auto on a GPU)")
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as {"train.steps": 200, ...}, for comparing configs key by key."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def register_configs() -> None:

@@ -6,19 +6,21 @@ The backend follows the device: NCCL on CUDA, gloo on CPU.
 """
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.config import Config, DistConfig
+from trainer.config import Config, DistConfig, flatten
 from trainer.runtime import Runtime
+
+T = TypeVar("T")
 
 
 def resolve_backend(setting: str, device: torch.device) -> str:
@@ -105,7 +107,7 @@ def agree_on_config(conf: Config, rt: Runtime) -> Config:
     """
     if rt.world_size == 1:
         return conf
-    mine = _flatten(asdict(conf))
+    mine = flatten(asdict(conf))
     theirs = _broadcast_object(mine if rt.is_main else None)
     differ = sorted(
         k for k in mine.keys() | theirs.keys() if k != "run_dir" and mine.get(k) != theirs.get(k)
@@ -140,24 +142,40 @@ def all_reduce_sum(t: Tensor) -> Tensor:
     return t
 
 
-def world_mean(t: Tensor) -> Tensor:
-    """The mean of `t` over all ranks (every rank gets the same value)."""
-    if not dist.is_initialized():
-        return t
-    return all_reduce_sum(t.clone()) / dist.get_world_size()
+def main_decides(fn: Callable[[], T], rt: Runtime) -> T:
+    """Run `fn` on rank 0 and give every rank its result, or raise its error on every rank.
+
+    For decisions that must agree across ranks (which checkpoint to resume): ranks on other
+    nodes may not even see the same files.
+    """
+    if rt.world_size == 1:
+        return fn()
+    outcome: tuple[bool, Any] = (True, None)
+    if rt.is_main:
+        try:
+            outcome = (True, fn())
+        except Exception as e:  # sent to every rank, raised everywhere below
+            outcome = (False, e)
+    ok, value = _broadcast_object(outcome if rt.is_main else None)
+    if not ok:
+        raise value
+    return value
+
+
+def raise_together(error: BaseException | None, rt: Runtime, what: str) -> None:
+    """Raise on every rank if `error` is set on any, so no rank waits in a collective for a
+    peer that has failed. The failing rank raises its own error; the others say where to look.
+    """
+    if rt.world_size > 1:
+        flag = torch.tensor([float(error is not None)], device=rt.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if error is None and flag.item():
+            raise RuntimeError(f"{what} failed on another rank; its error says why")
+    if error is not None:
+        raise error
 
 
 def _broadcast_object(obj: Any) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out

@@ -6,6 +6,7 @@ Non-main ranks get a sink that does nothing, which keeps `if rank == 0` out of t
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,22 @@ METRICS_FILE = "metrics.jsonl"
 class MetricsSink:
     """Appends one JSON object per record to `<run_dir>/metrics.jsonl` and logs a summary."""
 
-    def __init__(self, run_dir: Path, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        enabled: bool = True,
+        resume_step: int = 0,
+        history: Path | None = None,
+    ) -> None:
+        """`resume_step` > 0: the run continues from a checkpoint of that step, so the file
+        keeps only the records up to it (later ones belong to the attempt that was lost).
+        They come from `history`, the metrics file of the run that saved the checkpoint,
+        when that is another run directory."""
         self.enabled = enabled
         self.path = Path(run_dir) / METRICS_FILE
         self._file = None
+        if enabled and resume_step:
+            _keep_until(self.path, resume_step, history or self.path)
         if enabled:
             # Line-buffered so a killed run keeps every completed line.
             self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
@@ -39,17 +52,49 @@ class MetricsSink:
         if self.enabled:
             log.info(msg, *args)
 
+    def warning(self, msg: str, *args: Any) -> None:
+        if self.enabled:
+            log.warning(msg, *args)
+
+    def __enter__(self) -> "MetricsSink":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
 
 
+def _keep_until(path: Path, step: int, source: Path) -> None:
+    """Rewrite `path` (atomically) with `source`'s records of steps <= `step`."""
+    if not source.is_file():
+        return
+    kept = [
+        line
+        for line in source.read_text(encoding="utf-8").splitlines()
+        if line.strip() and _step_of(line) <= step
+    ]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _step_of(line: str) -> int:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return 1 << 62  # a line cut short by a kill: drop it
+
+
 def format_step(rec: dict[str, Any], total_steps: int) -> str:
     """The console line for one step: loss, LR, speed, and the val loss when evaluated."""
     parts = [f"step {rec['step']:>{len(str(total_steps))}}/{total_steps}"]
     if "train_loss" in rec:
-        parts.append(f"loss {rec['train_loss']:.4f}")
+        loss = rec["train_loss"]
+        parts.append("loss non-finite (skipped)" if loss is None else f"loss {loss:.4f}")
     if "val_loss" in rec:
         parts.append(f"val {rec['val_loss']:.4f}")
     if "lr" in rec:

@@ -8,6 +8,7 @@ import os
 import random
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -94,3 +95,42 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """Every random generator's state (python, numpy, torch CPU and CUDA), as plain types
+    and tensors so it loads with `torch.load(weights_only=True)`."""
+    np_state = np.random.get_state(legacy=False)
+    return {
+        "python": random.getstate(),
+        "numpy": {
+            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+    }
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    """Restore what `rng_state` returned (a CUDA state only onto a CUDA device)."""
+    random.setstate(_as_tuples(state["python"]))
+    n = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": "MT19937",
+            "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]},
+            "has_gauss": n["has_gauss"],
+            "gauss": n["gauss"],
+        }
+    )
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _as_tuples(x: Any) -> Any:
+    # random.setstate wants the nested tuples getstate gave; a round trip may yield lists.
+    return tuple(_as_tuples(v) for v in x) if isinstance(x, list | tuple) else x

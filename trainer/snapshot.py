@@ -1,0 +1,243 @@
+"""What a checkpoint holds, and how every rank takes part in saving and resuming one.
+
+A checkpoint is the union of the state each owner keeps: the model's parameters (the
+unwrapped module, so names carry no DDP or compile prefix), each optimizer's state, the
+loader's global position, every rank's RNG states and the loop's `Progress`. Resuming loads
+each back, so the run continues as if it had never stopped.
+
+Everything saved is independent of the world size: momentum is replicated (or gathered by
+Muon's `state_dict()`, a collective in exchange=reduce_scatter mode, which is why every rank
+calls `save`), and the loader position counts global tokens. A checkpoint from W ranks
+therefore resumes on W' ranks. Rank 0 alone writes files; every rank reads them, so a
+multi-node run needs its run directory on a shared filesystem.
+"""
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer import checkpoint
+from trainer.checkpoint import CheckpointError, Loaded
+from trainer.config import Config, flatten
+from trainer.dist import main_decides, raise_together
+from trainer.runtime import Runtime, rng_state, set_rng_state
+
+log = logging.getLogger("train")
+
+# Keys whose values must equal the checkpoint's: they decide which tensors exist and what the
+# loader position means.
+MUST_MATCH_PREFIXES = ("model.", "optim.name", "data.source")
+# Keys that change how a run executes or reports, never its numbers: no warning when they differ.
+OPERATIONAL = (
+    "run_dir",
+    "model.compile",
+    "dist.",
+    "data.cache_dir",
+    "train.device",
+    "train.micro_batch_size",
+    "train.log_every",
+    "train.val_every",
+    "train.checkpoint_",
+    "train.resume",
+    "train.on_nonfinite",
+    "train.fault.",
+)
+
+
+@dataclass
+class Progress:
+    """The loop's own state: where the run is and what it has cost so far."""
+
+    step: int = 0  # optimizer steps done
+    tokens: int = 0  # training tokens consumed
+    train_time_s: float = 0.0  # time in training steps (evaluation and saving excluded)
+    val_loss: float | None = None  # the latest validation loss
+    skipped_steps: int = 0  # steps whose update was dropped (train.on_nonfinite=skip)
+
+
+class Loader(Protocol):
+    """The loader interface a checkpoint needs (TokenLoader and SyntheticLoader have it)."""
+
+    def state_dict(self) -> dict[str, int]: ...
+    def load_state_dict(self, state: dict[str, int]) -> None: ...
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        conf: Config,
+        rt: Runtime,
+        model: nn.Module,
+        optimizers: list[torch.optim.Optimizer],
+        loader: Loader,
+    ) -> None:
+        self.conf, self.rt = conf, rt
+        self.model, self.optimizers, self.loader = model, optimizers, loader
+        self.root = Path(conf.run_dir) / checkpoint.CHECKPOINTS_DIR
+        self.last: Path | None = None  # the newest checkpoint saved or resumed from
+
+    def resume(self) -> Progress:
+        """Load what `train.resume` names into the model, optimizers, loader and RNGs.
+
+        Returns the progress to continue from (a fresh one when there is nothing to resume).
+        Every rank raises if any fails, before any training.
+        """
+        setting = self.conf.train.resume
+        path = main_decides(lambda: checkpoint.resolve(setting, Path(self.conf.run_dir)), self.rt)
+        if path is None:
+            return Progress()
+        error, progress = None, Progress()
+        try:
+            loaded = checkpoint.load(path)
+            self._check_config(loaded)
+            progress = self._restore(loaded)
+        except Exception as e:  # raised on every rank by raise_together
+            error = e
+        raise_together(error, self.rt, f"resuming from {path}")
+        self.last = path
+        if self.rt.is_main:
+            saved_world = loaded.meta.get("world_size")
+            log.info(
+                "resumed from %s: step %d, %d tokens, train time %.1fs (saved on %s rank(s), "
+                "running on %d)",
+                path,
+                progress.step,
+                progress.tokens,
+                progress.train_time_s,
+                saved_world,
+                self.rt.world_size,
+            )
+        return progress
+
+    def save(self, progress: Progress) -> Path:
+        """Write a checkpoint of `progress`; a collective: every rank must call it.
+
+        Raises on every rank if rank 0 could not write it (disk full, I/O error); the previous
+        checkpoint is then still the newest and intact.
+        """
+        t0 = time.perf_counter()
+        model_state = self.model.state_dict()
+        optim_states = [opt.state_dict() for opt in self.optimizers]  # may be a collective
+        rngs = _gather(rng_state(self.rt.device), self.rt)
+        error, path, size = None, None, 0
+        if self.rt.is_main:
+            parts = {
+                "model": model_state,
+                "optimizers": optim_states,
+                "trainer": {
+                    "progress": asdict(progress),
+                    "loader": self.loader.state_dict(),
+                    "rng": rngs,
+                },
+            }
+            meta = {
+                "world_size": self.rt.world_size,
+                "tokens": progress.tokens,
+                "train_time_s": progress.train_time_s,
+                "val_loss": progress.val_loss,
+                "config": asdict(self.conf),
+            }
+            try:
+                path = checkpoint.save(
+                    self.root, progress.step, parts, meta, self.conf.train.checkpoint_keep
+                )
+                size = sum(f.stat().st_size for f in path.iterdir())
+            except OSError as e:
+                where = f"; the last good checkpoint is {self.last}" if self.last else ""
+                error = OSError(
+                    e.errno,
+                    f"saving the checkpoint of step {progress.step} under {self.root} "
+                    f"failed: {e.strerror or e}{where}",
+                )
+        raise_together(error, self.rt, f"saving the checkpoint of step {progress.step}")
+        path = main_decides(lambda: path, self.rt)
+        self.last = path
+        if self.rt.is_main:
+            log.info(
+                "checkpoint step %d: %s (%.1f MB in %.0f ms)",
+                progress.step,
+                path,
+                size / 1e6,
+                (time.perf_counter() - t0) * 1000,
+            )
+        return path
+
+    def _check_config(self, loaded: Loaded) -> None:
+        saved = flatten(loaded.meta.get("config", {}))
+        current = flatten(asdict(self.conf))
+        differ = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
+        fatal = [k for k in differ if k.startswith(MUST_MATCH_PREFIXES) and k != "model.compile"]
+        if fatal:
+            shown = "; ".join(f"{k}: {saved.get(k)!r} saved, {current.get(k)!r} now" for k in fatal)
+            raise CheckpointError(
+                f"checkpoint {loaded.path} was saved with an incompatible config ({shown}). "
+                f"Resume with the checkpoint's values (all in {loaded.path / checkpoint.META}) "
+                "or start fresh with train.resume=never"
+            )
+        changed = [k for k in differ if not k.startswith(OPERATIONAL)]
+        if changed and self.rt.is_main:
+            log.warning(
+                "resuming with values that differ from the checkpoint's; the run continues "
+                "under the new ones: %s",
+                "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed),
+            )
+
+    def _restore(self, loaded: Loaded) -> Progress:
+        parts = loaded.parts
+        self.model.load_state_dict(parts["model"])
+        states = parts["optimizers"]
+        if len(states) != len(self.optimizers):
+            raise CheckpointError(
+                f"{loaded.path} holds {len(states)} optimizer states, this run has "
+                f"{len(self.optimizers)} (optim.name={self.conf.optim.name})"
+            )
+        for opt, state in zip(self.optimizers, states, strict=True):
+            _load_optimizer(opt, state)
+        trainer = parts["trainer"]
+        try:
+            self.loader.load_state_dict(trainer["loader"])
+        except (KeyError, ValueError) as e:
+            raise CheckpointError(
+                f"{loaded.path}: the saved loader position does not fit this data: {e}"
+            ) from e
+        rngs = trainer["rng"]
+        # Same world size: each rank its own generators; otherwise all take rank 0's, the
+        # state every rank starts from (seed_everything seeds all ranks alike).
+        same_layout = len(rngs) == self.rt.world_size
+        set_rng_state(rngs[self.rt.rank] if same_layout else rngs[0], self.rt.device)
+        return Progress(**trainer["progress"])
+
+
+def _load_optimizer(opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load momentum and moments from `state`, but keep this run's hyperparameters.
+
+    torch's `load_state_dict` restores the saved param-group settings too; here the config
+    governs them (a resumed run may lower an LR on purpose, and flags like AdamW's `fused`
+    must fit this run's device). `_check_config` has warned about any differences.
+    """
+    saved = state["param_groups"]
+    if len(saved) != len(opt.param_groups):
+        raise CheckpointError(
+            f"the checkpoint's {type(opt).__name__} has {len(saved)} parameter groups, this "
+            f"run's has {len(opt.param_groups)}"
+        )
+    fresh = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    # Settings replaced before loading, so torch places the state (e.g. AdamW's step
+    # counters) as this run's flags need.
+    groups = [{**old, **new} for old, new in zip(saved, fresh, strict=True)]
+    opt.load_state_dict({**state, "param_groups": groups})
+
+
+def _gather(obj: Any, rt: Runtime) -> list[Any]:
+    """`obj` from every rank, in rank order (on every rank)."""
+    if rt.world_size == 1:
+        return [obj]
+    out: list[Any] = [None] * rt.world_size
+    dist.all_gather_object(out, obj)
+    return out
