@@ -31,7 +31,7 @@ from trainer.dist import (
     wrap_ddp,
 )
 from trainer.fault import Faults
-from trainer.launch import spawn_ranks
+from trainer.launch import env_rank, spawn_ranks
 from trainer.metrics import METRICS_FILE, MetricsSink, describe_run
 from trainer.runtime import Runtime, init_runtime, resolve_ns_dtype, seed_everything
 from trainer.signals import Stopped, StopRequests
@@ -131,7 +131,8 @@ def main(cfg: DictConfig) -> float:
     try:
         return train(cfg)
     except Stopped as e:  # a checkpoint is saved: no traceback, the shell's signal status
-        log.warning("%s", e)
+        if env_rank() == 0:
+            log.warning("%s", e)
         sys.exit(e.exit_code)
 
 

@@ -5,8 +5,10 @@ a temporary folder, so the test sees exactly which files each launch creates.
 """
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -212,3 +214,40 @@ def test_nproc_under_torchrun_is_refused(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
     with pytest.raises(ValueError, match=r"leave dist\.nproc at 1 under torchrun"):
         train(compose_config([*TINY, "dist.nproc=2", "run_dir=/nonexistent"]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigterm_to_dist_nproc_parent_saves_and_exits_promptly(
+    tmp_path: Path, corpus_cache: Path
+) -> None:
+    """The launcher forwards the signal; the ranks save, exit at once, and a rerun resumes."""
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        *TINY,
+        "train.steps=60",
+        "train.val_every=0",
+        "dist.nproc=2",
+        "dist.timeout_s=60",
+        f"data.cache_dir={corpus_cache}",
+        f"hydra.run.dir={run_dir}",
+    ]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 200
+        while not (run_dir / "metrics.jsonl").exists() or len(steps(run_dir)) < 4:
+            assert proc.poll() is None and time.monotonic() < deadline, "run never got going"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=120)[0].decode()
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    # The launcher SIGKILLs ranks still alive 30 s after forwarding a signal and says so.
+    assert "forcefully exiting" not in out, out[-3000:]
+    stopped_at = steps(run_dir)[-1]
+    assert (run_dir / "checkpoints" / f"step_{stopped_at:06d}" / "meta.json").is_file()
+    run(cmd, cwd=tmp_path)
+    assert steps(run_dir) == list(range(61))

@@ -222,13 +222,13 @@ def resolve(setting: str, run_dir: Path) -> Path | None:
 
 
 def load(path: Path) -> Loaded:
-    """Read a checkpoint directory (tensors memory-mapped on the CPU)."""
+    """Read a checkpoint directory into CPU memory (tensors move to their device on load)."""
     meta = validate(path)
     parts = {}
     for name in PARTS:
         f = path / f"{name}.pt"
         try:
-            parts[name] = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+            parts[name] = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as e:  # torch raises RuntimeError, pickle errors, EOFError, ...
             raise CheckpointError(f"{f} is corrupt or unreadable: {e}") from e
     return Loaded(path, meta, parts)

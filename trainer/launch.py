@@ -16,6 +16,8 @@ multirun job be a multi-process run.
 import logging
 import logging.config
 import os
+import signal
+import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict
@@ -27,6 +29,9 @@ import torch
 from omegaconf import OmegaConf
 
 from trainer.config import Config, to_config
+from trainer.signals import Stopped
+
+_SAVED = "the newest under checkpoints/"
 
 log = logging.getLogger("train")
 
@@ -87,6 +92,8 @@ def spawn_ranks(conf: Config, entry: Callable[[Config], float]) -> float:
             f"dist.nproc={conf.dist.nproc} starts its own ranks, but this process is already "
             "one of several started by torchrun: leave dist.nproc at 1 under torchrun"
         )
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(
@@ -101,12 +108,27 @@ def spawn_ranks(conf: Config, entry: Callable[[Config], float]) -> float:
         monitor_interval=0.1,
     )
     log.info("starting %d ranks (torch elastic, %s)", conf.dist.nproc, config.rdzv_backend)
-    results = elastic_launch(config, _rank_entry)(entry, asdict(conf), _logging_config())
+    try:
+        results = elastic_launch(config, _rank_entry)(entry, asdict(conf), _logging_config())
+    except SignalException as e:
+        # This process got the signal; the launcher forwarded it, and the ranks saved.
+        raise Stopped(e.sigval.name, None, _SAVED) from e
+    except ChildFailedError as e:
+        # Only the ranks got it (nothing to restart: they saved and stopped on purpose).
+        codes = {f.exitcode for f in e.failures.values()}
+        if codes <= {128 + signal.SIGTERM, 128 + signal.SIGINT}:
+            raise Stopped(signal.Signals(max(codes) - 128).name, None, _SAVED) from e
+        raise
     return results[0]
 
 
 def _rank_entry(entry: Callable[[Config], float], conf: dict, logging_cfg: dict | None) -> float:
-    """What each spawned rank runs: set up logging and threads, then train."""
+    """What each spawned rank runs: set up logging and threads, then train.
+
+    A rank stopped by a signal (after saving) exits at once with the signal's status: a
+    returned value would wait for the launcher to collect it, which it does not do while it
+    shuts down on the same signal, so the rank would sit until SIGKILLed 30 s later.
+    """
     if env_rank() == 0 and logging_cfg is not None:
         logging.config.dictConfig(logging_cfg)
     else:
@@ -119,7 +141,15 @@ def _rank_entry(entry: Callable[[Config], float], conf: dict, logging_cfg: dict 
         # launcher does the same by setting OMP_NUM_THREADS=1).
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
-    return entry(to_config(conf))
+    try:
+        return entry(to_config(conf))
+    except Stopped as e:
+        if env_rank() == 0:
+            logging.getLogger("train").warning("%s", e)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(e.exit_code)
 
 
 def _logging_config() -> dict | None:

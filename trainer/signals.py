@@ -51,10 +51,11 @@ class StopRequests:
 class Stopped(Exception):
     """The run stopped on a signal after saving a checkpoint; rerun to resume it."""
 
-    def __init__(self, signal_name: str, step: int, checkpoint: str) -> None:
+    def __init__(self, signal_name: str, step: int | None, checkpoint: str) -> None:
         self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
+        after = f" after step {step}" if step is not None else ""
         super().__init__(
-            f"stopped by {signal_name} after step {step}; checkpoint saved to {checkpoint}. "
+            f"stopped by {signal_name}{after}; checkpoint saved to {checkpoint}. "
             "Run the same command again (same run directory, train.resume=auto) to continue."
         )
 
