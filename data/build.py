@@ -7,8 +7,32 @@ from torch import Tensor
 
 from data.config import DataConfig
 from data.loader import SyntheticLoader, TokenLoader, synthetic_val_batches, val_batches
+from data.sample import CorpusFiles
 
 Batch = tuple[Tensor, Tensor]
+
+
+def find_shards(cfg: DataConfig) -> CorpusFiles:
+    """The train and val shards under `data.dir`, in name order; fail naming what is missing."""
+    root = Path(cfg.dir).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"data.dir={cfg.dir!r}: {root} is not a directory (download FineWeb with "
+            "python -m data.fineweb, or write shards with python -m data.prepare)"
+        )
+    train, val = sorted(root.glob(cfg.train_files)), sorted(root.glob(cfg.val_files))
+    for kind, key, found in (("training", "train_files", train), ("validation", "val_files", val)):
+        if not found:
+            raise FileNotFoundError(
+                f"no {kind} shards in {root} match data.{key}={getattr(cfg, key)!r}"
+            )
+    overlap = set(train) & set(val)
+    if overlap:
+        raise ValueError(
+            f"data.train_files and data.val_files both match {sorted(map(str, overlap))}: "
+            "validation tokens must not be trained on"
+        )
+    return CorpusFiles(train=train, val=val)
 
 
 def build_data(
@@ -40,12 +64,17 @@ def build_data(
 
         return loader, synthetic_val
 
-    from data.sample import build_sample_corpus
+    if cfg.source == "shards":
+        files = find_shards(cfg)
+    else:
+        from data.sample import build_sample_corpus
 
-    files = build_sample_corpus(
-        Path(cfg.cache_dir).expanduser(), cfg.val_fraction, progress=progress
+        files = build_sample_corpus(
+            Path(cfg.cache_dir).expanduser(), cfg.val_fraction, progress=progress
+        )
+    loader = TokenLoader(
+        files.train, batch_size, seq_len, rank=rank, world_size=world_size, align=cfg.align
     )
-    loader = TokenLoader(files.train, batch_size, seq_len, rank=rank, world_size=world_size)
 
     def sample_val() -> Iterable[Batch]:
         return val_batches(files.val, val_tokens, val_batch_size, seq_len, rank, world_size)

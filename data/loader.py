@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.shards import load_shard, read_header
-from data.tokenizer import GPT2_VOCAB_SIZE
+from data.shards import check_token_ids, load_shard, read_header
+from data.tokenizer import EOT, GPT2_VOCAB_SIZE
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -51,10 +51,14 @@ def _to_batch(tokens: np.ndarray, rows: int, seq_len: int) -> Batch:
 class TokenLoader:
     """Consecutive global batches from a list of shards, read through memory maps.
 
-    A global batch of `batch_size` sequences is the next batch_size * seq_len + 1 tokens of the
-    current shard; rank r takes its contiguous share of the rows. A shard whose rest is too short
-    for a whole batch is left for the next one; after the last shard the stream wraps around and
-    `epoch` counts up.
+    align="stream": a global batch of `batch_size` sequences is the next
+    batch_size * seq_len + 1 tokens of the current shard. align="bos": each row starts at the
+    next document start (an EOT token) at or after where the previous row's inputs ended, so
+    every row begins with <|endoftext|>; what is left of a document that overflows a row is
+    skipped. Either way rank r takes its contiguous share of the rows, batches never overlap,
+    and a shard whose rest is too short for a whole batch is left for the next one; after the
+    last shard the stream wraps around and `epoch` counts up. Each shard's token ids are
+    checked against the GPT-2 vocabulary when it is first opened.
     """
 
     def __init__(
@@ -64,11 +68,15 @@ class TokenLoader:
         seq_len: int,
         rank: int = 0,
         world_size: int = 1,
+        align: str = "stream",
     ) -> None:
         _check_layout(batch_size, seq_len, rank, world_size)
         _check_divisible(batch_size, world_size)
         if not files:
             raise ValueError("no training shards given")
+        if align not in ("stream", "bos"):
+            raise ValueError(f"data.align must be stream or bos, got {align!r}")
+        self.align = align
         self.files = [Path(f) for f in files]
         self.batch_size, self.seq_len = batch_size, seq_len
         self.rank, self.world_size = rank, world_size
@@ -84,23 +92,77 @@ class TokenLoader:
             )
         self._shard, self._pos, self.epoch = 0, 0, 0
         self._tokens: np.ndarray | None = None  # memory map of the current shard
+        self._bos: np.ndarray | None = None  # positions of EOT in it (align="bos")
+        self._next: np.ndarray | None = None  # the row after a row starting at _bos[j]
+        self._open()  # the first shard's token ids are checked before any training
+
+    def _open(self) -> np.ndarray:
+        if self._tokens is None:
+            path = self.files[self._shard]
+            self._tokens = load_shard(path)
+            check_token_ids(path, self._tokens, GPT2_VOCAB_SIZE)
+            if self.align == "bos":
+                # Once per shard: the EOT positions, and for a row starting at the j-th, the
+                # index of the EOT where the next row starts (the first at or after its end).
+                self._bos = np.flatnonzero(self._tokens == EOT)
+                self._next = np.searchsorted(self._bos, self._bos + self.seq_len)
+        return self._tokens
 
     def _advance_shard(self) -> None:
-        self._shard, self._pos, self._tokens = self._shard + 1, 0, None
+        self._shard, self._pos = self._shard + 1, 0
+        self._tokens = self._bos = self._next = None
         if self._shard == len(self.files):
             self._shard, self.epoch = 0, self.epoch + 1
 
     def next_batch(self) -> Batch:
         """This rank's (inputs, targets), int64 tensors of shape (batch_size // world, seq_len)."""
+        if self.align == "bos":
+            return self._next_bos_batch()
         while self._pos + self._span + 1 > self._lengths[self._shard]:
             self._advance_shard()
-        if self._tokens is None:
-            self._tokens = load_shard(self.files[self._shard])
+        tokens = self._open()
         rows, seq_len = self.local_batch_size, self.seq_len
         start = self._pos + self.rank * rows * seq_len
-        local = self._tokens[start : start + rows * seq_len + 1]
+        local = tokens[start : start + rows * seq_len + 1]
         self._pos += self._span
         return _to_batch(local, rows, seq_len)
+
+    def _next_bos_batch(self) -> Batch:
+        for _ in range(len(self.files) + 1):
+            starts = self._row_starts()
+            if starts is not None:
+                break
+            self._advance_shard()
+        else:
+            raise ValueError(
+                f"no training shard holds {self.batch_size} document-aligned rows of "
+                f"{self.seq_len + 1} tokens (data.align=bos): {[str(f) for f in self.files]}"
+            )
+        tokens = self._open()
+        mine = starts[self.rank * self.local_batch_size : (self.rank + 1) * self.local_batch_size]
+        rows = tokens[mine[:, None] + np.arange(self.seq_len + 1)]  # one gather, no loop
+        buf = torch.from_numpy(rows.astype(np.int64))
+        return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
+
+    def _row_starts(self) -> np.ndarray | None:
+        """The global batch's row starts in the current shard (None: the shard runs out).
+
+        Row i starts at the first EOT at or after the end of row i-1's inputs; every rank
+        computes all of them, so the rows (and the position after them) agree everywhere.
+        """
+        self._open()
+        bos, nxt, length = self._bos, self._next, self._lengths[self._shard]
+        assert bos is not None and nxt is not None
+        j = int(np.searchsorted(bos, self._pos))
+        starts = np.empty(self.batch_size, dtype=np.int64)
+        for i in range(self.batch_size):
+            if j == len(bos) or bos[j] + self.seq_len + 1 > length:
+                return None
+            starts[i] = bos[j]
+            j = int(nxt[j])
+        pos = starts[-1] + self.seq_len
+        self._pos = int(pos)
+        return starts
 
     def state_dict(self) -> dict[str, int]:
         """The global stream position: the same on every rank, independent of the world size."""
@@ -114,7 +176,8 @@ class TokenLoader:
                 f"loader state {state} does not fit the {len(self.files)} training shards "
                 "(were the shards changed since the checkpoint?)"
             )
-        self._shard, self._pos, self.epoch, self._tokens = shard, pos, epoch, None
+        self._shard, self._pos, self.epoch = shard, pos, epoch
+        self._tokens = self._bos = self._next = None
 
 
 def _val_row_ranges(
@@ -181,6 +244,7 @@ def val_batches(
     _check_layout(batch_size, seq_len, rank, world_size)
     n_seq = val_sequence_count(files, val_tokens, seq_len)
     stream = _read_prefix(files, n_seq * seq_len + 1)
+    check_token_ids(", ".join(str(f) for f in files), stream, GPT2_VOCAB_SIZE)
     ranges = _val_row_ranges(n_seq, batch_size, rank, world_size)
     return (
         _to_batch(stream[lo * seq_len : hi * seq_len + 1], hi - lo, seq_len) for lo, hi in ranges

@@ -111,3 +111,20 @@ def load_shard(path: str | os.PathLike) -> np.ndarray:
         empty.flags.writeable = False
         return empty
     return np.memmap(path, dtype=_TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(count,))
+
+
+def check_token_ids(path: str | os.PathLike, tokens: np.ndarray, vocab_size: int) -> None:
+    """Fail, naming the file and position, if any token id is outside [0, vocab_size).
+
+    One pass over the tokens (~50 ms per 100M on a CPU): a bad id would otherwise index past
+    the embedding, or silently train on a different vocabulary.
+    """
+    if tokens.size == 0:
+        return
+    top = int(tokens.max())
+    if top >= vocab_size:
+        where = int(np.argmax(tokens >= vocab_size))
+        raise ShardError(
+            f"{path}: token id {top} (first bad id at position {where}) is outside the "
+            f"vocabulary of {vocab_size} tokens; the shard was written with another tokenizer"
+        )

@@ -25,9 +25,23 @@ def test_every_group_has_presets() -> None:
 
 @pytest.mark.parametrize(("group", "name"), [(g, n) for g in GROUPS for n in presets(g)])
 def test_every_preset_composes_and_validates(group: str, name: str, tmp_path: Path) -> None:
-    cfg = compose_config([f"{group}={name}", f"run_dir={tmp_path}"])
+    needs = [f"data.dir={tmp_path}"] if (group, name) == ("data", "local") else []
+    cfg = compose_config([f"{group}={name}", f"run_dir={tmp_path}", *needs])
     conf = to_config(cfg)
     assert isinstance(conf, Config)
+
+
+def test_local_data_needs_its_directory(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match=r"data\.dir"):
+        to_config(compose_config(["data=local", f"run_dir={tmp_path}"]))
+
+
+def test_val_budget_follows_the_data_preset_unless_set(tmp_path: Path) -> None:
+    fineweb = to_config(compose_config(["data=fineweb10b", f"run_dir={tmp_path}"]))
+    assert fineweb.train.val_tokens == 10_485_760
+    assert fineweb.data.dir.endswith("fineweb10B")
+    own = to_config(compose_config(["data=fineweb10b", "train.val_tokens=4096", "run_dir=."]))
+    assert own.train.val_tokens == 4096
 
 
 def test_default_is_tiny_muon_on_sample(tmp_path: Path) -> None:
@@ -104,6 +118,9 @@ def test_required_key_names_exist(tmp_path: Path) -> None:
         ("train.resume=''", "train.resume"),
         ("train.on_nonfinite=ignore", "train.on_nonfinite"),
         ("train.fault.kill_at_step=-1", "train.fault.kill_at_step"),
+        ("data.align=words", "data.align"),
+        ("data.source=shards", "data.dir"),
+        ("data.align=bos data.source=synthetic", "data.align=bos"),
     ],
 )
 def test_bad_values_fail_naming_the_key(override: str, key: str, tmp_path: Path) -> None:

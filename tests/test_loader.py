@@ -1,5 +1,6 @@
 """Token loaders: batches are the expected slices of the shards, on any number of ranks."""
 
+import itertools
 import re
 
 import numpy as np
@@ -292,3 +293,98 @@ def test_synthetic_val_set():
     train_x, _ = SyntheticLoader(7, 8, seed=1).next_batch()
     assert not torch.equal(train_x[0], x1[0])
     assert not torch.equal(_cat(synthetic_val_batches(2, 60, 7, 8))[0], x1)
+
+
+# ---- document-aligned (BOS) batches --------------------------------------------------------
+
+EOT = 50256
+
+
+def _documents(tmp_path, n_docs=60, seed=0):
+    """One shard of documents of random lengths 5..60, each opened by EOT; ids are unique-ish."""
+    rng = np.random.default_rng(seed)
+    docs = [
+        np.concatenate([[EOT], rng.integers(0, 50000, rng.integers(5, 60))]) for _ in range(n_docs)
+    ]
+    tokens = np.concatenate(docs)
+    path = tmp_path / "docs_000000.bin"
+    write_shard(path, tokens)
+    return path, tokens
+
+
+def _reference_bos_rows(tokens, n_rows, seq_len):
+    """Greedy: each row starts at the first EOT at or after where the last row's inputs end."""
+    bos = np.flatnonzero(tokens == EOT)
+    rows, pos = [], 0
+    for _ in range(n_rows):
+        start = bos[np.searchsorted(bos, pos)]
+        rows.append(tokens[start : start + seq_len + 1])
+        pos = start + seq_len
+    return np.stack(rows)
+
+
+def test_bos_rows_start_at_documents_and_never_overlap(tmp_path):
+    path, tokens = _documents(tmp_path)
+    loader = TokenLoader([path], batch_size=4, seq_len=16, align="bos")
+    batches = [loader.next_batch() for _ in range(5)]
+    want = _reference_bos_rows(tokens, 20, 16)
+    x = torch.cat([b[0] for b in batches]).numpy()
+    y = torch.cat([b[1] for b in batches]).numpy()
+    assert (x[:, 0] == EOT).all()
+    np.testing.assert_array_equal(x, want[:, :-1])
+    np.testing.assert_array_equal(y, want[:, 1:])
+    # No leakage between batches: each row's inputs lie wholly after the previous row's.
+    starts = [
+        int(np.flatnonzero((np.lib.stride_tricks.sliding_window_view(tokens, 17) == r).all(1))[0])
+        for r in want
+    ]
+    assert all(b >= a + 16 for a, b in itertools.pairwise(starts))
+
+
+def test_bos_ranks_split_the_global_batch_and_resume(tmp_path):
+    path, _ = _documents(tmp_path)
+    one = TokenLoader([path], batch_size=4, seq_len=16, align="bos")
+    ranks = [TokenLoader([path], 4, 16, rank=r, world_size=2, align="bos") for r in (0, 1)]
+    for _ in range(3):
+        x1, _ = one.next_batch()
+        x2 = torch.cat([r.next_batch()[0] for r in ranks])
+        assert torch.equal(x1, x2)
+    state = one.state_dict()
+    assert ranks[0].state_dict() == ranks[1].state_dict() == state
+    resumed = TokenLoader([path], batch_size=4, seq_len=16, align="bos")
+    resumed.load_state_dict(state)
+    assert torch.equal(resumed.next_batch()[0], one.next_batch()[0])
+
+
+def test_bos_without_room_for_a_batch_names_the_switch(tmp_path):
+    path = tmp_path / "docs_000000.bin"
+    write_shard(path, np.tile(np.concatenate([[EOT], np.arange(49)]), 6))  # 6 documents
+    loader = TokenLoader([path], batch_size=8, seq_len=32, align="bos")  # stream mode fits
+    with pytest.raises(ValueError, match=r"8 document-aligned rows.*data\.align=bos"):
+        loader.next_batch()
+
+
+def test_token_ids_beyond_the_vocabulary_name_the_shard(tmp_path):
+    path = tmp_path / "bad_000000.bin"
+    write_shard(path, [1, 2, 50300, 4] * 100)
+    with pytest.raises(ShardError, match=r"bad_000000\.bin: token id 50300 .*position 2"):
+        TokenLoader([path], batch_size=2, seq_len=8)
+    with pytest.raises(ShardError, match="token id 50300"):
+        val_batches([path], val_tokens=64, batch_size=2, seq_len=8)
+
+
+def test_shard_directory_errors_name_the_key(tmp_path):
+    from data.build import find_shards
+    from data.config import DataConfig
+
+    with pytest.raises(FileNotFoundError, match=r"data\.dir="):
+        find_shards(DataConfig(source="shards", dir=str(tmp_path / "nope")))
+    write_shard(tmp_path / "x_train_000001.bin", np.arange(100))
+    with pytest.raises(FileNotFoundError, match=r"no validation shards .* data\.val_files"):
+        find_shards(DataConfig(source="shards", dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="both match"):
+        find_shards(DataConfig(source="shards", dir=str(tmp_path), val_files="*.bin"))
+    write_shard(tmp_path / "x_val_000000.bin", np.arange(100))
+    files = find_shards(DataConfig(source="shards", dir=str(tmp_path)))
+    assert [f.name for f in files.train] == ["x_train_000001.bin"]
+    assert [f.name for f in files.val] == ["x_val_000000.bin"]
