@@ -36,6 +36,7 @@ from trainer.metrics import METRICS_FILE, MetricsSink, describe_run
 from trainer.runtime import Runtime, init_runtime, resolve_ns_dtype, seed_everything
 from trainer.signals import Stopped, StopRequests
 from trainer.snapshot import Checkpointer
+from trainer.wandb_log import WandbRun
 
 log = logging.getLogger("train")
 
@@ -103,7 +104,8 @@ def _train(conf: Config, rt: Runtime, group: ProcessGroup | None, accum_steps: i
     fwd = ddp or model
     fwd = torch.compile(fwd) if conf.model.compile else fwd
     history = checkpoints.last.parents[1] / METRICS_FILE if checkpoints.last else None
-    sink = MetricsSink(run_dir, rt.is_main, resume_step=start.step, history=history)
+    wandb = WandbRun(conf, start.run_id) if rt.is_main and conf.logging.wandb.enabled else None
+    sink = MetricsSink(run_dir, rt.is_main, start.step, history, wandb)
     sink.info("%s", describe_run(conf, rt, model, ns_dtype, accum_steps))
     with StopRequests() as stop, sink:
         return loop.run(

@@ -9,7 +9,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 from tests.helpers import CONF_DIR, compose_config
 from trainer.config import Config, TrainConfig, to_config
 
-GROUPS = ["model", "optim", "data", "train", "experiment"]
+GROUPS = ["model", "optim", "data", "train", "experiment", "logging", "hparams_search", "launcher"]
 
 
 def presets(group: str) -> list[str]:
@@ -121,6 +121,8 @@ def test_required_key_names_exist(tmp_path: Path) -> None:
         ("data.align=words", "data.align"),
         ("data.source=shards", "data.dir"),
         ("data.align=bos data.source=synthetic", "data.align=bos"),
+        ("logging.wandb.mode=sometimes", "logging.wandb.mode"),
+        ("train.target_val_loss=-1", "train.target_val_loss"),
     ],
 )
 def test_bad_values_fail_naming_the_key(override: str, key: str, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ AUTOCAST_CHOICES = ("auto", "bf16", "none")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 BACKEND_CHOICES = ("auto", "nccl", "gloo")
 NONFINITE_CHOICES = ("stop", "skip")
+WANDB_MODES = ("online", "offline", "disabled")
 
 
 @dataclass
@@ -60,6 +61,9 @@ class TrainConfig:
     # A non-finite training loss: stop (name the step and the last good checkpoint) | skip
     # (drop that step's update and go on; costs one host sync per step before the update)
     on_nonfinite: str = "stop"
+    # Stop at the first evaluation whose val loss is at or below this (0 = train all steps);
+    # the log and metrics.jsonl give the train time to reach it (evaluation excluded).
+    target_val_loss: float = 0.0
     fault: FaultConfig = field(default_factory=FaultConfig)
 
     def accumulation_steps(self, world_size: int) -> int:
@@ -87,6 +91,24 @@ class DistConfig:
 
 
 @dataclass
+class WandbConfig:
+    enabled: bool = False  # logging=wandb turns it on; rank 0 only
+    project: str = "gpt-speedrun"
+    entity: str | None = None  # team or user; None: the account's default
+    name: str | None = None  # run name; None: the run directory's path under outputs/
+    group: str | None = None  # e.g. one sweep's runs
+    tags: list[str] = field(default_factory=list)
+    # online: needs an account (WANDB_API_KEY) | offline: writes <run_dir>/wandb, sync later
+    # with `wandb sync` | disabled: calls succeed and do nothing
+    mode: str = "online"
+
+
+@dataclass
+class LoggingConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
 class Config:
     seed: int = 0  # seeds torch, numpy and python; same seed -> same run
     run_dir: str = "."  # where metrics.jsonl goes; Hydra sets it to its run directory
@@ -95,6 +117,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def validate(self) -> None:
         """Check every value once, before any work; raise ValueError naming the key."""
@@ -125,6 +148,8 @@ class Config:
             raise ValueError(f"train.checkpoint_keep must be >= 1, got {t.checkpoint_keep}")
         if not t.resume:
             raise ValueError("train.resume must be auto, never or a checkpoint path")
+        if t.target_val_loss < 0:
+            raise ValueError(f"train.target_val_loss must be >= 0, got {t.target_val_loss}")
         if t.on_nonfinite not in NONFINITE_CHOICES:
             raise ValueError(
                 f"train.on_nonfinite must be one of {NONFINITE_CHOICES}, got {t.on_nonfinite!r}"
@@ -134,6 +159,10 @@ class Config:
             if getattr(f, key) < 0:
                 raise ValueError(f"train.fault.{key} must be >= 0, got {getattr(f, key)}")
         self.optim.validate(t.steps)
+        if self.logging.wandb.mode not in WANDB_MODES:
+            raise ValueError(
+                f"logging.wandb.mode must be one of {WANDB_MODES}, got {self.logging.wandb.mode!r}"
+            )
         d = self.dist
         if d.nproc < 1:
             raise ValueError(f"dist.nproc must be >= 1, got {d.nproc}")

@@ -130,8 +130,12 @@ def run(
         p.val_loss = evaluate(model, val_batches(), rt)
         sink.write({"step": 0, "val_loss": p.val_loss, "tokens": 0, "train_time_ms": 0.0})
         sink.info(format_step({"step": 0, "val_loss": p.val_loss, "train_time_ms": 0.0}, steps))
+    target = train_cfg.target_val_loss
+    reached = bool(target) and p.val_loss is not None and p.val_loss <= target
     model.train()
     for step in range(p.step + 1, steps + 1):
+        if reached:  # resumed from the save made when the target was reached
+            break
         rt.synchronize()
         t0 = time.perf_counter()
         lr_mult = apply_schedules(optimizers, step - 1, steps, optim_cfg)
@@ -165,28 +169,39 @@ def run(
         if step == steps or (train_cfg.val_every and step % train_cfg.val_every == 0):
             p.val_loss = evaluate(model, val_batches(), rt)
             rec["val_loss"] = p.val_loss
+            reached = bool(target) and p.val_loss <= target
+            if reached:
+                rec["target_reached"] = True
         sink.write(rec)
         if step % train_cfg.log_every == 0 or "val_loss" in rec:
             sink.info(format_step(rec, steps))
         if faults is not None:
             faults.after_step(step)
+        if reached:
+            sink.info(
+                "target val loss %.4f reached at step %d: %.4f after %.1fs of training (%d tokens)",
+                target, step, p.val_loss, p.train_time_s, p.tokens,
+            )  # fmt: skip
         every = train_cfg.checkpoint_every
-        due = (every and step % every == 0) or (step == steps and train_cfg.checkpoint_at_end)
+        last = step == steps or reached
+        due = (every and step % every == 0) or (last and train_cfg.checkpoint_at_end)
         if checkpoints is not None and (due or stop_now):
             checkpoints.save(p)
         if stop_now:
             signal_name = (stop.requested if stop else None) or "a signal on another rank"
             raise Stopped(signal_name, step, str(checkpoints.last if checkpoints else None))
+        if reached:
+            break
     if p.val_loss is None:  # resumed from a save without a val loss, with nothing left to do
         p.val_loss = evaluate(model, val_batches(), rt)
     skipped = f", {p.skipped_steps} steps skipped (non-finite loss)" if p.skipped_steps else ""
     sink.info(
         "done: %d steps, %d tokens, final val loss %.4f, train time %.1fs (%.0f ms/step)%s",
-        steps,
+        p.step,
         p.tokens,
         p.val_loss,
         p.train_time_s,
-        p.train_time_s * 1000 / steps,
+        p.train_time_s * 1000 / max(p.step, 1),
         skipped,
     )
     return p.val_loss

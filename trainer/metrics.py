@@ -15,6 +15,7 @@ from torch import nn
 
 from trainer.config import Config
 from trainer.runtime import Runtime
+from trainer.wandb_log import WandbRun
 
 log = logging.getLogger("train")
 
@@ -30,12 +31,14 @@ class MetricsSink:
         enabled: bool = True,
         resume_step: int = 0,
         history: Path | None = None,
+        wandb: WandbRun | None = None,
     ) -> None:
         """`resume_step` > 0: the run continues from a checkpoint of that step, so the file
         keeps only the records up to it (later ones belong to the attempt that was lost).
         They come from `history`, the metrics file of the run that saved the checkpoint,
-        when that is another run directory."""
+        when that is another run directory. `wandb`: a run that gets every record too."""
         self.enabled = enabled
+        self.wandb = wandb
         self.path = Path(run_dir) / METRICS_FILE
         self._file = None
         if enabled and resume_step:
@@ -47,6 +50,8 @@ class MetricsSink:
     def write(self, record: dict[str, Any]) -> None:
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(record)
 
     def info(self, msg: str, *args: Any) -> None:
         if self.enabled:
@@ -66,6 +71,9 @@ class MetricsSink:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self.wandb is not None:
+            self.wandb.finish()  # each multirun job ends its own wandb run
+            self.wandb = None
 
 
 def _keep_until(path: Path, step: int, source: Path) -> None:

@@ -14,7 +14,8 @@ multi-node run needs its run directory on a shared filesystem.
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+import uuid
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -59,6 +60,8 @@ class Progress:
     train_time_s: float = 0.0  # time in training steps (evaluation and saving excluded)
     val_loss: float | None = None  # the latest validation loss
     skipped_steps: int = 0  # steps whose update was dropped (train.on_nonfinite=skip)
+    # The run's identity across resumes (the wandb run id): rank 0's, made at step 0.
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
 
 class Loader(Protocol):
