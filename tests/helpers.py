@@ -1,5 +1,8 @@
 """Shared test helpers: compose the real Hydra config with small CPU overrides."""
 
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -31,3 +34,20 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides or []))
+
+
+def sigterm_after(cmd: list[str], cwd: Path, run_dir: Path, records: int) -> tuple[int, str]:
+    """Start `cmd`, SIGTERM it once `run_dir/metrics.jsonl` holds `records` lines; return its
+    exit status and output."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 200
+        while not metrics.exists() or len(metrics.read_text().splitlines()) < records:
+            assert proc.poll() is None and time.monotonic() < deadline, "run never got going"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=120)[0].decode()
+    finally:
+        proc.kill()
+    return proc.returncode, out

@@ -8,14 +8,13 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from tests.dist_utils import free_port
-from tests.helpers import TINY
+from tests.helpers import TINY, sigterm_after
 from trainer import launch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -234,17 +233,8 @@ def test_sigterm_to_dist_nproc_parent_saves_and_exits_promptly(
         f"data.cache_dir={corpus_cache}",
         f"hydra.run.dir={run_dir}",
     ]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 200
-        while not (run_dir / "metrics.jsonl").exists() or len(steps(run_dir)) < 4:
-            assert proc.poll() is None and time.monotonic() < deadline, "run never got going"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=120)[0].decode()
-    finally:
-        proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    status, out = sigterm_after(cmd, tmp_path, run_dir, records=4)
+    assert status == 128 + signal.SIGTERM, out[-3000:]
     # The launcher SIGKILLs ranks still alive 30 s after forwarding a signal and says so.
     assert "forcefully exiting" not in out, out[-3000:]
     stopped_at = steps(run_dir)[-1]

@@ -12,14 +12,13 @@ import math
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.dist_utils import run_torchrun_ranks
-from tests.helpers import TINY, compose_config
+from tests.helpers import TINY, compose_config, sigterm_after
 from train import train
 from trainer import checkpoint
 from trainer.checkpoint import CheckpointError
@@ -194,17 +193,8 @@ def test_sigterm_from_outside_saves_and_the_rerun_continues_exactly(
     final = train(compose_config([*overrides, f"run_dir={straight}"]))
     run_dir = tmp_path / "cli"
     cmd = [sys.executable, "train.py", *overrides, f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 200
-        while not (run_dir / "metrics.jsonl").exists() or len(records(run_dir)) < 6:
-            assert proc.poll() is None and time.monotonic() < deadline, "run never got going"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=120)[0].decode()
-    finally:
-        proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    status, out = sigterm_after(cmd, REPO, run_dir, records=6)
+    assert status == 128 + signal.SIGTERM, out[-3000:]
     assert "Traceback" not in out
     stopped_at = records(run_dir)[-1]["step"]
     assert 5 <= stopped_at < 60, "the signal arrived mid-run"

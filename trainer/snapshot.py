@@ -48,6 +48,7 @@ OPERATIONAL = (
     "train.resume",
     "train.on_nonfinite",
     "train.fault.",
+    "logging.",
 )
 
 
