@@ -7,7 +7,6 @@ work and returns the final validation loss (what a Hydra sweep minimises). Tests
 """
 
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -19,37 +18,20 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from data.build import build_data
 from model import GPT
-from optim import build_optimizers, ddp_ignored_params
-from trainer import loop
-from trainer.checkpoint import CHECKPOINTS_DIR
+from optim import build_optimizer
+from trainer.checkpoint_files import CHECKPOINTS_DIR
+from trainer.checkpointer import Checkpointer
 from trainer.config import Config, register_configs, to_config
-from trainer.dist import (
-    agree_on_config,
-    local_main_first,
-    process_group,
-    raise_together,
-    wrap_ddp,
-)
+from trainer.dist import agree_on_config, local_main_first, main_decides, process_group, wrap_ddp
 from trainer.fault import Faults
-from trainer.launch import env_rank, spawn_ranks
-from trainer.metrics import METRICS_FILE, MetricsSink, describe_run
-from trainer.runtime import Runtime, init_runtime, resolve_ns_dtype, seed_everything
+from trainer.launch import spawn_ranks
+from trainer.loop import Loop
+from trainer.metrics import MetricsSink, describe_run
+from trainer.run_dir import check_writable, env_rank
+from trainer.runtime import Runtime, init_runtime, seed_everything
 from trainer.signals import Stopped, StopRequests
-from trainer.snapshot import Checkpointer
-from trainer.wandb_log import WandbRun
 
 log = logging.getLogger("train")
-
-
-def check_writable(run_dir: Path) -> None:
-    """Fail before any work if the run directory can't take our files."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise PermissionError(f"run_dir {str(run_dir)!r} is not writable: {e}") from e
 
 
 def train(cfg: DictConfig | Config) -> float:
@@ -70,60 +52,34 @@ def train_rank(conf: Config) -> float:
 
 
 def _train(conf: Config, rt: Runtime, group: ProcessGroup | None, accum_steps: int) -> float:
-    run_dir = Path(conf.run_dir)
-    t = conf.train
-    error = None
-    if rt.is_main:
-        try:
-            check_writable(run_dir)
-            if t.checkpoint_every or t.checkpoint_at_end:
-                check_writable(run_dir / CHECKPOINTS_DIR)
-        except OSError as e:
-            error = e
-    raise_together(error, rt, "checking the run directory")
+    run_dir, t = Path(conf.run_dir), conf.train
+    saves = [CHECKPOINTS_DIR] if t.checkpoint_every or t.checkpoint_at_end else []
+    main_decides(lambda: check_writable(run_dir, *saves), rt)  # raises on every rank
     seed_everything(conf.seed)
     micro = t.batch_size // (rt.world_size * accum_steps)
     with local_main_first(rt):  # one rank per node builds the corpus cache
-        train_loader, val_batches = build_data(
-            conf.data,
-            batch_size=t.batch_size,
-            seq_len=t.seq_len,
-            val_tokens=t.val_tokens,
-            val_batch_size=micro * rt.world_size,
-            seed=conf.seed,
-            rank=rt.rank,
-            world_size=rt.world_size,
-            progress=rt.is_main,
-        )
+        loader, val_batches = build_data(
+            conf.data, batch_size=t.batch_size, seq_len=t.seq_len, val_tokens=t.val_tokens,
+            val_batch_size=micro * rt.world_size, seed=conf.seed, rank=rt.rank,
+            world_size=rt.world_size, progress=rt.is_main,
+        )  # fmt: skip
     model = GPT(conf.model).to(rt.device)
-    ns_dtype = resolve_ns_dtype(conf.optim.muon.ns_dtype, rt.device)
-    optimizers = build_optimizers(model, conf.optim, rt.device.type, ns_dtype, group)
-    checkpoints = Checkpointer(conf, rt, model, optimizers, train_loader)
+    optimizer = build_optimizer(
+        model, conf.optim, total_steps=t.steps, device=rt.device, process_group=group
+    )
+    checkpoints = Checkpointer(conf, rt, model, optimizer, loader)
     start = checkpoints.resume()  # before DDP: its construction broadcasts the parameters
-    ddp = wrap_ddp(model, ddp_ignored_params(model, conf.optim)) if group is not None else None
-    fwd = ddp or model
-    fwd = torch.compile(fwd) if conf.model.compile else fwd
-    history = checkpoints.last.parents[1] / METRICS_FILE if checkpoints.last else None
-    wandb = WandbRun(conf, start.run_id) if rt.is_main and conf.logging.wandb.enabled else None
-    sink = MetricsSink(run_dir, rt.is_main, start.step, history, wandb)
-    sink.info("%s", describe_run(conf, rt, model, ns_dtype, accum_steps))
+    ddp = wrap_ddp(model, optimizer.self_reduced) if group is not None else None
+    fwd = torch.compile(ddp or model) if conf.model.compile else ddp or model
+    sink = MetricsSink.for_run(conf, rt, start, checkpoints.last)
+    sink.info("%s", describe_run(conf, rt, model, optimizer.summary, accum_steps))
     with StopRequests() as stop, sink:
-        return loop.run(
-            fwd,
-            optimizers,
-            train_loader.next_batch,
-            val_batches,
-            t,
-            conf.optim,
-            rt,
-            sink,
-            accum_steps=accum_steps,
-            no_sync=ddp.no_sync if ddp is not None else None,
-            start=start,
-            checkpoints=checkpoints,
-            stop=stop,
-            faults=Faults(t.fault, rt.rank, run_dir),
-        )
+        loop = Loop(
+            fwd, optimizer, loader.next_batch, val_batches, t, rt, sink, checkpoints,
+            accum_steps=accum_steps, no_sync=ddp.no_sync if ddp is not None else None,
+            stop=stop, hook=Faults(t.fault, rt.rank, run_dir, model) if t.fault.enabled else None,
+        )  # fmt: skip
+        return loop.run(start)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -14,6 +14,9 @@ import torch
 from data.shards import check_token_ids, load_shard, read_header
 from data.tokenizer import EOT, GPT2_VOCAB_SIZE
 
+# `data.align`: how `TokenLoader` cuts training rows (see its docstring).
+ALIGNS = ("stream", "bos")
+
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 # Synthetic data: training and validation draw from separate random streams of one seed.
@@ -74,8 +77,8 @@ class TokenLoader:
         _check_divisible(batch_size, world_size)
         if not files:
             raise ValueError("no training shards given")
-        if align not in ("stream", "bos"):
-            raise ValueError(f"data.align must be stream or bos, got {align!r}")
+        if align not in ALIGNS:
+            raise ValueError(f"data.align must be one of {ALIGNS}, got {align!r}")
         self.align = align
         self.files = [Path(f) for f in files]
         self.batch_size, self.seq_len = batch_size, seq_len

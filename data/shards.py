@@ -7,6 +7,7 @@ already download load as-is, and shards written here load in their tools.
 
 import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,14 @@ _TOKEN_DTYPE = np.dtype("<u2")
 
 class ShardError(ValueError):
     """A shard file that is not a valid token shard; the message names the file."""
+
+
+@dataclass(frozen=True)
+class CorpusFiles:
+    """The shard files of a corpus, each split in stream order."""
+
+    train: list[Path]
+    val: list[Path]
 
 
 def write_shard(path: str | os.PathLike, tokens: npt.ArrayLike) -> None:

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 @dataclass
 class ModelConfig:
     n_layer: int = 4  # transformer blocks
-    n_head: int = 4  # attention heads per block
-    n_embd: int = 256  # residual stream width; head_dim = n_embd // n_head
+    n_head: int = 2  # attention heads per block
+    n_embd: int = 128  # residual stream width; head_dim = n_embd // n_head
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 128 for fast matmuls
     rope_base: float = 10000.0  # rotary embedding base (wavelength scale)
     logit_softcap: float = 30.0  # logits = cap * tanh(logits / cap); 0 disables the cap

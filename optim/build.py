@@ -1,57 +1,50 @@
-"""Build the optimizers for a model from `OptimConfig`, and apply the schedules each step.
+"""From the `optim` config to the optimizer object of a model: the one place it crosses in.
 
 "muon_adamw": Muon on the hidden matrices, plus one AdamW with a param group (and LR) each for
 the embedding, the LM head and the 0-D/1-D scalars. "adamw": a single AdamW, the hidden
 matrices in a group of their own. Which parameter goes where is `partition_params`'s rule.
-
-Every param group keeps the LR it was built with as `initial_lr`; `apply_schedules` sets
-`lr = initial_lr × multiplier` before each step, so a resumed run (whose groups come back
-from the checkpoint) follows the same schedule.
+Every group is built with its LR as both "lr" and "initial_lr" (the base LR that
+`CombinedOptimizer.schedule` multiplies), here and nowhere else.
 """
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from optim.combined import CombinedOptimizer
 from optim.config import OptimConfig
 from optim.muon import Muon
+from optim.newton_schulz import resolve_ns_dtype
 from optim.partition import partition_params
-from optim.schedule import lr_multiplier, muon_momentum
+from optim.schedule import Schedules
 
 
-def build_optimizers(
+def build_optimizer(
     model: nn.Module,
     cfg: OptimConfig,
-    device_type: str,
-    ns_dtype: torch.dtype = torch.bfloat16,
+    *,
+    total_steps: int,
+    device: torch.device,
     process_group: dist.ProcessGroup | None = None,
-) -> list[torch.optim.Optimizer]:
-    """[Muon, AdamW] for "muon_adamw" or [AdamW] for "adamw"; empty groups are left out.
+) -> CombinedOptimizer:
+    """The optimizer object for `model`'s trainable parameters, on `device`.
 
-    `ns_dtype` is the Newton–Schulz precision that `optim.muon.ns_dtype` resolved to. With a
-    `process_group` Muon splits its Newton–Schulz work across the group's ranks
+    With a `process_group` Muon splits its Newton–Schulz work across the group's ranks
     (`optim.muon.exchange`); AdamW needs none: DDP gives every rank the same gradients.
     """
     groups = partition_params(model, cfg.name)
-    a = cfg.adamw
-    adamw_lrs = {
-        "hidden": a.hidden_lr,
-        "embed": a.embed_lr,
-        "head": a.head_lr,
-        "scalar": a.scalar_lr,
-    }
-    adamw_groups = [
-        {"params": [p for _, p in groups[name]], "lr": lr, "initial_lr": lr, "name": name}
-        for name, lr in adamw_lrs.items()
-        if groups.get(name)
-    ]
-    optimizers: list[torch.optim.Optimizer] = []
+    a, m = cfg.adamw, cfg.muon
+    adamw_lrs = {"hidden": a.hidden_lr, "embed": a.embed_lr, "head": a.head_lr}
+    adamw_lrs["scalar"] = a.scalar_lr
+    adamw_groups = [_group(name, groups.get(name, []), lr) for name, lr in adamw_lrs.items()]
+    parts: list[torch.optim.Optimizer] = []
+    summary = cfg.name
+    self_reduced: list[str] = []
     if groups.get("muon"):
-        m = cfg.muon
-        optimizers.append(
+        ns_dtype = resolve_ns_dtype(m.ns_dtype, device)
+        parts.append(
             Muon(
-                [{"params": [p for _, p in groups["muon"]], "name": "muon"}],
-                lr=m.lr,
+                [_group("muon", groups["muon"], m.lr)],
                 momentum=m.momentum,
                 nesterov=m.nesterov,
                 ns_steps=m.ns_steps,
@@ -64,43 +57,32 @@ def build_optimizers(
                 exchange=m.exchange,
             )
         )
+        dtype = str(ns_dtype).removeprefix("torch.")
+        ranks = process_group is not None and dist.get_world_size(process_group) > 1
+        summary += f" (Newton-Schulz in {dtype}" + (f", exchange {m.exchange})" if ranks else ")")
+        if ranks and m.exchange == "reduce_scatter":
+            # Muon sends each gradient to its owner itself: DDP must leave these alone.
+            self_reduced = [name for name, _ in groups["muon"]]
+    adamw_groups = [g for g in adamw_groups if g["params"]]
     if adamw_groups:
-        optimizers.append(
+        parts.append(
             torch.optim.AdamW(
                 adamw_groups,
                 betas=(a.beta1, a.beta2),
                 eps=a.eps,
                 weight_decay=a.weight_decay,
-                fused=device_type == "cuda",  # one kernel for all tensors; CUDA only here
+                fused=device.type == "cuda",  # one kernel for all tensors; CUDA only here
             )
         )
-    if not optimizers:
-        raise ValueError("the model has no trainable parameters to optimize")
-    return optimizers
+    schedules = Schedules(
+        total_steps=total_steps,
+        lr=cfg.schedule,
+        momentum_warmup_steps=m.momentum_warmup_steps,
+        momentum_start=m.momentum_warmup_start,
+        momentum=m.momentum,
+    )
+    return CombinedOptimizer(parts, schedules, summary, self_reduced)
 
 
-def ddp_ignored_params(model: nn.Module, cfg: OptimConfig) -> list[str]:
-    """Names of the parameters DDP must not reduce: Muon's, when its exchange reduces them.
-
-    With `optim.muon.exchange=reduce_scatter` Muon sends each gradient to its owner itself, so
-    an all-reduce by DDP would be duplicate traffic.
-    """
-    if cfg.name != "muon_adamw" or cfg.muon.exchange != "reduce_scatter":
-        return []
-    return [name for name, _ in partition_params(model, cfg.name)["muon"]]
-
-
-def apply_schedules(
-    optimizers: list[torch.optim.Optimizer], step: int, total_steps: int, cfg: OptimConfig
-) -> float:
-    """Set every group's LR (and Muon's momentum) for `step`; return the LR multiplier."""
-    s = cfg.schedule
-    mult = lr_multiplier(step, total_steps, s.warmup_steps, s.cooldown_frac, s.min_lr_frac)
-    m = cfg.muon
-    momentum = muon_momentum(step, m.momentum_warmup_steps, m.momentum_warmup_start, m.momentum)
-    for opt in optimizers:
-        for group in opt.param_groups:
-            group["lr"] = group["initial_lr"] * mult
-            if isinstance(opt, Muon):
-                group["momentum"] = momentum
-    return mult
+def _group(name: str, named: list[tuple[str, nn.Parameter]], lr: float) -> dict:
+    return {"params": [p for _, p in named], "lr": lr, "initial_lr": lr, "name": name}

@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from optim.config import MUON_EXCHANGES as EXCHANGES
+# `optim.muon.exchange`: how finished updates travel between ranks (see above).
+EXCHANGES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 def ns_flops(shape: Sequence[int], steps: int) -> int:
@@ -200,13 +201,18 @@ def _device_of(tensors: dict[int, Tensor], group: dist.ProcessGroup) -> torch.de
     return next(iter(tensors.values())).device if tensors else _group_device(group)
 
 
+def check_exchange(exchange: str) -> None:
+    """Raise ValueError unless `exchange` names one of the modes above."""
+    if exchange not in EXCHANGES:
+        raise ValueError(f"Muon exchange must be one of {EXCHANGES}, got {exchange!r}")
+
+
 def check_supported(exchange: str, group: dist.ProcessGroup, dtypes: Sequence[torch.dtype]) -> None:
     """Fail now, naming the mode and backend, if the backend lacks a collective it needs.
 
     Runs the mode's collectives once on a few values of each dtype; every rank must call it.
     """
-    if exchange not in EXCHANGES:
-        raise ValueError(f"optim.muon.exchange must be one of {EXCHANGES}, got {exchange!r}")
+    check_exchange(exchange)
     world = dist.get_world_size(group)
     device = _group_device(group)
     rr = RoundRobin([(1, 2)] * world, group)  # one tiny matrix per rank, the real code paths

@@ -37,7 +37,8 @@ travel:
 """
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,45 +46,110 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from optim.config import LR_SCALES
-from optim.exchange import EXCHANGES, RoundRobin, check_supported
-from optim.newton_schulz import NORM_SCALE, ns_coefficients, zeropower
+from optim.exchange import EXCHANGES, RoundRobin, check_exchange, check_supported
+from optim.newton_schulz import COEFFICIENT_SETS, NS_DTYPES, coefficient_set, orthogonalise
+
+# `lr_scale`: the factor on the LR of a (rows, cols) matrix.
+LR_SCALES: dict[str, Callable[[int, int], float]] = {
+    "original": lambda rows, cols: math.sqrt(max(1.0, rows / cols)),  # Keller Jordan's
+    "match_rms_adamw": lambda rows, cols: 0.2 * math.sqrt(max(rows, cols)),  # Moonshot's
+    "none": lambda rows, cols: 1.0,
+}
+
+
+@dataclass
+class MuonConfig:
+    """The `optim.muon` settings; their defaults are also `Muon`'s constructor defaults."""
+
+    lr: float = 0.02  # base LR before the shape scale below
+    momentum: float = 0.95  # momentum after warmup
+    momentum_warmup_start: float = 0.85  # momentum at step 0, raised linearly to `momentum`
+    momentum_warmup_steps: int = 300  # steps of that linear warmup; 0 = constant momentum
+    nesterov: bool = True  # Nesterov-style lookahead on the momentum buffer
+    ns_steps: int = 5  # Newton-Schulz iterations (polar_express has 5 tuned steps)
+    # classic: Keller Jordan's quintic | polar_express: per-iteration (optim/newton_schulz.py)
+    ns_coefficients: str = field(default="classic", metadata={"choices": COEFFICIENT_SETS})
+    # LR factor by shape: original = max(1, rows/cols)**0.5 | match_rms_adamw = 0.2*sqrt(max) | none
+    lr_scale: str = field(default="original", metadata={"choices": LR_SCALES})
+    weight_decay: float = 0.0  # decoupled: p *= 1 - lr * weight_decay
+    eps: float = 1e-7  # added to the Frobenius norm before normalising
+    # Newton–Schulz precision: bf16 | fp32 | auto = bf16 on CUDA and on CPUs with native bf16,
+    # fp32 elsewhere (emulated bf16 matmuls are several times slower than fp32)
+    ns_dtype: str = field(default="auto", metadata={"choices": NS_DTYPES})
+    # How ranks share Newton–Schulz work (optim/exchange.py; one process ignores it):
+    # all_gather: each rank sends its own updates (fastest in scripts/bench_dist_muon.py) |
+    # all_reduce: updates summed into a zeroed buffer (twice the bytes) | reduce_scatter: Muon
+    # gradients skip DDP and go to their owners, updated parameters are gathered (least traffic
+    # in all; momentum then lives on the owner and state_dict() is a collective)
+    exchange: str = field(default="all_gather", metadata={"choices": EXCHANGES})
+
+    def validate(self) -> None:
+        """Raise ValueError naming the `optim.muon.*` key that is wrong."""
+        check_settings(vars(self), "optim.muon.")
+        if not 0.0 <= self.momentum_warmup_start < 1.0:
+            raise ValueError(
+                f"optim.muon.momentum_warmup_start must be in [0, 1), got "
+                f"{self.momentum_warmup_start}"
+            )
+        if self.momentum_warmup_steps < 0:
+            raise ValueError("optim.muon.momentum_warmup_steps must be >= 0")
+
+
+def check_settings(settings: Mapping[str, Any], where: str) -> None:
+    """Muon's rules for its hyperparameters, for a param group ("Muon ") and for the config
+    ("optim.muon."): raise ValueError naming the first bad one, prefixed by `where`."""
+    if not settings["lr"] >= 0:
+        raise ValueError(f"{where}lr must be >= 0, got {settings['lr']}")
+    if not 0 <= settings["momentum"] < 1:
+        raise ValueError(f"{where}momentum must be in [0, 1), got {settings['momentum']}")
+    steps = settings["ns_steps"]
+    if not (isinstance(steps, int) and steps >= 1):
+        raise ValueError(f"{where}ns_steps must be an integer >= 1, got {steps!r}")
+    for key, check in (("ns_coefficients", coefficient_set), ("lr_scale", _lr_scale)):
+        try:
+            check(settings[key])
+        except ValueError as e:
+            raise ValueError(f"{where}{e}") from None
+    if not settings["weight_decay"] >= 0:
+        raise ValueError(f"{where}weight_decay must be >= 0, got {settings['weight_decay']}")
+    if not settings["eps"] > 0:
+        raise ValueError(f"{where}eps must be > 0, got {settings['eps']}")
+
+
+def _lr_scale(name: str) -> Callable[[int, int], float]:
+    if name not in LR_SCALES:
+        raise ValueError(f"lr_scale must be one of {sorted(LR_SCALES)}, got {name!r}")
+    return LR_SCALES[name]
 
 
 def lr_scale_factor(shape: Sequence[int], lr_scale: str) -> float:
     """The factor multiplying the LR of a matrix of `shape` (rows, cols) under `lr_scale`."""
     rows, cols = shape
-    if lr_scale == "original":
-        return math.sqrt(max(1.0, rows / cols))
-    if lr_scale == "match_rms_adamw":
-        return 0.2 * math.sqrt(max(rows, cols))
-    if lr_scale == "none":
-        return 1.0
-    raise ValueError(f"unknown lr_scale {lr_scale!r}; expected one of {LR_SCALES}")
+    return _lr_scale(lr_scale)(rows, cols)
 
 
 class Muon(torch.optim.Optimizer):
     """Muon for 2-D parameters; see the module docstring for the update.
 
     Every hyperparameter lives in the param group, so a schedule may set `group["lr"]` and
-    `group["momentum"]` before each step; `group["initial_lr"]` keeps the LR the group was
-    built with, which schedules multiply.
+    `group["momentum"]` before each step. The defaults are `MuonConfig`'s, so a standalone
+    Muon and a configured run start from the same values.
     """
 
     def __init__(
         self,
         params: ParamsT,
-        lr: float = 0.02,
-        momentum: float = 0.95,
-        nesterov: bool = True,
-        ns_steps: int = 5,
-        ns_coefficients: str = "classic",
-        lr_scale: str = "original",
-        weight_decay: float = 0.0,
-        eps: float = 1e-7,
+        lr: float = MuonConfig.lr,
+        momentum: float = MuonConfig.momentum,
+        nesterov: bool = MuonConfig.nesterov,
+        ns_steps: int = MuonConfig.ns_steps,
+        ns_coefficients: str = MuonConfig.ns_coefficients,
+        lr_scale: str = MuonConfig.lr_scale,
+        weight_decay: float = MuonConfig.weight_decay,
+        eps: float = MuonConfig.eps,
         ns_dtype: torch.dtype = torch.bfloat16,
         process_group: dist.ProcessGroup | None = None,
-        exchange: str = "all_gather",
+        exchange: str = MuonConfig.exchange,
     ) -> None:
         defaults = {
             "lr": lr,
@@ -95,8 +161,7 @@ class Muon(torch.optim.Optimizer):
             "weight_decay": weight_decay,
             "eps": eps,
         }
-        if exchange not in EXCHANGES:
-            raise ValueError(f"Muon exchange must be one of {EXCHANGES}, got {exchange!r}")
+        check_exchange(exchange)
         self.process_group = process_group
         self.exchange = exchange
         self.rank = dist.get_rank(process_group) if process_group is not None else 0
@@ -120,11 +185,16 @@ class Muon(torch.optim.Optimizer):
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:
-            _check_group(group)
+            check_settings(group, "Muon ")
+            for p in group["params"]:
+                if p.ndim != 2:
+                    raise ValueError(
+                        f"Muon only takes 2-D parameters, got one of shape {tuple(p.shape)}; "
+                        "give embeddings, gains and biases to AdamW"
+                    )
         except ValueError:
             self.param_groups.pop()  # leave the optimizer as it was
             raise
-        group.setdefault("initial_lr", group["lr"])
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
@@ -210,29 +280,10 @@ class Muon(torch.optim.Optimizer):
     def _orthogonalise(
         self, group: dict[str, Any], updates: dict[int, Tensor]
     ) -> dict[int, Tensor]:
-        """Phase (b): Newton–Schulz of each update, one batch per shape.
-
-        Returns `ns_dtype` matrices in each parameter's own orientation, under the same keys.
-        """
-        by_shape: dict[tuple[int, int], list[int]] = {}
-        for i, u in updates.items():
-            m, n = sorted(u.shape)
-            by_shape.setdefault((m, n), []).append(i)
-        coefficients = ns_coefficients(group["ns_coefficients"], group["ns_steps"])
-        norm_scale = NORM_SCALE[group["ns_coefficients"]]
-        ortho = {}
-        for (m, n), batch in by_shape.items():
-            # Copying into one stack casts each update and never writes to it (it may be
-            # the momentum buffer itself).
-            X = torch.empty(
-                (len(batch), m, n), dtype=self.ns_dtype, device=updates[batch[0]].device
-            )
-            for j, i in enumerate(batch):
-                X[j].copy_(_wide(updates[i]))
-            out = zeropower(X, coefficients, group["eps"], norm_scale, self.ns_dtype)
-            for j, i in enumerate(batch):
-                ortho[i] = out[j].mT if _is_tall(updates[i]) else out[j]
-        return ortho
+        """Phase (b): Newton–Schulz of each update, batched by shape, in `ns_dtype`."""
+        return orthogonalise(
+            updates, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype
+        )
 
     def _apply(
         self, group: dict[str, Any], params: dict[int, Tensor], ortho: dict[int, Tensor]
@@ -289,39 +340,3 @@ class Muon(torch.optim.Optimizer):
         flag = torch.tensor([float(has)], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group)
         return bool(flag.item())
-
-
-def _is_tall(t: Tensor) -> bool:
-    return t.size(0) > t.size(1)
-
-
-def _wide(t: Tensor) -> Tensor:
-    return t.mT if _is_tall(t) else t
-
-
-def _check_group(group: dict[str, Any]) -> None:
-    """Raise ValueError naming the first bad hyperparameter or parameter of a group."""
-    if not group["lr"] >= 0:
-        raise ValueError(f"Muon lr must be >= 0, got {group['lr']}")
-    if not 0 <= group["momentum"] < 1:
-        raise ValueError(f"Muon momentum must be in [0, 1), got {group['momentum']}")
-    steps = group["ns_steps"]
-    if not (isinstance(steps, int) and steps >= 1):
-        raise ValueError(f"Muon ns_steps must be an integer >= 1, got {steps!r}")
-    if group["ns_coefficients"] not in NORM_SCALE:
-        raise ValueError(
-            f"Muon ns_coefficients must be one of {sorted(NORM_SCALE)}, "
-            f"got {group['ns_coefficients']!r}"
-        )
-    if group["lr_scale"] not in LR_SCALES:
-        raise ValueError(f"Muon lr_scale must be one of {LR_SCALES}, got {group['lr_scale']!r}")
-    if not group["weight_decay"] >= 0:
-        raise ValueError(f"Muon weight_decay must be >= 0, got {group['weight_decay']}")
-    if not group["eps"] > 0:
-        raise ValueError(f"Muon eps must be > 0, got {group['eps']}")
-    for p in group["params"]:
-        if p.ndim != 2:
-            raise ValueError(
-                f"Muon only takes 2-D parameters, got one of shape {tuple(p.shape)}; "
-                "give embeddings, gains and biases to AdamW"
-            )

@@ -17,6 +17,7 @@ Two coefficient sets:
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -33,11 +34,39 @@ POLAR_EXPRESS: tuple[Coefficients, ...] = (
     (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
 )
 
-# The Frobenius norm of the input is multiplied by this before dividing. Polar Express derives
-# its coefficients for singular values in [0, 1] and keeps a 2 % margin for bf16 rounding (its
-# safety factor); the classic quintic divides by the plain norm. (The Polar Express reference
-# adds 1e-6 to the scaled norm; here that term is the caller's `eps`.)
-NORM_SCALE: dict[str, float] = {"classic": 1.0, "polar_express": 1.02}
+
+@dataclass(frozen=True)
+class CoefficientSet:
+    """Per-iteration (a, b, c) tuples, the last repeated for any further iteration, and the
+    factor on the Frobenius norm of the input before dividing by it."""
+
+    iterations: tuple[Coefficients, ...]
+    norm_scale: float
+
+
+# The named sets, `optim.muon.ns_coefficients`. Polar Express derives its coefficients for
+# singular values in [0, 1] and keeps a 2 % margin for bf16 rounding (its safety factor), hence
+# the 1.02; the classic quintic divides by the plain norm. (The Polar Express reference adds
+# 1e-6 to the scaled norm; here that term is the caller's `eps`.)
+COEFFICIENT_SETS: dict[str, CoefficientSet] = {
+    "classic": CoefficientSet((CLASSIC,), 1.0),
+    "polar_express": CoefficientSet(POLAR_EXPRESS, 1.02),
+}
+
+# `optim.muon.ns_dtype`: the precision Newton–Schulz runs in. auto = bf16 where bf16 matmuls
+# are fast (CUDA, CPUs with native bf16), fp32 elsewhere.
+NS_DTYPES: dict[str, torch.dtype | None] = {
+    "auto": None,
+    "bf16": torch.bfloat16,
+    "fp32": torch.float32,
+}
+
+
+def coefficient_set(name: str) -> CoefficientSet:
+    """The named set; a ValueError lists the known names."""
+    if name not in COEFFICIENT_SETS:
+        raise ValueError(f"ns_coefficients must be one of {sorted(COEFFICIENT_SETS)}, got {name!r}")
+    return COEFFICIENT_SETS[name]
 
 
 def ns_coefficients(name: str, steps: int) -> list[Coefficients]:
@@ -49,13 +78,24 @@ def ns_coefficients(name: str, steps: int) -> list[Coefficients]:
     """
     if steps < 1:
         raise ValueError(f"Newton-Schulz steps must be >= 1, got {steps}")
-    if name == "classic":
-        return [CLASSIC] * steps
-    if name == "polar_express":
-        return [POLAR_EXPRESS[min(i, len(POLAR_EXPRESS) - 1)] for i in range(steps)]
-    raise ValueError(
-        f"unknown Newton-Schulz coefficient set {name!r}; expected one of {sorted(NORM_SCALE)}"
-    )
+    iterations = coefficient_set(name).iterations
+    return [iterations[min(i, len(iterations) - 1)] for i in range(steps)]
+
+
+def bf16_matmul_is_fast(device: torch.device) -> bool:
+    """Whether bf16 matmuls beat fp32 on `device`: always on CUDA; on a CPU only with native
+    bf16 kernels (AVX-512 BF16 or AMX), without which they are emulated, ~10x slower."""
+    return device.type == "cuda" or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def resolve_ns_dtype(setting: str, device: torch.device) -> torch.dtype:
+    """`optim.muon.ns_dtype` as a dtype for `device`."""
+    if setting not in NS_DTYPES:
+        raise ValueError(f"ns_dtype must be one of {sorted(NS_DTYPES)}, got {setting!r}")
+    dtype = NS_DTYPES[setting]
+    if dtype is None:
+        return torch.bfloat16 if bf16_matmul_is_fast(device) else torch.float32
+    return dtype
 
 
 def zeropower(
@@ -95,3 +135,38 @@ def zeropower(
         X = torch.baddbmm(X, B.mT, X, beta=a)
     X = X.reshape(out_shape)
     return X.mT if tall else X
+
+
+def orthogonalise(
+    updates: dict[int, Tensor], coefficients: str, steps: int, eps: float, dtype: torch.dtype
+) -> dict[int, Tensor]:
+    """Newton–Schulz of each matrix in `updates`, one batched `zeropower` per shape.
+
+    Tall matrices join the batch of their transposed shape (a 3072×768 with the 768×3072s).
+    Returns `dtype` matrices in each input's own orientation, under the same keys. The inputs
+    are only read (one may be a momentum buffer).
+    """
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for i, u in updates.items():
+        m, n = sorted(u.shape)
+        by_shape.setdefault((m, n), []).append(i)
+    chosen = coefficient_set(coefficients)
+    iterations = ns_coefficients(coefficients, steps)
+    out: dict[int, Tensor] = {}
+    for (m, n), batch in by_shape.items():
+        # Copying into one stack casts each update without writing to it.
+        X = torch.empty((len(batch), m, n), dtype=dtype, device=updates[batch[0]].device)
+        for j, i in enumerate(batch):
+            X[j].copy_(_wide(updates[i]))
+        Y = zeropower(X, iterations, eps, chosen.norm_scale, dtype)
+        for j, i in enumerate(batch):
+            out[i] = Y[j].mT if _is_tall(updates[i]) else Y[j]
+    return out
+
+
+def _is_tall(t: Tensor) -> bool:
+    return t.size(0) > t.size(1)
+
+
+def _wide(t: Tensor) -> Tensor:
+    return t.mT if _is_tall(t) else t

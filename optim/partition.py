@@ -17,9 +17,10 @@ parameter, so a new kind of parameter cannot silently go untrained or be stepped
 
 from torch import nn
 
-from optim.config import OPTIMIZER_NAMES
-
 Named = list[tuple[str, nn.Parameter]]
+
+# `optim.name` -> the group that takes the hidden matrices.
+MATRIX_GROUP = {"muon_adamw": "muon", "adamw": "hidden"}
 
 
 def partition_params(model: nn.Module, optimizer_name: str) -> dict[str, Named]:
@@ -28,9 +29,11 @@ def partition_params(model: nn.Module, optimizer_name: str) -> dict[str, Named]:
     Returns {"muon" or "hidden", "embed", "head", "scalar"} → [(qualified name, parameter)], in
     the model's registration order; groups may be empty.
     """
-    if optimizer_name not in OPTIMIZER_NAMES:
-        raise ValueError(f"optimizer_name must be one of {OPTIMIZER_NAMES}, got {optimizer_name!r}")
-    matrix_group = "muon" if optimizer_name == "muon_adamw" else "hidden"
+    if optimizer_name not in MATRIX_GROUP:
+        raise ValueError(
+            f"optimizer_name must be one of {sorted(MATRIX_GROUP)}, got {optimizer_name!r}"
+        )
+    matrix_group = MATRIX_GROUP[optimizer_name]
     groups: dict[str, Named] = {matrix_group: [], "embed": [], "head": [], "scalar": []}
     seen: dict[int, str] = {}  # id(param) -> the name it was first found under
     uncovered = []

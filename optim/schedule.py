@@ -1,10 +1,48 @@
-"""Learning-rate and Muon-momentum schedules, as pure functions of the step.
+"""Every step-dependent value of a run, as pure functions of (step, total steps).
 
 The LR follows warmup → stable → cooldown, as in the speedrun records: an optional linear
 warmup, a constant LR for most of the run, then a linear decay over the last fraction of the
-steps. Muon's momentum likewise follows the records: it starts lower (a shorter memory while
-the early gradients change quickly) and rises linearly to its final value.
+steps to a floor. Muon's momentum likewise follows the records: it starts lower (a shorter
+memory while the early gradients change quickly) and rises linearly to its final value.
+
+`Schedules` gathers the settings once, at build time, and `at(step)` gives every value for
+that step; the optimizer object applies them (`CombinedOptimizer.schedule`). A new
+step-dependent value (an attention window, a batch size, a per-group LR floor) is one more
+pure function here, one more field of `StepValues`, and one line in `Schedules.at`: nothing
+in the model or the loop computes anything from a step counter.
 """
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ScheduleConfig:
+    """The `optim.schedule` settings: the LR multiplier shared by every parameter group."""
+
+    warmup_steps: int = 0  # linear warmup from 0 to the full LR
+    cooldown_frac: float = 0.4  # last fraction of steps: linear decay to min_lr_frac
+    min_lr_frac: float = 0.0  # LR floor at the end, as a fraction of each group's LR
+
+    def validate(self, total_steps: int) -> None:
+        """Raise ValueError naming the `optim.schedule.*` key that is wrong."""
+        if self.warmup_steps < 0:
+            raise ValueError(f"optim.schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
+        for key in ("cooldown_frac", "min_lr_frac"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ValueError(
+                    f"optim.schedule.{key} must be in [0, 1], got {getattr(self, key)}"
+                )
+        cooldown = cooldown_steps(self.cooldown_frac, total_steps)
+        if self.warmup_steps + cooldown > total_steps:
+            raise ValueError(
+                f"optim.schedule.warmup_steps ({self.warmup_steps}) + cooldown "
+                f"({cooldown} = cooldown_frac * train.steps) exceed train.steps ({total_steps})"
+            )
+
+
+def cooldown_steps(cooldown_frac: float, total_steps: int) -> int:
+    """The number of steps the cooldown spans: round(cooldown_frac · total_steps)."""
+    return round(cooldown_frac * total_steps)
 
 
 def lr_multiplier(
@@ -21,16 +59,16 @@ def lr_multiplier(
     """
     if not 0 <= step < total_steps:
         raise ValueError(f"step must be in [0, {total_steps}), got {step}")
-    cooldown_steps = round(cooldown_frac * total_steps)
-    if warmup_steps + cooldown_steps > total_steps:
+    cooldown = cooldown_steps(cooldown_frac, total_steps)
+    if warmup_steps + cooldown > total_steps:
         raise ValueError(
-            f"warmup ({warmup_steps}) + cooldown ({cooldown_steps}) steps exceed {total_steps}"
+            f"warmup ({warmup_steps}) + cooldown ({cooldown}) steps exceed {total_steps}"
         )
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     steps_left = total_steps - step  # 1 at the final step
-    if steps_left < cooldown_steps:
-        return min_lr_frac + steps_left / cooldown_steps * (1.0 - min_lr_frac)
+    if steps_left < cooldown:
+        return min_lr_frac + steps_left / cooldown * (1.0 - min_lr_frac)
     return 1.0
 
 
@@ -40,3 +78,33 @@ def muon_momentum(step: int, warmup_steps: int, start: float, end: float) -> flo
         return end
     frac = step / warmup_steps
     return start + frac * (end - start)
+
+
+@dataclass(frozen=True)
+class StepValues:
+    """What the schedules give one step (for update `step`, 0-based)."""
+
+    lr_mult: float  # the factor on every group's base LR
+    muon_momentum: float  # Muon's momentum
+
+
+@dataclass(frozen=True)
+class Schedules:
+    """The settings of every schedule of one run, fixed at build time."""
+
+    total_steps: int
+    lr: ScheduleConfig
+    momentum_warmup_steps: int = 0
+    momentum_start: float = 0.0
+    momentum: float = 0.0
+
+    def at(self, step: int) -> StepValues:
+        s = self.lr
+        return StepValues(
+            lr_mult=lr_multiplier(
+                step, self.total_steps, s.warmup_steps, s.cooldown_frac, s.min_lr_frac
+            ),
+            muon_momentum=muon_momentum(
+                step, self.momentum_warmup_steps, self.momentum_start, self.momentum
+            ),
+        )

@@ -31,11 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from data.loader import SyntheticLoader
 from model import GPT
-from optim import apply_schedules, build_optimizers
+from optim import build_optimizer
+from trainer.checkpointer import Checkpointer
 from trainer.config import Config, to_config
-from trainer.loop import _step, forward_backward
-from trainer.runtime import init_runtime, resolve_ns_dtype
-from trainer.snapshot import Checkpointer, Progress
+from trainer.loop import forward_backward
+from trainer.progress import Progress
+from trainer.runtime import init_runtime
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -55,18 +56,18 @@ def bench(model_name: str, root: Path, saves: int, steps: int) -> dict:
     t = conf.train
     rt = init_runtime(t.device, t.autocast)
     model = GPT(conf.model).to(rt.device)
-    ns_dtype = resolve_ns_dtype(conf.optim.muon.ns_dtype, rt.device)
-    optimizers = build_optimizers(model, conf.optim, rt.device.type, ns_dtype)
+    optimizer = build_optimizer(model, conf.optim, total_steps=t.steps, device=rt.device)
     loader = SyntheticLoader(t.batch_size, t.seq_len, seed=0)
     step_s = []
     for step in range(steps):
         t0 = time.perf_counter()
-        apply_schedules(optimizers, step, t.steps, conf.optim)
+        optimizer.schedule(step)
         forward_backward(model, loader.next_batch(), rt)
-        _step(optimizers)
+        optimizer.step()
+        optimizer.zero_grad()
         rt.synchronize()
         step_s.append(time.perf_counter() - t0)
-    checkpoints = Checkpointer(conf, rt, model, optimizers, loader)
+    checkpoints = Checkpointer(conf, rt, model, optimizer, loader)
     save_s, load_s = [], []
     for i in range(saves):
         t0 = time.perf_counter()

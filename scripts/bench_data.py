@@ -7,7 +7,7 @@ record-class global batch (512 x 1024 tokens) on 1 rank and as rank 0 of 8, in b
 
 Prepare: the embedded Wikipedia sample, repeated to --repeat copies, is written as a .jsonl
 file; the baseline is a single-process loop of `encode_ordinary` over the same documents
-(text already in memory), against `python -m data.prepare`'s `prepare()` end to end (read
+(text already in memory), against `python -m data.corpus.prepare`'s `prepare()` end to end (read
 with `datasets`, tokenize with --num-proc processes, write shards), in the same run.
 
     python scripts/bench_data.py                   # ~2 minutes on a 2-core CPU
@@ -26,12 +26,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from data import prepare as prep
+from data.corpus import prepare as prep
+from data.corpus.sample import sample_dump_path
+from data.corpus.wikitext import clean_wikitext, iter_articles
 from data.loader import TokenLoader
-from data.sample import iter_articles, sample_dump_path
 from data.shards import write_shard
 from data.tokenizer import EOT, gpt2_encoding
-from data.wikitext import clean_wikitext
 
 
 def bench_loader(tmp: Path, calls: int) -> list[tuple[str, float]]:

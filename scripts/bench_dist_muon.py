@@ -20,7 +20,6 @@ halved) and compared with the ring formulas:
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
@@ -33,17 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from optim.exchange import EXCHANGES
 from optim.muon import Muon
+from optim.newton_schulz import resolve_ns_dtype
 from scripts.bench_optim import SHAPE_SETS
-from trainer.runtime import resolve_ns_dtype
+from trainer.dist import free_port
 
 WORLD = 2
 KW = {"lr": 0.02, "momentum": 0.95, "nesterov": True, "ns_steps": 5}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def loopback_bytes() -> int:

@@ -1,7 +1,6 @@
 """Run a function on N local CPU ranks (gloo, loopback, a free port) with a hard timeout."""
 
 import os
-import socket
 import sys
 from collections.abc import Callable
 from datetime import timedelta
@@ -11,14 +10,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from trainer.dist import free_port
+
 # A stuck collective fails the test after this long instead of hanging it.
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _entry(rank: int, world: int, port: int, fn: Callable[..., None], args: tuple) -> None:

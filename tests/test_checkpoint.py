@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import checkpoint
-from trainer.checkpoint import CheckpointError
+from trainer import checkpoint_files as checkpoint
+from trainer.checkpoint_files import CheckpointError
 
 
 def parts(value: float) -> dict:

@@ -4,10 +4,14 @@ from pathlib import Path
 
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
+from data.build import DataConfig
+from model.config import ModelConfig
+from optim.config import OptimConfig
 from tests.helpers import CONF_DIR, compose_config
-from trainer.config import Config, TrainConfig, to_config
+from trainer.config import Config, DistConfig, LoggingConfig, TrainConfig, to_config
 
 GROUPS = ["model", "optim", "data", "train", "experiment", "logging", "hparams_search", "launcher"]
 
@@ -29,6 +33,68 @@ def test_every_preset_composes_and_validates(group: str, name: str, tmp_path: Pa
     cfg = compose_config([f"{group}={name}", f"run_dir={tmp_path}", *needs])
     conf = to_config(cfg)
     assert isinstance(conf, Config)
+
+
+# The schema of each group whose presets are plain values (experiments are checked whole).
+SCHEMAS = {
+    "model": ModelConfig,
+    "optim": OptimConfig,
+    "data": DataConfig,
+    "train": TrainConfig,
+    "dist": DistConfig,
+    "logging": LoggingConfig,
+}
+DEFAULT_PRESETS = {"model": "tiny", "optim": "muon_adamw", "data": "sample", "train": "default"}
+DEFAULT_PRESETS |= {"dist": "default", "logging": "default"}
+
+
+def check_preset(schema: type, values: dict, where: str) -> None:
+    """Raise naming the key if `values` has a key `schema` lacks or a value of the wrong type,
+    or restates one of the schema's defaults (a preset holds only what it changes)."""
+    node = OmegaConf.structured(schema)
+    OmegaConf.merge(node, values)  # unknown key: ConfigKeyError; wrong type: ValidationError
+    defaults = OmegaConf.to_container(node)
+
+    def walk(v: dict, d: dict, path: str) -> None:
+        for key, value in v.items():
+            if isinstance(value, dict):
+                walk(value, d[key], f"{path}{key}.")
+            elif value == d[key] and value != "???":
+                raise ValueError(f"{where}: {path}{key}: {value!r} restates the schema default")
+
+    walk(values, defaults, "")
+
+
+@pytest.mark.parametrize(("group", "name"), [(g, n) for g in SCHEMAS for n in presets(g)])
+def test_presets_and_schema_agree(group: str, name: str) -> None:
+    """Every key of every preset exists in the schema with a value of its type, no preset
+    restates a default (the dataclass is the one place for it), and the default presets
+    are empty: they are the schema."""
+    values = OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{name}.yaml")) or {}
+    values = {k: v for k, v in values.items() if k != "defaults"}
+    check_preset(SCHEMAS[group], values, f"conf/{group}/{name}.yaml")
+    if DEFAULT_PRESETS.get(group) == name:
+        assert values == {}, f"conf/{group}/{name}.yaml is a default preset: the schema is it"
+
+
+@pytest.mark.parametrize("name", presets("experiment"))
+def test_experiment_keys_exist_in_the_schema(name: str) -> None:
+    values = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml"))
+    values = {k: v for k, v in values.items() if k not in ("defaults", "hydra")}
+    OmegaConf.merge(OmegaConf.structured(Config), values)  # experiments may pin any value
+
+
+@pytest.mark.parametrize(
+    ("values", "error", "key"),
+    [
+        ({"n_layers": 3}, ConfigKeyError, "n_layers"),
+        ({"n_layer": "three"}, ValidationError, "n_layer"),
+        ({"n_layer": 4}, ValueError, "n_layer: 4 restates"),
+    ],
+)
+def test_the_preset_check_can_fail(values: dict, error: type, key: str) -> None:
+    with pytest.raises(error, match=key):
+        check_preset(ModelConfig, values, "conf/model/bad.yaml")
 
 
 def test_local_data_needs_its_directory(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data import fineweb
+from data.corpus import fineweb
 from data.shards import HEADER_BYTES, read_header, write_shard
 from tests.helpers import TINY
 from tests.hub_server import serve_hub
@@ -87,7 +87,7 @@ def unreachable() -> str:
 
 def test_unreachable_hub_gives_one_clear_message(tmp_path: Path) -> None:
     out = tmp_path / "data"
-    cmd = [sys.executable, "-m", "data.fineweb", "--train-shards", "1", "--dir", str(out)]
+    cmd = [sys.executable, "-m", "data.corpus.fineweb", "--train-shards", "1", "--dir", str(out)]
     res = subprocess.run(
         [*cmd, "--endpoint", unreachable()], cwd=REPO, capture_output=True, text=True, timeout=120
     )
@@ -115,7 +115,15 @@ def test_from_nothing_to_fineweb_training(tmp_path: Path) -> None:
     data = tmp_path / "fineweb10B"
     with serve_hub(files, fineweb.REPO_ID) as (endpoint, _):
         env = {**os.environ, "HF_ENDPOINT": endpoint}
-        get = [sys.executable, "-m", "data.fineweb", "--train-shards", "2", "--dir", str(data)]
+        get = [
+            sys.executable,
+            "-m",
+            "data.corpus.fineweb",
+            "--train-shards",
+            "2",
+            "--dir",
+            str(data),
+        ]
         res = subprocess.run(get, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "data=fineweb10b" in res.stderr

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.dist_utils import free_port
 from tests.helpers import TINY, sigterm_after
-from trainer import launch
+from trainer.dist import free_port
+from trainer.run_dir import launch_dir, rank_zero
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -54,7 +54,7 @@ def test_torchrun_two_ranks_write_one_run_directory(tmp_path: Path, corpus_cache
     assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "metrics.jsonl", "train.log"]
     assert steps(run_dir) == [0, 1, 2]
     log = (run_dir / "train.log").read_text()
-    assert "2 rank(s) on cpu" in log and "final val loss" in log
+    assert "2 ranks on cpu" in log and "final val loss" in log
     assert log.count("step 2/2") == 1, "more than one rank logged"
 
 
@@ -143,7 +143,7 @@ def test_multirun_points_can_be_multi_process(tmp_path: Path, corpus_cache: Path
     for job in run_dirs(tmp_path):
         assert steps(job) == [0, 1, 2]
         log = (job / "train.log").read_text()
-        assert "starting 2 ranks" in log and "2 rank(s) on cpu" in log and "final val loss" in log
+        assert "starting 2 ranks" in log and "2 ranks on cpu" in log and "final val loss" in log
 
 
 @pytest.mark.timeout(120)
@@ -166,10 +166,10 @@ def test_failing_rank_traceback_reaches_torchrun(tmp_path: Path) -> None:
 
 def test_rank_zero_alone_gets_a_run_directory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "1")
-    assert launch.launch_dir("outputs") == "."
-    assert launch.rank_zero(".hydra", None) is None
+    assert launch_dir("outputs") == "."
+    assert rank_zero(".hydra", None) is None
     monkeypatch.setenv("RANK", "0")
-    assert launch.rank_zero(".hydra", None) == ".hydra"
+    assert rank_zero(".hydra", None) == ".hydra"
 
 
 # A stand-in for torchrun: notes when it started, then asks two "workers" started 1 s apart
@@ -177,7 +177,7 @@ def test_rank_zero_alone_gets_a_run_directory(monkeypatch: pytest.MonkeyPatch) -
 LAUNCHER = """
 import json, os, subprocess, sys, time
 started = time.time()
-ask = "from trainer.launch import launch_dir; print(launch_dir('outputs'))"
+ask = "from trainer.run_dir import launch_dir; print(launch_dir('outputs'))"
 worker = [sys.executable, "-c", ask]
 env = {**os.environ, "TORCHELASTIC_RUN_ID": "abc", "RANK": "0"}
 env.pop("GROUP_WORLD_SIZE", None)
@@ -203,7 +203,7 @@ def test_torchrun_run_directory_is_the_launchers_start(monkeypatch: pytest.Monke
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
-    assert launch.launch_dir("outputs") == "outputs/torchrun-abc"  # several nodes
+    assert launch_dir("outputs") == "outputs/torchrun-abc"  # several nodes
 
 
 def test_nproc_under_torchrun_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -374,8 +374,7 @@ def test_token_ids_beyond_the_vocabulary_name_the_shard(tmp_path):
 
 
 def test_shard_directory_errors_name_the_key(tmp_path):
-    from data.build import find_shards
-    from data.config import DataConfig
+    from data.build import DataConfig, find_shards
 
     with pytest.raises(FileNotFoundError, match=r"data\.dir="):
         find_shards(DataConfig(source="shards", dir=str(tmp_path / "nope")))

@@ -8,7 +8,13 @@ from torch.optim._muon import _zeropower_via_newtonschulz as torch_zeropower
 
 from optim.exchange import assign_owners, ns_flops
 from optim.muon import Muon, lr_scale_factor
-from optim.newton_schulz import CLASSIC, NORM_SCALE, POLAR_EXPRESS, ns_coefficients, zeropower
+from optim.newton_schulz import (
+    CLASSIC,
+    COEFFICIENT_SETS,
+    POLAR_EXPRESS,
+    ns_coefficients,
+    zeropower,
+)
 
 # Mixed shapes: several of one shape (batched together), tall and wide (a 64×32 shares a batch
 # with the 32×64s once transposed), and one odd shape on its own.
@@ -60,7 +66,7 @@ def test_coefficient_sets():
     assert pe == list(POLAR_EXPRESS)
     assert ns_coefficients("polar_express", 3) == pe[:3]
     assert ns_coefficients("polar_express", 7) == [*pe, pe[4], pe[4]]  # reuses the last
-    with pytest.raises(ValueError, match="unknown Newton-Schulz coefficient set 'cubic'"):
+    with pytest.raises(ValueError, match=r"ns_coefficients must be one of .*, got 'cubic'"):
         ns_coefficients("cubic", 5)
     with pytest.raises(ValueError, match="steps must be >= 1"):
         ns_coefficients("classic", 0)
@@ -112,7 +118,7 @@ BANDS = {"classic": (0.66, 1.16), "polar_express": (0.84, 1.16)}
 def test_singular_values_in_band(name, shape):
     torch.manual_seed(0)
     G = torch.randn(shape)
-    out = zeropower(G, ns_coefficients(name, 5), 1e-7, NORM_SCALE[name])
+    out = zeropower(G, ns_coefficients(name, 5), 1e-7, COEFFICIENT_SETS[name].norm_scale)
     s = torch.linalg.svdvals(out.float())
     lo, hi = BANDS[name]
     assert lo < s.min().item() and s.max().item() < hi, (s.min().item(), s.max().item())
@@ -218,7 +224,7 @@ def test_resume_from_state_dict_is_bitwise():
     resumed = [p.detach().clone().requires_grad_() for p in first]
     opt2 = Muon(resumed, lr=0.5)  # the loaded state replaces this LR
     opt2.load_state_dict(saved)
-    assert opt2.param_groups[0]["lr"] == 0.02 and opt2.param_groups[0]["initial_lr"] == 0.02
+    assert opt2.param_groups[0]["lr"] == 0.02
     for gs in grads[3:]:
         for p, g in zip(resumed, gs, strict=True):
             p.grad = g.clone()
@@ -241,7 +247,6 @@ def test_schedule_keys_are_read_every_step():
     buf = opt.state[ps[0]]["momentum_buffer"]
     expected = 0.5 * (0.1 * grads[0][0]) + 0.5 * grads[1][0]  # ...but momentum 0.5 is used
     torch.testing.assert_close(buf, expected, rtol=1e-5, atol=1e-6)
-    assert opt.param_groups[0]["initial_lr"] == 0.02
 
 
 def test_closure_runs_with_grad_and_its_loss_is_returned():
@@ -301,7 +306,21 @@ def test_bad_group_added_later_leaves_the_optimizer_unchanged():
         opt.add_param_group({"params": [torch.zeros(4, 4, requires_grad=True)], "lr": -1.0})
     assert len(opt.param_groups) == 1
     opt.add_param_group({"params": [torch.zeros(4, 4, requires_grad=True)], "lr": 0.1})
-    assert opt.param_groups[1]["initial_lr"] == 0.1
+    assert opt.param_groups[1]["lr"] == 0.1
+
+
+def test_defaults_are_the_configs():
+    """A standalone Muon starts from the same values as `optim.muon` (one source)."""
+    from dataclasses import fields
+
+    from optim.muon import MuonConfig
+
+    group = Muon([torch.zeros(4, 4, requires_grad=True)]).param_groups[0]
+    settings = {f.name for f in fields(MuonConfig)} & group.keys()
+    assert settings == {"lr", "momentum", "nesterov", "ns_steps", "ns_coefficients", "lr_scale",
+                        "weight_decay", "eps"}  # fmt: skip
+    for key in settings:
+        assert group[key] == getattr(MuonConfig(), key), key
 
 
 def test_lr_scale_factor():

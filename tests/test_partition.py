@@ -4,8 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from optim import Muon, build_optimizers, partition_params
+from optim import Muon, build_optimizer, partition_params
 from optim.config import OptimConfig
+from optim.newton_schulz import resolve_ns_dtype
 
 
 class StandInGPT(nn.Module):
@@ -104,7 +105,13 @@ def test_unknown_optimizer_name():
         partition_params(StandInGPT(), "sgd")
 
 
-# --- build_optimizers -------------------------------------------------------------------------
+# --- build_optimizer ---------------------------------------------------------------------------
+
+CPU = torch.device("cpu")
+
+
+def build(model: nn.Module, cfg: OptimConfig):
+    return build_optimizer(model, cfg, total_steps=100, device=CPU)
 
 
 def test_build_muon_adamw():
@@ -112,7 +119,8 @@ def test_build_muon_adamw():
     model.gain = nn.Parameter(torch.ones(16))
     cfg = OptimConfig()
     cfg.muon.lr_scale = "match_rms_adamw"
-    muon, adamw = build_optimizers(model, cfg, "cpu")
+    opt = build(model, cfg)
+    muon, adamw = opt.parts
     assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)
     (group,) = muon.param_groups
     assert len(group["params"]) == len(HIDDEN)
@@ -129,27 +137,35 @@ def test_build_muon_adamw():
         assert by_name[name]["lr"] == by_name[name]["initial_lr"] == lr
         assert by_name[name]["params"] == [param]
     assert adamw.defaults["betas"] == (a.beta1, a.beta2) and adamw.defaults["fused"] is False
+    assert opt.lrs() == {"muon": cfg.muon.lr, "embed": a.embed_lr, "head": a.head_lr,
+                         "scalar": a.scalar_lr}  # fmt: skip
+    dtype = str(resolve_ns_dtype("auto", CPU)).removeprefix("torch.")
+    assert opt.summary == f"muon_adamw (Newton-Schulz in {dtype})"
+    assert opt.params() == [*group["params"], model.embed.weight, model.lm_head.weight, model.gain]
 
 
 def test_build_adamw_only_skips_empty_groups():
     model = StandInGPT()
     cfg = OptimConfig(name="adamw")
-    (adamw,) = build_optimizers(model, cfg, "cpu")
+    opt = build(model, cfg)
+    (adamw,) = opt.parts
     assert isinstance(adamw, torch.optim.AdamW)
     by_name = {g["name"]: g for g in adamw.param_groups}
     assert list(by_name) == ["hidden", "embed", "head"]  # no scalars in this model
     assert by_name["hidden"]["lr"] == cfg.adamw.hidden_lr
     assert len(by_name["hidden"]["params"]) == len(HIDDEN)
+    assert opt.summary == "adamw", "no Newton-Schulz to speak of"
 
 
-def test_built_optimizers_train():
+def test_built_optimizer_trains():
     torch.manual_seed(0)
     model = StandInGPT()
-    opts = build_optimizers(model, OptimConfig(), "cpu")
+    opt = build(model, OptimConfig())
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     for p in model.parameters():
         p.grad = torch.randn_like(p)
-    for opt in opts:
-        opt.step()
+    opt.step()
     for n, p in model.named_parameters():
         assert not torch.equal(p, before[n]), n
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())

@@ -1,4 +1,4 @@
-"""`python -m data.prepare` against a direct tiktoken encode of the same documents."""
+"""`python -m data.corpus.prepare` against a direct tiktoken encode of the same documents."""
 
 import json
 import subprocess
@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data import prepare as prep
+from data.corpus import prepare as prep
+from data.corpus.split import is_val
 from data.loader import TokenLoader, val_batches
-from data.sample import _is_val
 from data.shards import load_shard
 from data.tokenizer import EOT, gpt2_encoding
 from tests.helpers import TINY, compose_config
@@ -89,8 +89,8 @@ def test_output_is_byte_identical_whatever_num_proc(tmp_path: Path) -> None:
 def test_val_fraction_holds_out_whole_documents(tmp_path: Path) -> None:
     files = write_inputs(tmp_path / "in", "parquet")
     summary = run_prepare(tmp_path, files, tmp_path / "out", val_fraction=0.25)
-    val_docs = [d for i, d in enumerate(DOCS) if _is_val(i, 0.25)]
-    train_docs = [d for i, d in enumerate(DOCS) if not _is_val(i, 0.25)]
+    val_docs = [d for i, d in enumerate(DOCS) if is_val(i, 0.25)]
+    train_docs = [d for i, d in enumerate(DOCS) if not is_val(i, 0.25)]
     assert len(val_docs) == 10
     out = tmp_path / "out"
     assert np.array_equal(shard_stream(out, "corpus_val_*.bin"), expected_stream(val_docs))
@@ -189,7 +189,7 @@ def test_documents_without_text_are_counted(tmp_path: Path) -> None:
 def test_cli_then_training_on_the_shards(tmp_path: Path) -> None:
     files = write_inputs(tmp_path / "in", "txt", docs=DOCS * 5)
     out = tmp_path / "shards"
-    cmd = [sys.executable, "-m", "data.prepare", "--files", *files, "--out", str(out),
+    cmd = [sys.executable, "-m", "data.corpus.prepare", "--files", *files, "--out", str(out),
            "--shard-tokens", "2000", "--num-proc", "2",
            "--cache-dir", str(tmp_path / "hf")]  # fmt: skip
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)

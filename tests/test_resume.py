@@ -20,9 +20,9 @@ import torch
 from tests.dist_utils import run_torchrun_ranks
 from tests.helpers import TINY, compose_config, sigterm_after
 from train import train
-from trainer import checkpoint
-from trainer.checkpoint import CheckpointError
-from trainer.loop import NonFiniteLoss
+from trainer import checkpoint_files as checkpoint
+from trainer.checkpoint_files import CheckpointError
+from trainer.nonfinite import NonFiniteStep
 from trainer.signals import Stopped
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,14 +88,15 @@ def test_stop_and_resume_is_bitwise_on_one_rank(
     final = run(straight, corpus_cache, f"train.autocast={autocast}", "train.steps=30")
 
     resumed = tmp_path / "resumed"
-    # The SIGTERM lands after step 14; the loop sees it in step 15's reduction, saves, stops.
+    # The SIGTERM lands during step 14; the loop sees it in that step's reduction, finishes
+    # the step, saves, stops.
     stopped = run_until_stopped(
         resumed, corpus_cache, f"train.autocast={autocast}", "train.steps=30",
         "train.fault.signal_at_step=14",
     )  # fmt: skip
-    assert (stopped.signal_name, stopped.step) == ("SIGTERM", 15)
-    assert stopped.checkpoint == str(resumed / "checkpoints" / "step_000015")
-    assert [r["step"] for r in records(resumed)][-1] == 15
+    assert (stopped.signal_name, stopped.step) == ("SIGTERM", 14)
+    assert stopped.checkpoint == str(resumed / "checkpoints" / "step_000014")
+    assert [r["step"] for r in records(resumed)][-1] == 14
     final_resumed = run(resumed, corpus_cache, f"train.autocast={autocast}", "train.steps=30")
 
     assert final_resumed == final
@@ -141,8 +142,8 @@ def test_two_ranks_resume_continues_the_curve(tmp_path: Path, corpus_cache: Path
     on_two_ranks(
         resumed, corpus_cache, common, "train.fault.signal_at_step=8", "train.fault.rank=1"
     )
-    assert [r["step"] for r in records(resumed)][-1] == 9, "both ranks stopped after step 9"
-    assert checkpoint.find_latest(resumed / "checkpoints").name == "step_000009"
+    assert [r["step"] for r in records(resumed)][-1] == 8, "both ranks stopped after step 8"
+    assert checkpoint.find_latest(resumed / "checkpoints").name == "step_000008"
     on_two_ranks(resumed, corpus_cache, common)
     meta = json.loads((resumed / "checkpoints" / "step_000020" / "meta.json").read_text())
     assert meta["world_size"] == 2
@@ -164,14 +165,14 @@ def test_one_rank_checkpoint_resumes_on_two_ranks(tmp_path: Path, corpus_cache: 
     run(one, corpus_cache)
     moved = tmp_path / "moved"
     stopped = run_until_stopped(moved, corpus_cache, "train.fault.signal_at_step=9")
-    assert stopped.step == 10
+    assert stopped.step == 9
     on_two_ranks(moved, corpus_cache)
     meta = json.loads((moved / "checkpoints" / "step_000020" / "meta.json").read_text())
     assert meta["world_size"] == 2
     a, b = losses(moved), losses(one)
     assert [r[:2] for r in a] == [r[:2] for r in b]
-    assert a[:11] == b[:11], "the one-rank part is the same run"
-    for (step, _, train_a, val_a), (_, _, train_b, val_b) in zip(a[11:], b[11:], strict=True):
+    assert a[:10] == b[:10], "the one-rank part (steps 0-9) is the same run"
+    for (step, _, train_a, val_a), (_, _, train_b, val_b) in zip(a[10:], b[10:], strict=True):
         assert train_a == pytest.approx(train_b, abs=1e-3), f"step {step}"
         assert (val_a is None) == (val_b is None)
         assert val_a is None or val_a == pytest.approx(val_b, abs=1e-3), f"step {step}"
@@ -208,12 +209,25 @@ def test_sigterm_from_outside_saves_and_the_rerun_continues_exactly(
     assert records(run_dir)[-1]["val_loss"] == final
 
 
+# A NaN loss (its gradients finite), and a NaN gradient under a finite loss: the gradient check
+# rides in the step's one all-reduce, so both are caught at the step where they happen.
+NONFINITE = {
+    "loss": ("train.fault.nonfinite_at_step=7", r"non-finite training loss \(nan\) at step 7"),
+    "gradient": (
+        "train.fault.nonfinite_grad_at_step=7",
+        r"non-finite gradient \(the loss, [0-9.]+, is finite\) at step 7",
+    ),
+}
+
+
 @pytest.mark.slow
-def test_nonfinite_loss_stops_naming_the_last_good_checkpoint(
-    tmp_path: Path, corpus_cache: Path
+@pytest.mark.parametrize("kind", NONFINITE)
+def test_nonfinite_step_stops_naming_the_last_good_checkpoint(
+    tmp_path: Path, corpus_cache: Path, kind: str
 ) -> None:
-    with pytest.raises(NonFiniteLoss, match=r"non-finite training loss \(nan\) at step 7") as e:
-        run(tmp_path, corpus_cache, "train.fault.nonfinite_at_step=7")
+    fault, message = NONFINITE[kind]
+    with pytest.raises(NonFiniteStep, match=message) as e:
+        run(tmp_path, corpus_cache, fault)
     good = tmp_path / "checkpoints" / "step_000005"
     assert str(good) in str(e.value)
     assert checkpoint.find_latest(tmp_path / "checkpoints") == good
@@ -223,15 +237,15 @@ def test_nonfinite_loss_stops_naming_the_last_good_checkpoint(
 
 
 @pytest.mark.slow
-def test_nonfinite_loss_skip_drops_that_update_and_goes_on(
-    tmp_path: Path, corpus_cache: Path
+@pytest.mark.parametrize("kind", NONFINITE)
+def test_nonfinite_step_skip_drops_that_update_and_goes_on(
+    tmp_path: Path, corpus_cache: Path, kind: str
 ) -> None:
-    final = run(
-        tmp_path, corpus_cache, "train.on_nonfinite=skip", "train.fault.nonfinite_at_step=7"
-    )
+    final = run(tmp_path, corpus_cache, "train.on_nonfinite=skip", NONFINITE[kind][0])
     assert math.isfinite(final)
     bad = [r for r in records(tmp_path) if r.get("skipped")]
-    assert [(r["step"], r["train_loss"]) for r in bad] == [(7, None)]
+    assert [r["step"] for r in bad] == [7]
+    assert (bad[0]["train_loss"] is None) == (kind == "loss"), "a finite loss is still logged"
     state = final_state(tmp_path)
     adamw = state["optimizers"][-1]["state"]
     assert {int(s["step"]) for s in adamw.values()} == {19}, "19 of 20 steps updated"

@@ -4,9 +4,11 @@ import os
 
 import pytest
 
-from data import sample
-from data.sample import CorpusFiles, build_sample_corpus, clean_wikitext, corpus_dir
-from data.shards import load_shard, read_header
+from data.corpus import sample
+from data.corpus.sample import build_sample_corpus, corpus_dir
+from data.corpus.split import is_val
+from data.corpus.wikitext import clean_wikitext
+from data.shards import CorpusFiles, load_shard, read_header
 from data.tokenizer import EOT, gpt2_encoding
 
 # ---- clean_wikitext -------------------------------------------------------------------------
@@ -77,7 +79,7 @@ def test_corpus_split_follows_the_documented_rule(corpus):
     n_train = int((load_shard(corpus.train[0]) == EOT).sum())
     n_val = int((load_shard(corpus.val[0]) == EOT).sum())
     assert n_train + n_val > 90  # the dump holds ~100 articles
-    assert n_val == sum(sample._is_val(i, 0.1) for i in range(n_train + n_val))
+    assert n_val == sum(is_val(i, 0.1) for i in range(n_train + n_val))
 
 
 def test_corpus_text_is_clean_prose(corpus):

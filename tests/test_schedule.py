@@ -1,12 +1,14 @@
-"""LR and momentum schedules, and applying them to built optimizers."""
+"""The schedules (pure functions of the step), and the optimizer object that applies them."""
+
+import copy
 
 import pytest
 import torch
 from torch import nn
 
-from optim import Muon, apply_schedules, build_optimizers
+from optim import Muon, build_optimizer
 from optim.config import OptimConfig
-from optim.schedule import lr_multiplier, muon_momentum
+from optim.schedule import ScheduleConfig, Schedules, lr_multiplier, muon_momentum
 
 
 def lr(step: int) -> float:
@@ -60,6 +62,47 @@ def test_muon_momentum_warmup():
     assert muon_momentum(0, 0, 0.85, 0.95) == 0.95  # no warmup: constant
 
 
+# The two records' schedules, at their boundaries, against the values RECORDS.md gives by hand.
+
+
+def test_record_a_lr_schedule_at_its_boundaries():
+    """No warmup; 1 until s = 2285; then (3200 - s) / 914 from s = 2286; the last update 1/914."""
+    s = Schedules(3200, ScheduleConfig(0, 0.2856, 0.0))
+    assert s.at(0).lr_mult == 1.0  # first step
+    assert s.at(2285).lr_mult == 1.0  # last step before the cooldown
+    assert s.at(2286).lr_mult == 1.0  # first cooldown step: (3200 - 2286) / 914
+    assert s.at(2287).lr_mult == pytest.approx(913 / 914)
+    assert s.at(3199).lr_mult == pytest.approx(1 / 914)  # last step
+
+
+def test_record_b_lr_schedule_at_its_boundaries():
+    """Floor 0.1 over the last 40 %: f = 0.1 + 0.9 (1770 - s) / 708 for s >= 1062."""
+    s = Schedules(1770, ScheduleConfig(0, 0.4, 0.1))
+    assert s.at(0).lr_mult == 1.0
+    assert s.at(1062).lr_mult == 1.0  # (1770 - 1062) / 708 = 1
+    assert s.at(1063).lr_mult == pytest.approx(0.1 + 0.9 * 707 / 708)
+    assert s.at(1769).lr_mult == pytest.approx(0.1 + 0.9 / 708)  # ~0.1013, as the record logs
+
+
+def test_momentum_warmup_at_its_boundaries():
+    """Record A: 0.85 + 0.10 min(s / 500, 1); record B the same over 300 steps."""
+    a = Schedules(3200, ScheduleConfig(), 500, 0.85, 0.95)
+    assert [a.at(s).muon_momentum for s in (0, 250, 500, 3199)] == pytest.approx(
+        [0.85, 0.90, 0.95, 0.95]
+    )
+    assert a.at(499).muon_momentum == pytest.approx(0.85 + 0.1 * 499 / 500)
+    b = Schedules(1770, ScheduleConfig(0, 0.4, 0.1), 300, 0.85, 0.95)
+    assert b.at(299).muon_momentum < 0.95 == b.at(300).muon_momentum
+
+
+def test_warmup_boundaries():
+    """Warmup over 10 of 100 steps: 1/10 at the first step, full LR at the last warmup step."""
+    s = Schedules(100, ScheduleConfig(10, 0.3, 0.1))
+    assert s.at(0).lr_mult == pytest.approx(0.1)
+    assert s.at(9).lr_mult == 1.0
+    assert s.at(10).lr_mult == 1.0
+
+
 def small_model() -> nn.Module:
     model = nn.Module()
     model.embed = nn.Embedding(10, 8)
@@ -78,36 +121,61 @@ def schedule_cfg(name: str) -> OptimConfig:
     return cfg
 
 
+def build(model: nn.Module, cfg: OptimConfig):
+    return build_optimizer(model, cfg, total_steps=100, device=torch.device("cpu"))
+
+
 @pytest.mark.parametrize("name", ["muon_adamw", "adamw"])
 @pytest.mark.parametrize("step", [0, 9, 15, 50, 70, 99])
-def test_apply_schedules_sets_every_group(name, step):
+def test_schedule_sets_every_group(name, step):
     cfg = schedule_cfg(name)
-    optimizers = build_optimizers(small_model(), cfg, "cpu")
-    mult = apply_schedules(optimizers, step, 100, cfg)
-    assert mult == lr(step)
+    opt = build(small_model(), cfg)
+    values = opt.schedule(step)
+    assert values.lr_mult == lr(step)
     a = cfg.adamw
     built_lrs = {"muon": cfg.muon.lr, "hidden": a.hidden_lr, "embed": a.embed_lr}
     built_lrs |= {"head": a.head_lr, "scalar": a.scalar_lr}
-    seen = []
-    for opt in optimizers:
-        for group in opt.param_groups:
-            seen.append(group["name"])
-            assert group["initial_lr"] == built_lrs[group["name"]]
-            assert group["lr"] == pytest.approx(built_lrs[group["name"]] * mult)
     expected_groups = ["embed", "head", "scalar"]
     expected_groups.insert(0, "muon" if name == "muon_adamw" else "hidden")
-    assert seen == expected_groups
+    assert list(opt.lrs()) == expected_groups
+    for group, value in opt.lrs().items():
+        assert value == pytest.approx(built_lrs[group] * values.lr_mult)
     if name == "muon_adamw":
-        momentum = optimizers[0].param_groups[0]["momentum"]
-        assert isinstance(optimizers[0], Muon)
-        assert momentum == pytest.approx(0.85 + min(step, 20) / 20 * 0.10)
+        muon = opt.parts[0]
+        assert isinstance(muon, Muon)
+        assert muon.param_groups[0]["momentum"] == pytest.approx(0.85 + min(step, 20) / 20 * 0.1)
 
 
-def test_apply_schedules_does_not_compound():
-    """Each call sets lr from initial_lr, so the LR at a step does not depend on the past."""
+def test_schedule_does_not_compound():
+    """Each call sets lr from the base LR, so the LR at a step does not depend on the past."""
     cfg = schedule_cfg("muon_adamw")
-    optimizers = build_optimizers(small_model(), cfg, "cpu")
+    opt = build(small_model(), cfg)
     for step in range(100):
-        apply_schedules(optimizers, step, 100, cfg)
+        opt.schedule(step)
     final = 0.1 + 0.9 / 30  # the last of 30 cooldown steps, one step above the 0.1 floor
-    assert optimizers[0].param_groups[0]["lr"] == pytest.approx(cfg.muon.lr * final)
+    assert opt.lrs()["muon"] == pytest.approx(cfg.muon.lr * final)
+    opt.schedule(0)
+    assert opt.lrs()["muon"] == pytest.approx(cfg.muon.lr * lr(0))
+
+
+def test_state_round_trip_keeps_this_runs_hyperparameters():
+    """A resumed run takes momentum and moments from the checkpoint, LRs from its config."""
+    torch.manual_seed(0)
+    model = small_model()
+    opt = build(model, schedule_cfg("muon_adamw"))
+    for _ in range(3):
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    lowered = schedule_cfg("muon_adamw")
+    lowered.adamw.head_lr = 0.001
+    again = build(model, lowered)
+    again.load_state_dict(saved)
+    assert again.lrs()["head"] == 0.001
+    for a, b in zip(again.state_dict(), saved, strict=True):
+        for key, state in b["state"].items():
+            for name, value in state.items():
+                assert torch.equal(a["state"][key][name], value), (key, name)
+    with pytest.raises(ValueError, match="the saved state has 1 optimizers, this run has 2"):
+        again.load_state_dict(saved[:1])

@@ -40,7 +40,8 @@ def test_training_lowers_val_loss_and_writes_the_curve(tmp_path: Path, corpus_ca
     val_steps = [r["step"] for r in records if "val_loss" in r]
     assert val_steps == [0, 10, 20, 30, 40]
     for r in records[1:]:
-        assert {"train_loss", "lr", "tokens", "train_time_ms"} <= r.keys()
+        assert {"train_loss", "lr_mult", "lr/muon", "lr/embed", "lr/head"} <= r.keys()
+        assert {"tokens", "train_time_ms", "step_ms", "tokens_per_s"} <= r.keys()
         assert r["tokens"] == r["step"] * 4 * 64
     assert final == records[-1]["val_loss"]
     assert final < first["val_loss"] - 2.0, f"val loss only fell to {final:.3f}"

@@ -1,38 +1,28 @@
 """The root config schema: one dataclass per group, registered in Hydra's ConfigStore.
 
-YAML files under `conf/` are validated against these dataclasses when Hydra composes them,
-so an unknown key or a value of the wrong type fails at startup with the key named.
-`validate()` then checks the values (ranges, divisibility, cross-group constraints).
+Every default lives here, in the dataclasses (each group's own next to the code that
+implements it: `MuonConfig` in optim/muon.py, `DataConfig` in data/build.py, ...); the YAML
+presets under `conf/` hold only what a preset changes. Hydra validates the YAML against these
+dataclasses when it composes them, so an unknown key or a value of the wrong type fails at
+startup with the key named. `validate()` then checks the values: each field's allowed values
+from its metadata (`check_choices`, the one "must be one of"), ranges, divisibility and
+cross-group constraints.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import II, DictConfig, OmegaConf
 
-from data.config import DataConfig
+from data.build import DataConfig
 from model.config import ModelConfig
 from optim.config import OptimConfig
-
-AUTOCAST_CHOICES = ("auto", "bf16", "none")
-DEVICE_CHOICES = ("auto", "cpu", "cuda")
-BACKEND_CHOICES = ("auto", "nccl", "gloo")
-NONFINITE_CHOICES = ("stop", "skip")
-WANDB_MODES = ("online", "offline", "disabled")
-
-
-@dataclass
-class FaultConfig:
-    """Test-only fault injection; both off (0) in every real run."""
-
-    # SIGKILL rank `rank` right after this step, once per run directory (a marker file
-    # remembers it fired), so a restarted run that passes the step again lives on.
-    kill_at_step: int = 0
-    # Send SIGTERM to rank `rank` after this step, once (a scheduler's pre-emption notice).
-    signal_at_step: int = 0
-    rank: int = 0
-    nonfinite_at_step: int = 0  # make this step's training loss NaN on every rank
+from trainer.fault import FaultConfig
+from trainer.nonfinite import ACTIONS
+from trainer.run_dir import register_resolvers
+from trainer.runtime import AUTOCASTS, BACKENDS, DEVICES
+from trainer.wandb_log import WandbConfig
 
 
 @dataclass
@@ -44,23 +34,25 @@ class TrainConfig:
     micro_batch_size: int = 0
     seq_len: int = 256  # tokens per sequence
     val_every: int = 50  # evaluate every this many steps (and always at the end); 0 = end only
-    val_tokens: int = 65536  # fixed validation budget in tokens, the same at every evaluation
+    # fixed validation budget in tokens, the same at every evaluation; the data preset's
+    val_tokens: int = II("data.val_tokens")
     log_every: int = 1  # console line every this many steps
-    device: str = "auto"  # auto (cuda when available, else cpu) | cpu | cuda
+    # auto (cuda when available, else cpu) | cpu | cuda
+    device: str = field(default="auto", metadata={"choices": DEVICES})
     # bf16: matmuls in bfloat16 with fp32 master weights | none: fp32 | auto: bf16 on CUDA and on
     # CPUs with native bf16 matmul (AVX-512 BF16 / AMX), fp32 elsewhere (bf16 is ~10x slower
     # than fp32 on an AVX2-only CPU)
-    autocast: str = "auto"
-    # Checkpoints go to <run_dir>/checkpoints/step_NNNNNN (see trainer/checkpoint.py).
+    autocast: str = field(default="auto", metadata={"choices": AUTOCASTS})
+    # Checkpoints go to <run_dir>/checkpoints/step_NNNNNN (see trainer/checkpoint_files.py).
     checkpoint_every: int = 50  # save every this many steps; 0 = no periodic saves
     checkpoint_at_end: bool = True  # save after the last step
     checkpoint_keep: int = 2  # keep this many newest checkpoints, delete older ones
     # auto: continue from <run_dir>/checkpoints if it holds one, else start fresh | never |
     # a path: a checkpoint directory, a checkpoints/ directory or a run directory
     resume: str = "auto"
-    # A non-finite training loss: stop (name the step and the last good checkpoint) | skip
-    # (drop that step's update and go on; costs one host sync per step before the update)
-    on_nonfinite: str = "stop"
+    # A non-finite training loss or gradient: stop (name the step and the last good checkpoint)
+    # | skip (drop that step's update and go on; its host sync then precedes the update)
+    on_nonfinite: str = field(default="stop", metadata={"choices": ACTIONS})
     # Stop at the first evaluation whose val loss is at or below this (0 = train all steps);
     # the log and metrics.jsonl give the train time to reach it (evaluation excluded).
     target_val_loss: float = 0.0
@@ -86,21 +78,9 @@ class DistConfig:
     # leave it at 1: torchrun starts the ranks.
     nproc: int = 1
     max_restarts: int = 0  # with nproc > 1: relaunch all ranks this often after a failure
-    backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU | nccl | gloo
+    # auto: nccl on CUDA, gloo on CPU | nccl | gloo
+    backend: str = field(default="auto", metadata={"choices": BACKENDS})
     timeout_s: float = 600.0  # a collective waiting longer fails instead of hanging
-
-
-@dataclass
-class WandbConfig:
-    enabled: bool = False  # logging=wandb turns it on; rank 0 only
-    project: str = "gpt-speedrun"
-    entity: str | None = None  # team or user; None: the account's default
-    name: str | None = None  # run name; None: the run directory's path under outputs/
-    group: str | None = None  # e.g. one sweep's runs
-    tags: list[str] = field(default_factory=list)
-    # online: needs an account (WANDB_API_KEY) | offline: writes <run_dir>/wandb, sync later
-    # with `wandb sync` | disabled: calls succeed and do nothing
-    mode: str = "online"
 
 
 @dataclass
@@ -121,6 +101,7 @@ class Config:
 
     def validate(self) -> None:
         """Check every value once, before any work; raise ValueError naming the key."""
+        check_choices(self)
         self.model.validate()
         self.data.validate()
         t = self.train
@@ -136,12 +117,6 @@ class Config:
                 f"train.val_tokens ({t.val_tokens}) must cover at least one sequence of "
                 f"train.seq_len ({t.seq_len}) tokens"
             )
-        if t.device not in DEVICE_CHOICES:
-            raise ValueError(f"train.device must be one of {DEVICE_CHOICES}, got {t.device!r}")
-        if t.autocast not in AUTOCAST_CHOICES:
-            raise ValueError(
-                f"train.autocast must be one of {AUTOCAST_CHOICES}, got {t.autocast!r}"
-            )
         if t.checkpoint_every < 0:
             raise ValueError(f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}")
         if t.checkpoint_keep < 1:
@@ -150,30 +125,29 @@ class Config:
             raise ValueError("train.resume must be auto, never or a checkpoint path")
         if t.target_val_loss < 0:
             raise ValueError(f"train.target_val_loss must be >= 0, got {t.target_val_loss}")
-        if t.on_nonfinite not in NONFINITE_CHOICES:
-            raise ValueError(
-                f"train.on_nonfinite must be one of {NONFINITE_CHOICES}, got {t.on_nonfinite!r}"
-            )
-        f = t.fault
-        for key in ("kill_at_step", "signal_at_step", "rank", "nonfinite_at_step"):
-            if getattr(f, key) < 0:
-                raise ValueError(f"train.fault.{key} must be >= 0, got {getattr(f, key)}")
+        t.fault.validate()
         self.optim.validate(t.steps)
-        if self.logging.wandb.mode not in WANDB_MODES:
-            raise ValueError(
-                f"logging.wandb.mode must be one of {WANDB_MODES}, got {self.logging.wandb.mode!r}"
-            )
         d = self.dist
         if d.nproc < 1:
             raise ValueError(f"dist.nproc must be >= 1, got {d.nproc}")
         if d.max_restarts < 0:
             raise ValueError(f"dist.max_restarts must be >= 0, got {d.max_restarts}")
-        if d.backend not in BACKEND_CHOICES:
-            raise ValueError(f"dist.backend must be one of {BACKEND_CHOICES}, got {d.backend!r}")
         if d.timeout_s <= 0:
             raise ValueError(f"dist.timeout_s must be > 0, got {d.timeout_s}")
         if d.backend == "nccl" and t.device == "cpu":
             raise ValueError("dist.backend=nccl needs train.device=cuda (or auto on a GPU)")
+
+
+def check_choices(node: Any, prefix: str = "") -> None:
+    """Every field whose metadata names its `choices` holds one of them, through the whole
+    tree of dataclasses: the one "must be one of" check of the config."""
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if is_dataclass(value):
+            check_choices(value, f"{prefix}{f.name}.")
+        elif "choices" in f.metadata and value not in f.metadata["choices"]:
+            allowed = " | ".join(f.metadata["choices"])
+            raise ValueError(f"{prefix}{f.name} must be one of {allowed}, got {value!r}")
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -190,8 +164,6 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def register_configs() -> None:
     """Register the schema so `conf/config.yaml` is type-checked against it, and the resolvers
     its `hydra:` section uses (rank-aware run directory and logging)."""
-    from trainer.launch import register_resolvers
-
     register_resolvers()
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)

@@ -6,6 +6,7 @@ The backend follows the device: NCCL on CUDA, gloo on CPU.
 """
 
 import os
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -18,18 +19,9 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer.config import Config, DistConfig, flatten
-from trainer.runtime import Runtime
+from trainer.runtime import Runtime, resolve_backend
 
 T = TypeVar("T")
-
-
-def resolve_backend(setting: str, device: torch.device) -> str:
-    """`dist.backend` as a backend name: auto -> nccl on CUDA, gloo on CPU."""
-    if setting == "auto":
-        return "nccl" if device.type == "cuda" else "gloo"
-    if setting == "nccl" and device.type != "cuda":
-        raise ValueError(f"dist.backend=nccl needs a CUDA device, but this rank runs on {device}")
-    return setting
 
 
 @contextmanager
@@ -179,3 +171,11 @@ def _broadcast_object(obj: Any) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (for one-machine process groups: tests and
+    benchmarks)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

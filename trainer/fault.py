@@ -1,40 +1,71 @@
-"""Test-only fault injection (`train.fault.*`): the crashes that checkpoints must survive.
+"""Test-only fault injection (`train.fault.*`): the failures that checkpoints and the
+non-finite guard must survive, through the one hook the loop calls each step.
 
-`kill_at_step` SIGKILLs one rank right after that step, the way the OOM killer or a lost
-node does: no handler runs, nothing is flushed. It fires once per run directory (a marker
-file remembers it), so the run that resumes and passes the same step again lives on.
-`signal_at_step` sends that rank a SIGTERM instead, once, as a scheduler does before
-pre-empting a job. `nonfinite_at_step` turns that step's loss into NaN on every rank.
+`Faults` is that hook: the loop calls it once per step, after forward/backward and before the
+update, with the step's loss. `kill_at_step` SIGKILLs one rank there, the way the OOM killer or
+a lost node does: no handler runs, nothing is flushed, the step is lost. It fires once per run
+directory (a marker file remembers it), so the run that resumes and passes the same step again
+lives on. `signal_at_step` sends that rank a SIGTERM instead, once, as a scheduler does before
+pre-empting a job: the loop sees it in the same step's reduction, finishes the step, saves and
+stops. `nonfinite_at_step` makes that step's loss NaN on every rank; `nonfinite_grad_at_step`
+makes one gradient NaN under a finite loss.
 """
 
 import os
 import signal
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from trainer.config import FaultConfig
+import torch
+from torch import Tensor, nn
 
 MARKER = ".fault-{}-fired"
 
 
+@dataclass
+class FaultConfig:
+    """Test-only fault injection; all off (0) in every real run."""
+
+    kill_at_step: int = 0  # SIGKILL rank `rank` during this step, once per run directory
+    signal_at_step: int = 0  # send rank `rank` a SIGTERM during this step, once
+    rank: int = 0
+    nonfinite_at_step: int = 0  # make this step's training loss NaN on every rank
+    nonfinite_grad_at_step: int = 0  # make a gradient NaN (the loss stays finite) on every rank
+
+    def validate(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) < 0:
+                raise ValueError(f"train.fault.{f.name} must be >= 0, got {getattr(self, f.name)}")
+
+    @property
+    def enabled(self) -> bool:
+        return any(getattr(self, f.name) for f in fields(self) if f.name != "rank")
+
+
 class Faults:
-    def __init__(self, cfg: FaultConfig, rank: int, run_dir: Path) -> None:
+    """The step hook of a run with `train.fault.*` set (see the module docstring)."""
+
+    def __init__(self, cfg: FaultConfig, rank: int, run_dir: Path, model: nn.Module) -> None:
         self.cfg, self.rank, self.run_dir = cfg, rank, run_dir
+        self.params = [p for p in model.parameters() if p.requires_grad]
 
-    def poisons(self, step: int) -> bool:
-        """Whether this step's loss is to be made non-finite."""
-        return self.cfg.nonfinite_at_step == step
-
-    def after_step(self, step: int) -> None:
-        if self.rank != self.cfg.rank:
-            return
-        if self.cfg.kill_at_step == step and self._first_time("kill", step):
-            os.kill(os.getpid(), signal.SIGKILL)
-        if self.cfg.signal_at_step == step and self._first_time("signal", step):
-            os.kill(os.getpid(), signal.SIGTERM)
+    def __call__(self, step: int, loss: Tensor) -> Tensor:
+        c = self.cfg
+        if c.nonfinite_at_step == step:
+            loss = loss * float("nan")
+        if c.nonfinite_grad_at_step == step:
+            with torch.no_grad():
+                next(p for p in self.params if p.grad is not None).grad.view(-1)[0] = float("nan")
+        if self.rank == c.rank:
+            if c.kill_at_step == step and self._first_time("kill", step):
+                os.kill(os.getpid(), signal.SIGKILL)
+            if c.signal_at_step == step and self._first_time("signal", step):
+                os.kill(os.getpid(), signal.SIGTERM)
+        return loss
 
     def _first_time(self, kind: str, step: int) -> bool:
         marker = self.run_dir / MARKER.format(kind)
         if marker.exists():
             return False
-        marker.write_text(f"rank {self.rank}: {kind} after step {step}\n")
+        marker.write_text(f"rank {self.rank}: {kind} during step {step}\n")
         return True

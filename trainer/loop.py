@@ -1,34 +1,38 @@
 """The training loop: step, schedule, evaluate on a fixed token budget, log, checkpoint.
 
+One step is: the optimizer object's schedule for the step, forward/backward over the
+micro-batches, the step hook (test faults), the update, and one all-reduce that brings every
+rank the mean loss, whether any gradient is non-finite and whether any rank was asked to stop.
+Then, when due: evaluation (and the target check), the log line, a checkpoint.
+
 Train time is wall-clock time spent in training steps only; evaluation and checkpointing are
 excluded, the way public speedrun records are timed. Losses are reduced over all ranks, so the
 logged curve is the same whatever the number of ranks or micro-steps that computed it.
-
-The loop starts from a `Progress` (step 0, or where a checkpoint left off) and saves at
-`train.checkpoint_every`, at the end, and when a SIGTERM/SIGINT asks it to stop. Every rank
-makes the same decisions: the stop request travels with the loss in the one all-reduce each
-step already does, and a non-finite loss is judged on that reduced value.
 """
 
 import math
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from optim import apply_schedules
-from optim.config import OptimConfig
+from optim import CombinedOptimizer
+from trainer.checkpointer import Checkpointer
 from trainer.config import TrainConfig
 from trainer.dist import all_reduce_sum
-from trainer.fault import Faults
 from trainer.metrics import MetricsSink, format_step
+from trainer.nonfinite import NonFiniteStep, nonfinite_grads, stop_message
+from trainer.progress import Progress
 from trainer.runtime import Runtime
 from trainer.signals import Stopped, StopRequests
-from trainer.snapshot import Checkpointer, Progress
 
 Batch = tuple[Tensor, Tensor]
+# Called once per step after forward/backward, before the update, with the step (1-based)
+# and its loss; returns the loss to use. The seam for test-only faults (trainer/fault.py).
+StepHook = Callable[[int, Tensor], Tensor]
 
 
 @torch.no_grad()
@@ -51,24 +55,18 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], rt: Runtime) -> float:
     return loss_sum / n_tokens
 
 
-class NonFiniteLoss(FloatingPointError):
-    """The training loss became NaN or infinite (train.on_nonfinite=stop)."""
-
-
 def forward_backward(
     model: nn.Module,
     batch: Batch,
     rt: Runtime,
     accum_steps: int = 1,
     no_sync: Callable[[], AbstractContextManager] | None = None,
-    poison: bool = False,
 ) -> Tensor:
     """Gradients of this rank's share of the global batch; returns its mean loss (0-d tensor).
 
     The share is split into `accum_steps` micro-batches of equal size; each contributes
     loss / accum_steps to the gradients, and all but the last skip DDP's gradient all-reduce
-    (`no_sync`), so the one all-reduce averages the whole global batch. `poison` makes the
-    loss NaN (fault injection for tests).
+    (`no_sync`), so the one all-reduce averages the whole global batch.
     """
     x, y = (t.to(rt.device, non_blocking=True) for t in batch)
     loss_sum = torch.zeros((), device=rt.device)
@@ -77,145 +75,142 @@ def forward_backward(
         with nullcontext() if last or no_sync is None else no_sync():
             with rt.autocast():
                 loss = model(xm, ym)
-            if poison:
-                loss = loss * float("nan")
             (loss / accum_steps).backward()
         loss_sum += loss.detach()
     return loss_sum / accum_steps
 
 
-def _step(optimizers: list[torch.optim.Optimizer], update: bool = True) -> None:
-    if update:
-        for opt in optimizers:
-            opt.step()
-    for opt in optimizers:
-        opt.zero_grad(set_to_none=True)
+@dataclass
+class Loop:
+    """Everything a run steps through; `run()` is the loop."""
 
+    model: nn.Module  # what runs forward: the model, or its DDP / compiled wrapper
+    optimizer: CombinedOptimizer
+    next_batch: Callable[[], Batch]  # this rank's share of the next global batch
+    val_batches: Callable[[], Iterable[Batch]]  # the same validation batches every call
+    cfg: TrainConfig
+    rt: Runtime
+    sink: MetricsSink
+    checkpoints: Checkpointer | None = None
+    accum_steps: int = 1
+    no_sync: Callable[[], AbstractContextManager] | None = None  # DDP's; None in one process
+    stop: StopRequests | None = None
+    hook: StepHook | None = None
 
-def _global(loss: Tensor, stop: bool, rt: Runtime) -> tuple[float, bool]:
-    """The mean loss over ranks and whether any rank was asked to stop: one all-reduce."""
-    both = torch.stack([loss.float(), torch.tensor(float(stop), device=rt.device)])
-    loss_sum, stops = all_reduce_sum(both).tolist()
-    return loss_sum / rt.world_size, stops > 0
+    def run(self, start: Progress | None = None) -> float:
+        """Train from `start` (default: step 0) to `train.steps`; return the final val loss.
 
+        Raises `Stopped` after saving a checkpoint when a SIGTERM/SIGINT asked to stop, and
+        `NonFiniteStep` on a NaN/inf loss or gradient under train.on_nonfinite=stop.
+        """
+        p = start or Progress()
+        if p.step == 0:
+            self._log(self._evaluate(p, {"step": 0, "tokens": 0, "train_time_ms": 0.0}))
+        self.model.train()
+        while p.step < self.cfg.steps and not self._target_reached(p):
+            rec, stop_now = self._train_step(p)
+            if p.step == self.cfg.steps or (
+                self.cfg.val_every and p.step % self.cfg.val_every == 0
+            ):
+                self._evaluate(p, rec)
+            self._log(rec)
+            self._checkpoint(p, stop_now)
+        if p.val_loss is None:  # resumed from a save without a val loss, nothing left to do
+            p.val_loss = evaluate(self.model, self.val_batches(), self.rt)
+        skipped = f", {p.skipped_steps} steps skipped (non-finite)" if p.skipped_steps else ""
+        self.sink.info(
+            "done: %d steps, %d tokens, final val loss %.4f, train time %.1fs (%.0f ms/step)%s",
+            p.step, p.tokens, p.val_loss, p.train_time_s,
+            p.train_time_s * 1000 / max(p.step, 1), skipped,
+        )  # fmt: skip
+        return p.val_loss
 
-def run(
-    model: nn.Module,
-    optimizers: list[torch.optim.Optimizer],
-    next_batch: Callable[[], Batch],
-    val_batches: Callable[[], Iterable[Batch]],
-    train_cfg: TrainConfig,
-    optim_cfg: OptimConfig,
-    rt: Runtime,
-    sink: MetricsSink,
-    *,
-    accum_steps: int = 1,
-    no_sync: Callable[[], AbstractContextManager] | None = None,
-    start: Progress | None = None,
-    checkpoints: Checkpointer | None = None,
-    stop: StopRequests | None = None,
-    faults: Faults | None = None,
-) -> float:
-    """Train from `start` (default: step 0) to `train_cfg.steps`; return the final val loss.
-
-    `no_sync` is the DDP wrapper's `no_sync` (None in a single process). Raises `Stopped`
-    after saving a checkpoint when `stop` caught a signal, and `NonFiniteLoss` on a NaN/inf
-    loss under train.on_nonfinite=stop.
-    """
-    p = start or Progress()
-    steps = train_cfg.steps
-    tokens_per_step = train_cfg.batch_size * train_cfg.seq_len
-    skip_nonfinite = train_cfg.on_nonfinite == "skip"
-    if p.step == 0:
-        p.val_loss = evaluate(model, val_batches(), rt)
-        sink.write({"step": 0, "val_loss": p.val_loss, "tokens": 0, "train_time_ms": 0.0})
-        sink.info(format_step({"step": 0, "val_loss": p.val_loss, "train_time_ms": 0.0}, steps))
-    target = train_cfg.target_val_loss
-    reached = bool(target) and p.val_loss is not None and p.val_loss <= target
-    model.train()
-    for step in range(p.step + 1, steps + 1):
-        if reached:  # resumed from the save made when the target was reached
-            break
-        rt.synchronize()
+    def _train_step(self, p: Progress) -> tuple[dict, bool]:
+        """One optimizer step; advances `p` and returns the step's record and whether to stop."""
+        step = p.step + 1
+        self.rt.synchronize()
         t0 = time.perf_counter()
-        lr_mult = apply_schedules(optimizers, step - 1, steps, optim_cfg)
-        poison = faults is not None and faults.poisons(step)
-        loss_t = forward_backward(model, next_batch(), rt, accum_steps, no_sync, poison)
-        if not skip_nonfinite:  # update first: no host sync between backward and step
-            _step(optimizers)
-        loss, stop_now = _global(loss_t, stop is not None and stop.requested is not None, rt)
-        finite = math.isfinite(loss)
-        if skip_nonfinite:
-            _step(optimizers, update=finite)
-        rt.synchronize()
+        values = self.optimizer.schedule(step - 1)
+        loss_t = forward_backward(
+            self.model, self.next_batch(), self.rt, self.accum_steps, self.no_sync
+        )
+        if self.hook is not None:
+            loss_t = self.hook(step, loss_t)
+        bad_grads = nonfinite_grads(self.optimizer.params())
+        skip_mode = self.cfg.on_nonfinite == "skip"
+        if not skip_mode:  # update first: no host sync between backward and the update
+            self.optimizer.step()
+        loss, grads_finite, stop_now = self._reduce(loss_t, bad_grads)
+        finite = math.isfinite(loss) and grads_finite
+        if skip_mode and finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.rt.synchronize()
         dt = time.perf_counter() - t0
-        p.step, p.tokens, p.train_time_s = step, p.tokens + tokens_per_step, p.train_time_s + dt
-        if not finite and not skip_nonfinite:
-            raise NonFiniteLoss(_nonfinite_message(loss, step, checkpoints))
+        tokens = self.cfg.batch_size * self.cfg.seq_len
+        p.step, p.tokens, p.train_time_s = step, p.tokens + tokens, p.train_time_s + dt
         rec = {
             "step": step,
-            "train_loss": loss if finite else None,
-            "lr": optimizers[0].param_groups[0]["lr"],  # Muon's (or AdamW's hidden) LR
-            "lr_mult": lr_mult,
+            "train_loss": loss if math.isfinite(loss) else None,
+            "lr_mult": values.lr_mult,
+            **{f"lr/{name}": lr for name, lr in self.optimizer.lrs().items()},
             "tokens": p.tokens,
             "train_time_ms": p.train_time_s * 1000,
             "step_ms": dt * 1000,
-            "tokens_per_s": tokens_per_step / dt,
+            "tokens_per_s": tokens / dt,
         }
         if not finite:
-            p.skipped_steps += 1
-            rec["skipped"] = True
-            sink.warning("step %d: non-finite loss %s, update skipped", step, loss)
-        if step == steps or (train_cfg.val_every and step % train_cfg.val_every == 0):
-            p.val_loss = evaluate(model, val_batches(), rt)
-            rec["val_loss"] = p.val_loss
-            reached = bool(target) and p.val_loss <= target
-            if reached:
-                rec["target_reached"] = True
-        sink.write(rec)
-        if step % train_cfg.log_every == 0 or "val_loss" in rec:
-            sink.info(format_step(rec, steps))
-        if faults is not None:
-            faults.after_step(step)
-        if reached:
-            sink.info(
+            self._on_nonfinite(p, rec, loss, grads_finite)
+        return rec, stop_now
+
+    def _reduce(self, loss: Tensor, bad_grads: Tensor) -> tuple[float, bool, bool]:
+        """The mean loss over ranks, whether every rank's gradients are finite, and whether
+        any rank was asked to stop: one all-reduce, the step's one host sync."""
+        asked = float(self.stop is not None and self.stop.requested is not None)
+        flags = torch.stack([loss.float(), bad_grads, torch.tensor(asked, device=self.rt.device)])
+        loss_sum, bad, stops = all_reduce_sum(flags).tolist()
+        return loss_sum / self.rt.world_size, bad == 0, stops > 0
+
+    def _on_nonfinite(self, p: Progress, rec: dict, loss: float, grads_finite: bool) -> None:
+        """A NaN/inf loss or gradient: stop (raise, saving nothing) or count the skipped step."""
+        if self.cfg.on_nonfinite == "stop":
+            last = self.checkpoints.last if self.checkpoints is not None else None
+            raise NonFiniteStep(stop_message(loss, grads_finite, p.step, last))
+        p.skipped_steps += 1
+        rec["skipped"] = True
+        what = "loss" if grads_finite else "gradient"
+        self.sink.warning("step %d: non-finite %s (loss %s), update skipped", p.step, what, loss)
+
+    def _evaluate(self, p: Progress, rec: dict) -> dict:
+        """Validation loss into `p` and `rec`, and whether it reached the target."""
+        p.val_loss = evaluate(self.model, self.val_batches(), self.rt)
+        rec["val_loss"] = p.val_loss
+        if self._target_reached(p):
+            rec["target_reached"] = True
+        return rec
+
+    def _target_reached(self, p: Progress) -> bool:
+        target = self.cfg.target_val_loss
+        return bool(target) and p.val_loss is not None and p.val_loss <= target
+
+    def _log(self, rec: dict) -> None:
+        self.sink.write(rec)
+        if rec["step"] % self.cfg.log_every == 0 or "val_loss" in rec:
+            self.sink.info(format_step(rec, self.cfg.steps))
+        if rec.get("target_reached"):
+            self.sink.info(
                 "target val loss %.4f reached at step %d: %.4f after %.1fs of training (%d tokens)",
-                target, step, p.val_loss, p.train_time_s, p.tokens,
+                self.cfg.target_val_loss, rec["step"], rec["val_loss"], rec["train_time_ms"] / 1e3,
+                rec["tokens"],
             )  # fmt: skip
-        every = train_cfg.checkpoint_every
-        last = step == steps or reached
-        due = (every and step % every == 0) or (last and train_cfg.checkpoint_at_end)
-        if checkpoints is not None and (due or stop_now):
-            checkpoints.save(p)
+
+    def _checkpoint(self, p: Progress, stop_now: bool) -> None:
+        """Save when due, at the end, or on a stop request; then stop if asked (`Stopped`)."""
+        every, last = self.cfg.checkpoint_every, p.step == self.cfg.steps or self._target_reached(p)
+        due = (every and p.step % every == 0) or (last and self.cfg.checkpoint_at_end)
+        if self.checkpoints is not None and (due or stop_now):
+            self.checkpoints.save(p)
         if stop_now:
-            signal_name = (stop.requested if stop else None) or "a signal on another rank"
-            raise Stopped(signal_name, step, str(checkpoints.last if checkpoints else None))
-        if reached:
-            break
-    if p.val_loss is None:  # resumed from a save without a val loss, with nothing left to do
-        p.val_loss = evaluate(model, val_batches(), rt)
-    skipped = f", {p.skipped_steps} steps skipped (non-finite loss)" if p.skipped_steps else ""
-    sink.info(
-        "done: %d steps, %d tokens, final val loss %.4f, train time %.1fs (%.0f ms/step)%s",
-        p.step,
-        p.tokens,
-        p.val_loss,
-        p.train_time_s,
-        p.train_time_s * 1000 / max(p.step, 1),
-        skipped,
-    )
-    return p.val_loss
-
-
-def _nonfinite_message(loss: float, step: int, checkpoints: Checkpointer | None) -> str:
-    last = checkpoints.last if checkpoints is not None else None
-    where = (
-        f"the last good checkpoint is {last} (resume from it with train.resume={last}, "
-        "perhaps with a lower LR)"
-        if last
-        else "no checkpoint was saved before it"
-    )
-    return (
-        f"non-finite training loss ({loss}) at step {step}; stopped without saving: {where}. "
-        "train.on_nonfinite=skip drops such steps' updates instead"
-    )
+            signal_name = (self.stop.requested if self.stop else None) or "a signal on another rank"
+            where = self.checkpoints.last if self.checkpoints else None
+            raise Stopped(signal_name, p.step, str(where))

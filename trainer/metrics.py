@@ -7,13 +7,14 @@ Non-main ranks get a sink that does nothing, which keeps `if rank == 0` out of t
 import json
 import logging
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from trainer.config import Config
+from trainer.progress import Progress
 from trainer.runtime import Runtime
 from trainer.wandb_log import WandbRun
 
@@ -46,6 +47,19 @@ class MetricsSink:
         if enabled:
             # Line-buffered so a killed run keeps every completed line.
             self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+
+    @classmethod
+    def for_run(
+        cls, conf: Config, rt: Runtime, start: Progress, resumed_from: Path | None
+    ) -> "MetricsSink":
+        """The sink of a run starting at `start`, resumed from checkpoint `resumed_from` (whose
+        run directory's metrics hold the records before it); wandb when enabled."""
+        run_dir = Path(conf.run_dir)
+        history = resumed_from.parents[1] / METRICS_FILE if resumed_from else None
+        wandb = None
+        if rt.is_main and conf.logging.wandb.enabled:
+            wandb = WandbRun(conf.logging.wandb, run_dir, asdict(conf), start.run_id)
+        return cls(run_dir, rt.is_main, start.step, history, wandb)
 
     def write(self, record: dict[str, Any]) -> None:
         if self._file is not None:
@@ -105,8 +119,8 @@ def format_step(rec: dict[str, Any], total_steps: int) -> str:
         parts.append("loss non-finite (skipped)" if loss is None else f"loss {loss:.4f}")
     if "val_loss" in rec:
         parts.append(f"val {rec['val_loss']:.4f}")
-    if "lr" in rec:
-        parts.append(f"lr {rec['lr']:.3g}")
+    if "lr_mult" in rec:
+        parts.append(f"lr x{rec['lr_mult']:.3g}")
     if "step_ms" in rec:
         parts.append(f"{rec['step_ms']:.0f} ms/step")
     if "tokens_per_s" in rec:
@@ -116,18 +130,17 @@ def format_step(rec: dict[str, Any], total_steps: int) -> str:
 
 
 def describe_run(
-    conf: Config, rt: Runtime, model: nn.Module, ns_dtype: torch.dtype, accum_steps: int
+    conf: Config, rt: Runtime, model: nn.Module, optimizer: str, accum_steps: int
 ) -> str:
     """The startup line: model, optimizer, ranks, precision and how a step's tokens split."""
     m, t = conf.model, conf.train
     n_params = sum(p.numel() for p in model.parameters())
     micro = t.batch_size // (rt.world_size * accum_steps)
-    exchange = f", exchange {conf.optim.muon.exchange}" if rt.world_size > 1 else ""
     precision = "bf16 autocast" if rt.autocast_dtype else "fp32"
+    ranks = f"{rt.world_size} rank" + ("s" if rt.world_size > 1 else "")
     return (
         f"model {m.n_layer} layers, d {m.n_embd}, {m.n_head} heads: {n_params / 1e6:.2f}M "
-        f"parameters | {conf.optim.name} (Newton-Schulz in "
-        f"{str(ns_dtype).removeprefix('torch.')}{exchange}) | {rt.world_size} rank(s) on "
-        f"{rt.device.type}, {precision} | {t.batch_size * t.seq_len} tokens/step = "
-        f"{rt.world_size} ranks x {accum_steps} micro-steps x {micro} x {t.seq_len}"
+        f"parameters | {optimizer} | {ranks} on {rt.device.type}, {precision} | "
+        f"{t.batch_size * t.seq_len} tokens/step = {rt.world_size} x {accum_steps} micro-steps "
+        f"x {micro} x {t.seq_len}"
     )

@@ -13,6 +13,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from optim.newton_schulz import bf16_matmul_is_fast
+
+# `train.device`: auto = cuda when available, else cpu.
+DEVICES = ("auto", "cpu", "cuda")
+# `train.autocast`: bf16 autocast, plain fp32 (none), or auto = bf16 where bf16 matmuls are fast.
+AUTOCASTS = ("auto", "bf16", "none")
+# `dist.backend`: auto = nccl on CUDA, gloo on CPU.
+BACKENDS = ("auto", "nccl", "gloo")
+
 
 @dataclass(frozen=True)
 class Runtime:
@@ -53,31 +62,20 @@ def resolve_device(setting: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def cpu_has_fast_bf16() -> bool:
-    """True when oneDNN has native bf16 kernels here (AVX-512 BF16 or AMX).
-
-    Without them a bf16 matmul is emulated and runs roughly 10x slower than fp32.
-    """
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-def fast_bf16(device: torch.device) -> bool:
-    """Whether bf16 matmuls beat fp32 on `device`: always on CUDA, on CPUs only when native."""
-    return device.type == "cuda" or cpu_has_fast_bf16()
-
-
 def resolve_autocast(setting: str, device: torch.device) -> torch.dtype | None:
     """`train.autocast` as a dtype; None means plain fp32."""
     if setting == "auto":
-        return torch.bfloat16 if fast_bf16(device) else None
+        return torch.bfloat16 if bf16_matmul_is_fast(device) else None
     return torch.bfloat16 if setting == "bf16" else None
 
 
-def resolve_ns_dtype(setting: str, device: torch.device) -> torch.dtype:
-    """`optim.muon.ns_dtype` as a dtype."""
+def resolve_backend(setting: str, device: torch.device) -> str:
+    """`dist.backend` as a backend name: auto -> nccl on CUDA, gloo on CPU."""
     if setting == "auto":
-        return torch.bfloat16 if fast_bf16(device) else torch.float32
-    return torch.bfloat16 if setting == "bf16" else torch.float32
+        return "nccl" if device.type == "cuda" else "gloo"
+    if setting == "nccl" and device.type != "cuda":
+        raise ValueError(f"dist.backend=nccl needs a CUDA device, but this rank runs on {device}")
+    return setting
 
 
 def init_runtime(device: str, autocast: str) -> Runtime:

@@ -6,21 +6,34 @@ a second one. wandb is imported only when enabled: the default logging needs no 
 """
 
 import logging
-from dataclasses import asdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.config import Config
-
 log = logging.getLogger("train")
+
+# `logging.wandb.mode`
+MODES = ("online", "offline", "disabled")
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = False  # logging=wandb turns it on; rank 0 only
+    project: str = "gpt-speedrun"
+    entity: str | None = None  # team or user; None: the account's default
+    name: str | None = None  # run name; None: the run directory's path under outputs/
+    group: str | None = None  # e.g. one sweep's runs
+    tags: list[str] = field(default_factory=list)
+    # online: needs an account (WANDB_API_KEY) | offline: writes <run_dir>/wandb, sync later
+    # with `wandb sync` | disabled: calls succeed and do nothing
+    mode: str = field(default="online", metadata={"choices": MODES})
 
 
 class WandbRun:
-    def __init__(self, conf: Config, run_id: str) -> None:
+    def __init__(self, w: WandbConfig, run_dir: Path, config: dict[str, Any], run_id: str) -> None:
+        """`config`: the run's resolved config, every value, as wandb's run config."""
         import wandb
 
-        w = conf.logging.wandb
-        run_dir = Path(conf.run_dir)
         self._run = wandb.init(
             project=w.project,
             entity=w.entity,
@@ -31,7 +44,7 @@ class WandbRun:
             dir=str(run_dir),
             id=run_id,
             resume="allow",
-            config=asdict(conf),  # the resolved config, every value
+            config=config,
         )
         log.info("wandb: %s run %s (%s)", w.mode, run_id, getattr(self._run, "url", None) or "")
 

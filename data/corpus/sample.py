@@ -6,39 +6,21 @@ written once as shards into a cache directory. Text: Wikipedia, CC BY-SA.
 """
 
 import importlib.util
-import math
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from data.shards import ShardError, read_header, write_shard
+from data.corpus.split import is_val
+from data.corpus.wikitext import iter_articles
+from data.shards import CorpusFiles, ShardError, read_header, write_shard
 from data.tokenizer import encode_document
-from data.wikitext import clean_wikitext, iter_articles
-
-__all__ = [
-    "CorpusFiles",
-    "build_sample_corpus",
-    "clean_wikitext",
-    "corpus_dir",
-    "iter_articles",
-    "sample_dump_path",
-]
 
 SAMPLE_DUMP = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 # Bump when cleaning, tokenization or splitting changes, so stale caches are never reused.
 CORPUS_VERSION = 1
-
-
-@dataclass(frozen=True)
-class CorpusFiles:
-    """The shard files of a built corpus, in stream order."""
-
-    train: list[Path]
-    val: list[Path]
 
 
 def sample_dump_path() -> Path:
@@ -63,12 +45,6 @@ def corpus_dir(cache_dir: str | os.PathLike, val_fraction: float) -> Path:
     return Path(cache_dir).expanduser() / f"sample-v{CORPUS_VERSION}-val{val_fraction:g}"
 
 
-def _is_val(index: int, val_fraction: float) -> bool:
-    # Document i is held out when (i + 1) * val_fraction crosses an integer: spread evenly
-    # through the dump, about val_fraction of all documents, the same on every machine.
-    return math.floor((index + 1) * val_fraction) > math.floor(index * val_fraction)
-
-
 def _is_built(files: CorpusFiles) -> bool:
     try:
         return all(read_header(path) > 0 for path in files.train + files.val)
@@ -87,7 +63,7 @@ def _tokenize(dump: Path, val_fraction: float, progress: bool) -> tuple[np.ndarr
     )
     for index, (title, text) in enumerate(articles):
         tokens = np.array(encode_document(f"{title}\n\n{text}"), dtype=np.uint16)
-        splits[_is_val(index, val_fraction)].append(tokens)
+        splits[is_val(index, val_fraction)].append(tokens)
     if not splits[False] or not splits[True]:
         raise ValueError(
             f"data.val_fraction={val_fraction} leaves the train or the val split of the "

@@ -1,6 +1,6 @@
 """Download the public FineWeb10B GPT-2 token shards that speedrun records train on.
 
-    python -m data.fineweb --train-shards 9       # val shard + 9 x 100M training tokens
+    python -m data.corpus.fineweb --train-shards 9       # val shard + 9 x 100M training tokens
 
 The files come from the Hugging Face dataset repo `kjj0/fineweb10B-gpt2` through
 `huggingface_hub.hf_hub_download` (which honours `HF_ENDPOINT`, `HF_TOKEN` and mirrors): the

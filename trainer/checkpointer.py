@@ -1,7 +1,8 @@
-"""What a checkpoint holds, and how every rank takes part in saving and resuming one.
+"""`Checkpointer`: what a checkpoint holds, and how every rank takes part in saving and
+resuming one. (The files on disk and their atomic layout: `checkpoint_files.py`.)
 
 A checkpoint is the union of the state each owner keeps: the model's parameters (the
-unwrapped module, so names carry no DDP or compile prefix), each optimizer's state, the
+unwrapped module, so names carry no DDP or compile prefix), the optimizer object's state, the
 loader's global position, every rank's RNG states and the loop's `Progress`. Resuming loads
 each back, so the run continues as if it had never stopped.
 
@@ -14,19 +15,19 @@ multi-node run needs its run directory on a shared filesystem.
 
 import logging
 import time
-import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer import checkpoint
-from trainer.checkpoint import CheckpointError, Loaded
+from optim import CombinedOptimizer
+from trainer import checkpoint_files as files
+from trainer.checkpoint_files import CheckpointError, Loaded
 from trainer.config import Config, flatten
 from trainer.dist import main_decides, raise_together
+from trainer.progress import Progress
 from trainer.runtime import Runtime, rng_state, set_rng_state
 
 log = logging.getLogger("train")
@@ -52,19 +53,6 @@ OPERATIONAL = (
 )
 
 
-@dataclass
-class Progress:
-    """The loop's own state: where the run is and what it has cost so far."""
-
-    step: int = 0  # optimizer steps done
-    tokens: int = 0  # training tokens consumed
-    train_time_s: float = 0.0  # time in training steps (evaluation and saving excluded)
-    val_loss: float | None = None  # the latest validation loss
-    skipped_steps: int = 0  # steps whose update was dropped (train.on_nonfinite=skip)
-    # The run's identity across resumes (the wandb run id): rank 0's, made at step 0.
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
-
-
 class Loader(Protocol):
     """The loader interface a checkpoint needs (TokenLoader and SyntheticLoader have it)."""
 
@@ -78,12 +66,12 @@ class Checkpointer:
         conf: Config,
         rt: Runtime,
         model: nn.Module,
-        optimizers: list[torch.optim.Optimizer],
+        optimizer: CombinedOptimizer,
         loader: Loader,
     ) -> None:
         self.conf, self.rt = conf, rt
-        self.model, self.optimizers, self.loader = model, optimizers, loader
-        self.root = Path(conf.run_dir) / checkpoint.CHECKPOINTS_DIR
+        self.model, self.optimizer, self.loader = model, optimizer, loader
+        self.root = Path(conf.run_dir) / files.CHECKPOINTS_DIR
         self.last: Path | None = None  # the newest checkpoint saved or resumed from
 
     def resume(self) -> Progress:
@@ -93,12 +81,12 @@ class Checkpointer:
         Every rank raises if any fails, before any training.
         """
         setting = self.conf.train.resume
-        path = main_decides(lambda: checkpoint.resolve(setting, Path(self.conf.run_dir)), self.rt)
+        path = main_decides(lambda: files.resolve(setting, Path(self.conf.run_dir)), self.rt)
         if path is None:
             return Progress()
         error, progress = None, Progress()
         try:
-            loaded = checkpoint.load(path)
+            loaded = files.load(path)
             self._check_config(loaded)
             progress = self._restore(loaded)
         except Exception as e:  # raised on every rank by raise_together
@@ -127,7 +115,7 @@ class Checkpointer:
         """
         t0 = time.perf_counter()
         model_state = self.model.state_dict()
-        optim_states = [opt.state_dict() for opt in self.optimizers]  # may be a collective
+        optim_states = self.optimizer.state_dict()  # may be a collective
         rngs = _gather(rng_state(self.rt.device), self.rt)
         error, path, size = None, None, 0
         if self.rt.is_main:
@@ -148,7 +136,7 @@ class Checkpointer:
                 "config": asdict(self.conf),
             }
             try:
-                path = checkpoint.save(
+                path = files.save(
                     self.root, progress.step, parts, meta, self.conf.train.checkpoint_keep
                 )
                 size = sum(f.stat().st_size for f in path.iterdir())
@@ -181,7 +169,7 @@ class Checkpointer:
             shown = "; ".join(f"{k}: {saved.get(k)!r} saved, {current.get(k)!r} now" for k in fatal)
             raise CheckpointError(
                 f"checkpoint {loaded.path} was saved with an incompatible config ({shown}). "
-                f"Resume with the checkpoint's values (all in {loaded.path / checkpoint.META}) "
+                f"Resume with the checkpoint's values (all in {loaded.path / files.META}) "
                 "or start fresh with train.resume=never"
             )
         changed = [k for k in differ if not k.startswith(OPERATIONAL)]
@@ -195,14 +183,10 @@ class Checkpointer:
     def _restore(self, loaded: Loaded) -> Progress:
         parts = loaded.parts
         self.model.load_state_dict(parts["model"])
-        states = parts["optimizers"]
-        if len(states) != len(self.optimizers):
-            raise CheckpointError(
-                f"{loaded.path} holds {len(states)} optimizer states, this run has "
-                f"{len(self.optimizers)} (optim.name={self.conf.optim.name})"
-            )
-        for opt, state in zip(self.optimizers, states, strict=True):
-            _load_optimizer(opt, state)
+        try:
+            self.optimizer.load_state_dict(parts["optimizers"])
+        except ValueError as e:
+            raise CheckpointError(f"{loaded.path}: {e}") from e
         trainer = parts["trainer"]
         try:
             self.loader.load_state_dict(trainer["loader"])
@@ -216,26 +200,6 @@ class Checkpointer:
         same_layout = len(rngs) == self.rt.world_size
         set_rng_state(rngs[self.rt.rank] if same_layout else rngs[0], self.rt.device)
         return Progress(**trainer["progress"])
-
-
-def _load_optimizer(opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """Load momentum and moments from `state`, but keep this run's hyperparameters.
-
-    torch's `load_state_dict` restores the saved param-group settings too; here the config
-    governs them (a resumed run may lower an LR on purpose, and flags like AdamW's `fused`
-    must fit this run's device). `_check_config` has warned about any differences.
-    """
-    saved = state["param_groups"]
-    if len(saved) != len(opt.param_groups):
-        raise CheckpointError(
-            f"the checkpoint's {type(opt).__name__} has {len(saved)} parameter groups, this "
-            f"run's has {len(opt.param_groups)}"
-        )
-    fresh = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
-    # Settings replaced before loading, so torch places the state (e.g. AdamW's step
-    # counters) as this run's flags need.
-    groups = [{**old, **new} for old, new in zip(saved, fresh, strict=True)]
-    opt.load_state_dict({**state, "param_groups": groups})
 
 
 def _gather(obj: Any, rt: Runtime) -> list[Any]:

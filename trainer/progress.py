@@ -1,0 +1,15 @@
+"""Where a run is and what it has cost so far: the loop's own state, saved in checkpoints."""
+
+import uuid
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Progress:
+    step: int = 0  # optimizer steps done
+    tokens: int = 0  # training tokens consumed
+    train_time_s: float = 0.0  # time in training steps (evaluation and saving excluded)
+    val_loss: float | None = None  # the latest validation loss
+    skipped_steps: int = 0  # steps whose update was dropped (train.on_nonfinite=skip)
+    # The run's identity across resumes (the wandb run id): rank 0's, made at step 0.
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
