@@ -1,65 +1,45 @@
 """The GPT: a pre-norm decoder-only transformer in the shape of the NanoGPT speedrun records.
 
 Rotary position embeddings, QK-norm, ReLU² MLP, parameter-free RMSNorm, zero-initialised
-output projections, an untied LM head and tanh-softcapped logits. Every hidden matrix is a
+output projections, an untied LM head and softcapped logits. Every hidden matrix is a
 separate `nn.Linear` (q, k, v, o, fc, proj) so Muon orthogonalises each one on its own.
+
+The forward pass reads as RECORDS.md's: embed → (x0, value embeddings, masks: computed once)
+→ blocks, the decoder half adding encoder outputs when U-net skips are on → norm → head →
+softcapped loss. What each layer has comes from the layer plan (`model/plan.py`); options
+that are off build nothing and cost nothing.
 """
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.attention import CausalSelfAttention, Context, init_bound
 from model.config import ModelConfig
-from model.loss import softcap_cross_entropy
+from model.head import head_logits
+from model.layers import MLP, linear, rms_norm
+from model.loss import softcap, softcap_cross_entropy
+from model.masks import build_masks
+from model.plan import LayerSpec, layer_plan
 from model.rotary import Rotary
 
 
-def rms_norm(x: Tensor) -> Tensor:
-    # No learnable gain: the records found it unnecessary, and it keeps AdamW's scalar group
-    # free for parameters that matter.
-    return F.rms_norm(x, (x.size(-1),))
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.n_head = cfg.n_head
-        self.head_dim = cfg.head_dim
-        self.q = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
-        self.k = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
-        self.v = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
-        self.o = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
-
-    def forward(self, x: Tensor, rotary: Rotary) -> Tensor:
-        B, T, C = x.shape
-        shape = (B, T, self.n_head, self.head_dim)
-        q, k, v = self.q(x).view(shape), self.k(x).view(shape), self.v(x).view(shape)
-        # QK-norm bounds the attention logits, which lets the records run higher LRs stably.
-        q, k = rotary(rms_norm(q)), rotary(rms_norm(k))
-        y = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
-        return self.o(y.transpose(1, 2).reshape(B, T, C))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=False)
-        self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.proj(F.relu(self.fc(x)).square())
-
-
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.attn = CausalSelfAttention(cfg)
-        self.mlp = MLP(cfg)
+    """x <- a·x + b·x0 (x0 shortcut); x <- x + attn(norm(x)) (unless MLP-only);
+    x <- x + mlp(norm(x))."""
 
-    def forward(self, x: Tensor, rotary: Rotary) -> Tensor:
-        x = x + self.attn(rms_norm(x), rotary)
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec) -> None:
+        super().__init__()
+        self.attn = CausalSelfAttention(cfg, spec) if spec.attention else None
+        self.mlp = MLP(cfg)
+        if cfg.x0_shortcut:
+            self.x0_mix = nn.Parameter(torch.tensor([1.0, 0.0]))  # (a, b)
+
+    def forward(self, x: Tensor, rotary: Rotary, ctx: Context) -> Tensor:
+        if ctx.x0 is not None:
+            x = self.x0_mix[0] * x + self.x0_mix[1] * ctx.x0
+        if self.attn is not None:
+            x = x + self.attn(rms_norm(x), rotary, ctx)
         return x + self.mlp(rms_norm(x))
 
 
@@ -68,10 +48,22 @@ class GPT(nn.Module):
         super().__init__()
         cfg.validate()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_base)
+        self.plan = layer_plan(cfg)
+        rows = cfg.embed_rows or cfg.vocab_size
+        self.embed = nn.Embedding(rows, cfg.n_embd)
+        tables = sorted({s.value_embed for s in self.plan if s.value_embed is not None})
+        if tables:
+            self.value_embeds = nn.ModuleDict(
+                {str(t): nn.Embedding(rows, cfg.n_embd) for t in tables}
+            )
+        self.blocks = nn.ModuleList([Block(cfg, spec) for spec in self.plan])
+        skips = [i for i, s in enumerate(self.plan) if s.skip_from is not None]
+        self._skip_index = {layer: j for j, layer in enumerate(skips)}
+        if skips:
+            self.skip_weights = nn.Parameter(torch.ones(len(skips)))
+        self.lm_head = linear(cfg, cfg.n_embd, cfg.vocab_size)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_base, cfg.rope, cfg.rope_bf16)
+        self._windows = {s.window for s in self.plan if s.attention}
         self.reset_parameters()
 
     @torch.no_grad()
@@ -79,30 +71,64 @@ class GPT(nn.Module):
         """Initialise as the records do: every residual-branch output and the head start at 0.
 
         With the output projections at zero each block starts as the identity, and with the
-        head at zero the first loss is exactly ln(vocab_size), whatever the seed.
+        head at zero the first loss is exactly ln(vocab_size), whatever the seed. Hidden
+        matrices are uniform with std model.init_std/√fan_in; embeddings N(0, 1).
         """
+        cfg = self.cfg
         nn.init.normal_(self.embed.weight, std=1.0)
+        for table in getattr(self, "value_embeds", {}).values():
+            nn.init.normal_(table.weight, std=1.0)
+        bound = init_bound(cfg, cfg.n_embd)  # q, k, v and fc all read the d-wide stream
         for block in self.blocks:
-            for lin in (block.attn.q, block.attn.k, block.attn.v, block.mlp.fc):
-                # Uniform with std 1/sqrt(fan_in): unit-variance activations after RMSNorm.
-                bound = (3.0 / lin.in_features) ** 0.5
-                nn.init.uniform_(lin.weight, -bound, bound)
-            nn.init.zeros_(block.attn.o.weight)
+            weights = block.attn.qkv_weights() if block.attn is not None else []
+            for w in [*weights, block.mlp.fc.weight]:
+                nn.init.uniform_(w, -bound, bound)
+            if block.attn is not None:
+                nn.init.zeros_(block.attn.o.weight)
             nn.init.zeros_(block.mlp.proj.weight)
         nn.init.zeros_(self.lm_head.weight)
+        if cfg.dtype == "bf16":  # the record's bf16 tables: N(0, 1) rounded to bf16
+            self.embed.to(torch.bfloat16)
+            for table in getattr(self, "value_embeds", {}).values():
+                table.to(torch.bfloat16)
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> Tensor:
-        """Logits (B, T, vocab) when `targets` is None, else the mean cross-entropy loss."""
+    def forward(
+        self, idx: Tensor, targets: Tensor | None = None, window_blocks: Tensor | None = None
+    ) -> Tensor:
+        """Logits (B, T, vocab) when `targets` is None, else the mean cross-entropy loss.
+
+        `window_blocks`: the sliding window's length in blocks for this step (the schedule's
+        N(s); a 0-d tensor, so that a compiled model does not recompile as it grows).
+        """
+        cfg = self.cfg
         x = rms_norm(self.embed(idx))
-        for block in self.blocks:
-            x = block(x, self.rotary)
-        logits = self.lm_head(rms_norm(x))
-        cap = self.cfg.logit_softcap
-        if targets is not None and cap > 0:
-            return softcap_cross_entropy(logits.flatten(0, 1), targets.flatten(), cap)
+        ctx = Context(
+            x0=x if cfg.x0_shortcut else None,
+            value_embeds={int(t): ve(idx) for t, ve in getattr(self, "value_embeds", {}).items()},
+            masks=build_masks(
+                idx, cfg.document_mask, self._windows, window_blocks, cfg.window_block
+            ),
+        )
+        outputs: list[Tensor] = []
+        for i, block in enumerate(self.blocks):
+            skip = self.plan[i].skip_from
+            if skip is not None:  # U-net: add the paired encoder layer's output
+                x = x + self.skip_weights[self._skip_index[i]] * outputs[skip]
+            x = block(x, self.rotary, ctx)
+            outputs.append(x)
+        logits = head_logits(self.lm_head, rms_norm(x), cfg.fp8_head)
+        return self._loss(logits, targets)
+
+    def _loss(self, logits: Tensor, targets: Tensor | None) -> Tensor:
+        cfg, cap = self.cfg, self.cfg.logit_softcap
+        fused = cfg.loss == "fused" or (cfg.loss == "auto" and logits.device.type == "cpu")
+        if targets is not None and cap > 0 and fused:
+            # 30·σ(z/7.5) = 15·tanh(z/15) + 15, and a constant shift leaves the loss as it is.
+            tanh_cap = cap if cfg.softcap_form == "tanh" else cap / 2
+            return softcap_cross_entropy(logits.flatten(0, 1), targets.flatten(), tanh_cap)
         logits = logits.float()
         if cap > 0:
-            logits = cap * torch.tanh(logits / cap)
+            logits = softcap(logits, cap, cfg.softcap_form)
         if targets is None:
             return logits
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())

@@ -57,6 +57,14 @@ class _SoftcapCrossEntropy(torch.autograd.Function):
         return grad, None, None, None
 
 
+def softcap(logits: Tensor, cap: float, form: str = "tanh") -> Tensor:
+    """tanh: cap·tanh(z/cap), in (−cap, cap) | sigmoid: cap·σ(4z/cap), in (0, cap) (the same
+    curve shifted up by cap/2 with half the cap: 30·σ(z/7.5) = 15·tanh(z/15) + 15)."""
+    if form == "sigmoid":
+        return cap * torch.sigmoid(logits * (4.0 / cap))
+    return cap * torch.tanh(logits / cap)
+
+
 def softcap_cross_entropy(
     logits: Tensor, targets: Tensor, cap: float, chunk_rows: int | None = None
 ) -> Tensor:

@@ -1,7 +1,16 @@
 """Rotary position embeddings (Su et al. 2021, RoFormer).
 
-Each pair of channels (i, i + d/2) of a head is rotated by the angle position · base^(-2i/d),
-so q·k depends only on the distance between the two positions.
+Each pair of channels (i, i + d/2) of a head is rotated by the angle position · ω_i, so q·k
+depends only on the distance between the two positions. Two frequency sets:
+
+- "full": ω_i = base^(−2i/d) for every pair (base 10,000);
+- "half_truncated" (the 2025-01 record): d/4 frequencies from 1 down to 1/1024 on the first
+  half of the pairs, ω_i = 1024^(−i/(d/4 − 1)), and 0 on the rest, which leaves those
+  channels unrotated.
+
+Angles are computed in fp32. With `bf16` (the 2024-11 record) the cos/sin tables are rounded
+to bf16 and the rotation runs in the input's dtype; otherwise it runs in fp32 and the result
+is cast back. Positions are indices along the sequence (a packed sequence's, across documents).
 """
 
 import torch
@@ -9,9 +18,17 @@ from torch import Tensor, nn
 
 
 class Rotary(nn.Module):
-    def __init__(self, head_dim: int, base: float = 10000.0) -> None:
+    def __init__(
+        self, head_dim: int, base: float = 10000.0, mode: str = "full", bf16: bool = False
+    ) -> None:
         super().__init__()
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        if mode == "half_truncated":
+            quarter = head_dim // 4
+            inv_freq = (1 / 1024) ** torch.linspace(0, 1, steps=quarter, dtype=torch.float32)
+            inv_freq = torch.cat([inv_freq, inv_freq.new_zeros(quarter)])
+        else:
+            inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        self.bf16 = bf16
         # A buffer, not a parameter: it follows .to(device) but is never trained or saved.
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
@@ -20,6 +37,10 @@ class Rotary(nn.Module):
         t = torch.arange(x.size(1), device=x.device, dtype=torch.float32)
         freqs = torch.outer(t, self.inv_freq)[None, :, None, :]
         cos, sin = freqs.cos(), freqs.sin()
+        if self.bf16:
+            cos, sin = cos.bfloat16().to(x.dtype), sin.bfloat16().to(x.dtype)
+            x1, x2 = x.chunk(2, dim=-1)
+            return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
         x1, x2 = x.float().chunk(2, dim=-1)
         y = torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
         return y.type_as(x)

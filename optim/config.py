@@ -1,13 +1,13 @@
 """The `optim` config group: which optimizers, their settings, and the LR schedule.
 
-Each part is defined next to the code that implements it (`MuonConfig` in muon.py,
+Each part is defined next to the code that implements it (`MuonConfig` in muon_settings.py,
 `ScheduleConfig` in schedule.py, the optimizer names in partition.py); this module adds
 AdamW's settings and puts the group together.
 """
 
 from dataclasses import dataclass, field
 
-from optim.muon import MuonConfig
+from optim.muon_settings import MuonConfig
 from optim.partition import MATRIX_GROUP
 from optim.schedule import ScheduleConfig
 

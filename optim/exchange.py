@@ -34,9 +34,13 @@ EXCHANGES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 def ns_flops(shape: Sequence[int], steps: int) -> int:
-    """FLOPs of `steps` Newton–Schulz iterations on one matrix: steps·(4m²n + 2m³), m ≤ n."""
-    m, n = sorted(shape)
-    return steps * (4 * m * m * n + 2 * m**3)
+    """FLOPs of `steps` Newton–Schulz iterations on one matrix: steps·(4m²n + 2m³), m ≤ n
+    (times the leading dimensions of a stack of matrices)."""
+    m, n = sorted(shape[-2:])
+    stack = 1
+    for k in shape[:-2]:
+        stack *= k
+    return stack * steps * (4 * m * m * n + 2 * m**3)
 
 
 def assign_owners(shapes: Sequence[Sequence[int]], world_size: int) -> list[int]:

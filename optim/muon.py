@@ -36,9 +36,7 @@ travel:
   world-size-independent state as the other modes; `load_state_dict` keeps each rank's share.
 """
 
-import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -46,86 +44,9 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from optim.exchange import EXCHANGES, RoundRobin, check_exchange, check_supported
-from optim.newton_schulz import COEFFICIENT_SETS, NS_DTYPES, coefficient_set, orthogonalise
-
-# `lr_scale`: the factor on the LR of a (rows, cols) matrix.
-LR_SCALES: dict[str, Callable[[int, int], float]] = {
-    "original": lambda rows, cols: math.sqrt(max(1.0, rows / cols)),  # Keller Jordan's
-    "match_rms_adamw": lambda rows, cols: 0.2 * math.sqrt(max(rows, cols)),  # Moonshot's
-    "none": lambda rows, cols: 1.0,
-}
-
-
-@dataclass
-class MuonConfig:
-    """The `optim.muon` settings; their defaults are also `Muon`'s constructor defaults."""
-
-    lr: float = 0.02  # base LR before the shape scale below
-    momentum: float = 0.95  # momentum after warmup
-    momentum_warmup_start: float = 0.85  # momentum at step 0, raised linearly to `momentum`
-    momentum_warmup_steps: int = 300  # steps of that linear warmup; 0 = constant momentum
-    nesterov: bool = True  # Nesterov-style lookahead on the momentum buffer
-    ns_steps: int = 5  # Newton-Schulz iterations (polar_express has 5 tuned steps)
-    # classic: Keller Jordan's quintic | polar_express: per-iteration (optim/newton_schulz.py)
-    ns_coefficients: str = field(default="classic", metadata={"choices": COEFFICIENT_SETS})
-    # LR factor by shape: original = max(1, rows/cols)**0.5 | match_rms_adamw = 0.2*sqrt(max) | none
-    lr_scale: str = field(default="original", metadata={"choices": LR_SCALES})
-    weight_decay: float = 0.0  # decoupled: p *= 1 - lr * weight_decay
-    eps: float = 1e-7  # added to the Frobenius norm before normalising
-    # Newton–Schulz precision: bf16 | fp32 | auto = bf16 on CUDA and on CPUs with native bf16,
-    # fp32 elsewhere (emulated bf16 matmuls are several times slower than fp32)
-    ns_dtype: str = field(default="auto", metadata={"choices": NS_DTYPES})
-    # How ranks share Newton–Schulz work (optim/exchange.py; one process ignores it):
-    # all_gather: each rank sends its own updates (fastest in scripts/bench_dist_muon.py) |
-    # all_reduce: updates summed into a zeroed buffer (twice the bytes) | reduce_scatter: Muon
-    # gradients skip DDP and go to their owners, updated parameters are gathered (least traffic
-    # in all; momentum then lives on the owner and state_dict() is a collective)
-    exchange: str = field(default="all_gather", metadata={"choices": EXCHANGES})
-
-    def validate(self) -> None:
-        """Raise ValueError naming the `optim.muon.*` key that is wrong."""
-        check_settings(vars(self), "optim.muon.")
-        if not 0.0 <= self.momentum_warmup_start < 1.0:
-            raise ValueError(
-                f"optim.muon.momentum_warmup_start must be in [0, 1), got "
-                f"{self.momentum_warmup_start}"
-            )
-        if self.momentum_warmup_steps < 0:
-            raise ValueError("optim.muon.momentum_warmup_steps must be >= 0")
-
-
-def check_settings(settings: Mapping[str, Any], where: str) -> None:
-    """Muon's rules for its hyperparameters, for a param group ("Muon ") and for the config
-    ("optim.muon."): raise ValueError naming the first bad one, prefixed by `where`."""
-    if not settings["lr"] >= 0:
-        raise ValueError(f"{where}lr must be >= 0, got {settings['lr']}")
-    if not 0 <= settings["momentum"] < 1:
-        raise ValueError(f"{where}momentum must be in [0, 1), got {settings['momentum']}")
-    steps = settings["ns_steps"]
-    if not (isinstance(steps, int) and steps >= 1):
-        raise ValueError(f"{where}ns_steps must be an integer >= 1, got {steps!r}")
-    for key, check in (("ns_coefficients", coefficient_set), ("lr_scale", _lr_scale)):
-        try:
-            check(settings[key])
-        except ValueError as e:
-            raise ValueError(f"{where}{e}") from None
-    if not settings["weight_decay"] >= 0:
-        raise ValueError(f"{where}weight_decay must be >= 0, got {settings['weight_decay']}")
-    if not settings["eps"] > 0:
-        raise ValueError(f"{where}eps must be > 0, got {settings['eps']}")
-
-
-def _lr_scale(name: str) -> Callable[[int, int], float]:
-    if name not in LR_SCALES:
-        raise ValueError(f"lr_scale must be one of {sorted(LR_SCALES)}, got {name!r}")
-    return LR_SCALES[name]
-
-
-def lr_scale_factor(shape: Sequence[int], lr_scale: str) -> float:
-    """The factor multiplying the LR of a matrix of `shape` (rows, cols) under `lr_scale`."""
-    rows, cols = shape
-    return _lr_scale(lr_scale)(rows, cols)
+from optim.exchange import RoundRobin, check_exchange, check_supported
+from optim.muon_settings import MuonConfig, check_settings, lr_scale_factor
+from optim.newton_schulz import orthogonalise
 
 
 class Muon(torch.optim.Optimizer):
@@ -142,9 +63,11 @@ class Muon(torch.optim.Optimizer):
         lr: float = MuonConfig.lr,
         momentum: float = MuonConfig.momentum,
         nesterov: bool = MuonConfig.nesterov,
+        momentum_form: str = MuonConfig.momentum_form,
         ns_steps: int = MuonConfig.ns_steps,
         ns_coefficients: str = MuonConfig.ns_coefficients,
         lr_scale: str = MuonConfig.lr_scale,
+        ns_form: str = MuonConfig.ns_form,
         weight_decay: float = MuonConfig.weight_decay,
         eps: float = MuonConfig.eps,
         ns_dtype: torch.dtype = torch.bfloat16,
@@ -155,9 +78,11 @@ class Muon(torch.optim.Optimizer):
             "lr": lr,
             "momentum": momentum,
             "nesterov": nesterov,
+            "momentum_form": momentum_form,
             "ns_steps": ns_steps,
             "ns_coefficients": ns_coefficients,
             "lr_scale": lr_scale,
+            "ns_form": ns_form,
             "weight_decay": weight_decay,
             "eps": eps,
         }
@@ -187,10 +112,10 @@ class Muon(torch.optim.Optimizer):
         try:
             check_settings(group, "Muon ")
             for p in group["params"]:
-                if p.ndim != 2:
+                if p.ndim < 2:
                     raise ValueError(
-                        f"Muon only takes 2-D parameters, got one of shape {tuple(p.shape)}; "
-                        "give embeddings, gains and biases to AdamW"
+                        f"Muon only takes matrices (2-D, or stacks of them), got a parameter "
+                        f"of shape {tuple(p.shape)}; give embeddings, gains and biases to AdamW"
                     )
         except ValueError:
             self.param_groups.pop()  # leave the optimizer as it was
@@ -271,18 +196,26 @@ class Muon(torch.optim.Optimizer):
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p)
             buf = state["momentum_buffer"]
-            buf.lerp_(g, 1 - momentum)
+            ema = group["momentum_form"] == "ema"
+            if ema:
+                buf.lerp_(g, 1 - momentum)
+            else:
+                buf.mul_(momentum).add_(g)
             if i in want:
                 # Without Nesterov the update *is* the buffer: later phases only read it.
-                updates[i] = g.lerp(buf, momentum) if group["nesterov"] else buf
+                if not group["nesterov"]:
+                    updates[i] = buf
+                else:
+                    updates[i] = g.lerp(buf, momentum) if ema else g.add(buf, alpha=momentum)
         return updates
 
     def _orthogonalise(
         self, group: dict[str, Any], updates: dict[int, Tensor]
     ) -> dict[int, Tensor]:
         """Phase (b): Newton–Schulz of each update, batched by shape, in `ns_dtype`."""
+        g = group
         return orthogonalise(
-            updates, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype
+            updates, g["ns_coefficients"], g["ns_steps"], g["eps"], self.ns_dtype, g["ns_form"]
         )
 
     def _apply(
@@ -295,7 +228,7 @@ class Muon(torch.optim.Optimizer):
             # A tall matrix's update is a transposed view; adding it to a row-major parameter
             # walks memory column-wise, 2-3x slower on a CPU than transposing it first.
             update = ortho[i].contiguous()
-            p.add_(update, alpha=-lr * lr_scale_factor(p.shape, group["lr_scale"]))
+            p.add_(update, alpha=-lr * lr_scale_factor(p.shape[-2:], group["lr_scale"]))
 
     def state_dict(self) -> dict[str, Any]:
         """The optimizer state, with every momentum buffer, whatever the mode and world size.

@@ -53,6 +53,11 @@ COEFFICIENT_SETS: dict[str, CoefficientSet] = {
     "polar_express": CoefficientSet(POLAR_EXPRESS, 1.02),
 }
 
+# `optim.muon.ns_form`: how each iteration evaluates a·X + b·A·X + c·A²·X (A = X·Xᵀ):
+# factored = a·X + (b·A + c·A·A)·X, three matmuls, the cheapest | expanded = a·X + b·P +
+# c·A·P with P = A·X (the 2024-11 record's order; equal up to rounding).
+NS_FORMS = ("factored", "expanded")
+
 # `optim.muon.ns_dtype`: the precision Newton–Schulz runs in. auto = bf16 where bf16 matmuls
 # are fast (CUDA, CPUs with native bf16), fp32 elsewhere.
 NS_DTYPES: dict[str, torch.dtype | None] = {
@@ -104,6 +109,7 @@ def zeropower(
     eps: float,
     norm_scale: float = 1.0,
     dtype: torch.dtype = torch.bfloat16,
+    form: str = "factored",
 ) -> Tensor:
     """Orthogonalise each matrix of `G` (shape (..., m, n)) by Newton–Schulz, in `dtype`.
 
@@ -128,6 +134,10 @@ def zeropower(
     X = X / (X.norm(dim=(-2, -1), keepdim=True) * norm_scale + eps)
     for a, b, c in coefficients:
         A = X @ X.mT
+        if form == "expanded":  # a·X + b·(A·X) + c·A·(A·X), as the 2024-11 record evaluates it
+            P = A @ X
+            X = a * X + b * P + c * (A @ P)
+            continue
         # A and B are symmetric, so A.mT and B.mT are the same matrices as A and B. Passing them
         # transposed hands BLAS a column-major left operand: on a CPU without native bf16 (AVX2)
         # that made the whole iteration ~8x faster; the product differs only in summation order.
@@ -138,29 +148,44 @@ def zeropower(
 
 
 def orthogonalise(
-    updates: dict[int, Tensor], coefficients: str, steps: int, eps: float, dtype: torch.dtype
+    updates: dict[int, Tensor],
+    coefficients: str,
+    steps: int,
+    eps: float,
+    dtype: torch.dtype,
+    form: str = "factored",
 ) -> dict[int, Tensor]:
     """Newton–Schulz of each matrix in `updates`, one batched `zeropower` per shape.
 
-    Tall matrices join the batch of their transposed shape (a 3072×768 with the 768×3072s).
-    Returns `dtype` matrices in each input's own orientation, under the same keys. The inputs
-    are only read (one may be a momentum buffer).
+    A tensor with leading dimensions (a merged 3×d×d q/k/v weight) is that many matrices, each
+    normalised and orthogonalised on its own. Tall matrices join the batch of their
+    transposed shape (a 3072×768 with the 768×3072s). Returns `dtype` tensors in each input's
+    own shape, under the same keys. The inputs are only read (one may be a momentum buffer).
     """
-    by_shape: dict[tuple[int, int], list[int]] = {}
-    for i, u in updates.items():
-        m, n = sorted(u.shape)
-        by_shape.setdefault((m, n), []).append(i)
+    by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    mats = {i: u.reshape(-1, *u.shape[-2:]) for i, u in updates.items()}
+    for i, u in mats.items():
+        m, n = sorted(u.shape[-2:])
+        by_shape.setdefault((m, n), []).extend((i, j) for j in range(u.size(0)))
     chosen = coefficient_set(coefficients)
     iterations = ns_coefficients(coefficients, steps)
-    out: dict[int, Tensor] = {}
+    out: dict[int, Tensor] = {
+        i: torch.empty(u.shape, dtype=dtype, device=u.device)
+        for i, u in updates.items()
+        if u.ndim > 2
+    }
     for (m, n), batch in by_shape.items():
         # Copying into one stack casts each update without writing to it.
-        X = torch.empty((len(batch), m, n), dtype=dtype, device=updates[batch[0]].device)
-        for j, i in enumerate(batch):
-            X[j].copy_(_wide(updates[i]))
-        Y = zeropower(X, iterations, eps, chosen.norm_scale, dtype)
-        for j, i in enumerate(batch):
-            out[i] = Y[j].mT if _is_tall(updates[i]) else Y[j]
+        X = torch.empty((len(batch), m, n), dtype=dtype, device=updates[batch[0][0]].device)
+        for k, (i, j) in enumerate(batch):
+            X[k].copy_(_wide(mats[i][j]))
+        Y = zeropower(X, iterations, eps, chosen.norm_scale, dtype, form)
+        for k, (i, j) in enumerate(batch):
+            y = Y[k].mT if _is_tall(mats[i][j]) else Y[k]
+            if i in out:
+                out[i].view(-1, *out[i].shape[-2:])[j] = y
+            else:
+                out[i] = y  # a 2-D update: a view of the batch, no copy
     return out
 
 

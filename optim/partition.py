@@ -2,17 +2,20 @@
 
 Muon is meant for the hidden weight matrices only; the token embedding, the LM head and the
 small 0-D/1-D parameters (norm gains, biases, scalar lambdas) train better with AdamW at their
-own learning rates. The rule, applied to each trainable parameter through the module that
-registers it:
+own learning rates. A parameter may declare its role itself, as an attribute `role` set by
+the module that owns it ("matrix", "embed", "head" or "scalar"; e.g. a merged 3×d×d q/k/v
+weight is "matrix": Muon orthogonalises each slice). Otherwise the rule, applied to each
+trainable parameter through the module that registers it:
 
 - "scalar": every 0-D or 1-D parameter, wherever it lives (biases of the head included);
 - "embed":  2-D parameters of an `nn.Embedding`;
 - "head":   2-D parameters of the module named `lm_head` (last component of its qualified name);
 - "muon" (optimizer "muon_adamw") or "hidden" (optimizer "adamw"): every other 2-D parameter.
 
-Anything else (a 3-D parameter, say) fits no group, and a parameter registered by two modules
-(weights tied between embedding and head) would fit two; both are errors that name the
-parameter, so a new kind of parameter cannot silently go untrained or be stepped twice.
+Anything else (a 3-D parameter without a declared role, say) fits no group, and a parameter
+registered by two modules (weights tied between embedding and head) would fit two; both are
+errors that name the parameter, so a new kind of parameter cannot silently go untrained or
+be stepped twice.
 """
 
 from torch import nn
@@ -61,9 +64,17 @@ def partition_params(model: nn.Module, optimizer_name: str) -> dict[str, Named]:
     return groups
 
 
+ROLES = ("matrix", "embed", "head", "scalar")
+
+
 def _group_of(
     module_name: str, module: nn.Module, p: nn.Parameter, matrix_group: str
 ) -> str | None:
+    role = getattr(p, "role", None)
+    if role is not None:
+        if role not in ROLES:
+            raise ValueError(f"parameter role must be one of {ROLES}, got {role!r}")
+        return matrix_group if role == "matrix" else role
     if p.ndim <= 1:
         return "scalar"
     if p.ndim != 2:

@@ -1,0 +1,112 @@
+"""Causal self-attention, with the records' options on its values, weights and mask.
+
+For input u (already RMS-normalised), per head of size D:
+
+    q, k, v = u·W_qᵀ, u·W_kᵀ, u·W_vᵀ      (or slices 0, 1, 2 of one merged 3×d×d weight)
+    v <- (1−λ)·v + λ·v₁                    value residual: v₁ = block 0's raw v, λ fixed or learned
+    v <- α·v + β·ve                        value embeddings: ve = VE_t[tokens] in layers with a
+                                           table, v <- α·v in the other attention layers
+    q, k <- rotary(RMSNorm(q)), rotary(RMSNorm(k))              QK-norm, then rotary
+    y = softmax(scale·q·kᵀ + mask)·v       scale 1/√D, or model.attn_scale (0.12 in 2025-01)
+    out = y·W_oᵀ                            heads concatenated in order
+
+The mask is causal, or the document / sliding-window rule of `model/masks.py`.
+"""
+
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.config import ModelConfig
+from model.layers import linear, rms_norm
+from model.masks import Mask
+from model.plan import LayerSpec
+from model.rotary import Rotary
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: float | None) -> Tensor:
+    """softmax(scale·q·kᵀ)·v over (B, H, T, D) tensors, causal or under `mask`."""
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    if isinstance(mask, Tensor):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(q, k, v, block_mask=mask, scale=scale)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec) -> None:
+        super().__init__()
+        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
+        self.scale = cfg.attn_scale or None  # None: SDPA's own 1/√D
+        self.window = spec.window
+        self.value_embed = spec.value_embed
+        self.value_residual = cfg.value_residual
+        d = cfg.n_embd
+        if cfg.merged_qkv:
+            self.qkv = nn.Parameter(torch.empty(3, d, d))
+            self.qkv.role = "matrix"  # type: ignore[attr-defined]  # a hidden matrix per slice
+        else:
+            self.q, self.k, self.v = linear(cfg, d, d), linear(cfg, d, d), linear(cfg, d, d)
+        self.o = linear(cfg, d, d)
+        if cfg.value_residual == "learned":
+            self.value_lambda = nn.Parameter(torch.tensor(cfg.value_residual_lambda))
+        self.fixed_lambda = cfg.value_residual_lambda
+        if cfg.value_embeds:
+            self.value_mix = nn.Parameter(torch.tensor([0.5, 0.5]))  # (α, β)
+
+    def qkv_weights(self) -> list[Tensor]:
+        """The three hidden matrices, for initialisation."""
+        if hasattr(self, "qkv"):
+            return [self.qkv]
+        return [self.q.weight, self.k.weight, self.v.weight]
+
+    def forward(self, x: Tensor, rotary: Rotary, ctx: "Context") -> Tensor:
+        B, T, C = x.shape
+        shape = (B, T, self.n_head, self.head_dim)
+        if hasattr(self, "qkv"):
+            q, k, v = F.linear(x, self.qkv.flatten(0, 1).to(x.dtype)).view(B, T, 3, -1).unbind(2)
+            q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
+        else:
+            q, k, v = self.q(x).view(shape), self.k(x).view(shape), self.v(x).view(shape)
+        v = self._mix_values(v, ctx)
+        # QK-norm bounds the attention logits, which lets the records run higher LRs stably.
+        q, k = rotary(rms_norm(q)), rotary(rms_norm(k))
+        mask = ctx.masks[self.window] if ctx.masks is not None else None
+        y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, self.scale)
+        return self.o(y.transpose(1, 2).reshape(B, T, C))
+
+    def _mix_values(self, v: Tensor, ctx: "Context") -> Tensor:
+        if self.value_residual != "off":
+            if ctx.v1 is None:  # block 0: remember its raw values (the mix is then an identity)
+                ctx.v1 = v
+            lam = self.value_lambda if self.value_residual == "learned" else self.fixed_lambda
+            v = (1 - lam) * v + lam * ctx.v1
+        if hasattr(self, "value_mix"):
+            alpha, beta = self.value_mix[0], self.value_mix[1]
+            if self.value_embed is None:
+                v = alpha * v
+            else:
+                v = alpha * v + beta * ctx.value_embeds[self.value_embed].view_as(v)
+        return v
+
+
+class Context:
+    """What every block of one forward shares: x0, value embeddings, masks, block 0's values."""
+
+    def __init__(
+        self,
+        x0: Tensor | None,
+        value_embeds: dict[int, Tensor],
+        masks: dict[str | None, Mask] | None,
+    ) -> None:
+        self.x0, self.value_embeds, self.masks = x0, value_embeds, masks
+        self.v1: Tensor | None = None
+
+
+def init_bound(cfg: ModelConfig, fan_in: int) -> float:
+    """Half-width of the uniform init with std model.init_std/√fan_in."""
+    # Written as √(3/fan_in)·init_std so that init_std=1 draws exactly the default model.
+    return (3.0 / fan_in) ** 0.5 * cfg.init_std

@@ -1,0 +1,39 @@
+"""The small pieces every block uses: RMSNorm, linear layers, the ReLU² MLP."""
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.config import ModelConfig
+
+
+def rms_norm(x: Tensor) -> Tensor:
+    """x / √(mean(x²) + ε) over the last dim, ε = fp32 machine epsilon (computed in fp32 for
+    bf16 inputs, returned in their dtype). No learnable gain: the records found it unnecessary,
+    and it keeps AdamW's scalar group free for parameters that matter."""
+    return F.rms_norm(x, (x.size(-1),))
+
+
+class CastedLinear(nn.Linear):
+    """y = x · bf16(W)ᵀ for bf16 x: the fp32 master weight is cast to the input's dtype in
+    forward, so a bf16 model runs bf16 matmuls without autocast (model.dtype=bf16)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight.to(x.dtype))
+
+
+def linear(cfg: ModelConfig, fan_in: int, fan_out: int) -> nn.Linear:
+    """A bias-free linear layer of the model's kind (`CastedLinear` when model.dtype=bf16)."""
+    cls = CastedLinear if cfg.dtype == "bf16" else nn.Linear
+    return cls(fan_in, fan_out, bias=False)
+
+
+class MLP(nn.Module):
+    """proj(relu(fc(x))²): 4× wide, ReLU²."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.fc = linear(cfg, cfg.n_embd, 4 * cfg.n_embd)
+        self.proj = linear(cfg, 4 * cfg.n_embd, cfg.n_embd)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(F.relu(self.fc(x)).square())

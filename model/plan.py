@@ -1,0 +1,67 @@
+"""The layer plan: what each layer of the GPT has, computed once from the config.
+
+The records' per-layer tables (RECORDS.md, record B) are plans: which layers attend, with a
+long or a short window, which value-embedding table each layer reads, and which encoder
+output each decoder layer adds at its input (U-net). The config writes the first three as
+patterns over a reference depth, one character per layer; a pattern of another length is
+resampled to `n_layer` by the nearest-layer rule: layer ℓ of n takes the character of
+reference layer round(ℓ·(m−1)/(n−1)) of m. At the reference depth that is the pattern itself;
+the 2025-01 record's 12-layer layout at 4 layers becomes: layer 0 = record layer 0, 1 = 4,
+2 = 7 (no attention), 3 = 11. The U-net pairing is structural: the first n//2 layers are the
+encoder; decoder layer E+i adds the output of encoder layer E−1−i (when there is one).
+"""
+
+from dataclasses import dataclass
+
+from model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    attention: bool  # False: the block is x + MLP(x) only
+    window: str | None  # "long", "short", or None (all of the past)
+    value_embed: int | None  # the value-embedding table this layer adds to its values
+    skip_from: int | None  # U-net: the earlier layer whose output is added at the input
+
+
+def resample(pattern: str, n: int) -> str:
+    """`pattern` (one character per layer of its own depth) at depth `n`, nearest layer."""
+    m = len(pattern)
+    if n == 1:
+        return pattern[0]
+    return "".join(pattern[round(layer * (m - 1) / (n - 1))] for layer in range(n))
+
+
+def layer_plan(cfg: ModelConfig) -> list[LayerSpec]:
+    n = cfg.n_layer
+    attention = resample(cfg.attention_layers, n) if cfg.attention_layers else "A" * n
+    window = resample(cfg.window, n) if cfg.window else None
+    tables = resample(cfg.value_embeds, n) if cfg.value_embeds else "." * n
+    encoder = n // 2
+    plan = []
+    for layer in range(n):
+        skip = encoder - 1 - (layer - encoder) if cfg.unet and layer >= encoder else None
+        plan.append(
+            LayerSpec(
+                attention=attention[layer] == "A",
+                window=None if window is None else {"L": "long", "S": "short"}[window[layer]],
+                value_embed=None if tables[layer] == "." else int(tables[layer]),
+                skip_from=skip if skip is not None and skip >= 0 else None,
+            )
+        )
+    return plan
+
+
+def describe_plan(plan: list[LayerSpec]) -> str:
+    """One line per layer, for the startup log: "0: attn long ve0 | 1: attn short | ..."."""
+    parts = []
+    for i, s in enumerate(plan):
+        bits = ["attn" if s.attention else "mlp only"]
+        if s.attention and s.window:
+            bits.append(s.window)
+        if s.value_embed is not None:
+            bits.append(f"ve{s.value_embed}")
+        if s.skip_from is not None:
+            bits.append(f"+out{s.skip_from}")
+        parts.append(f"{i}: {' '.join(bits)}")
+    return " | ".join(parts)
