@@ -13,7 +13,6 @@ For input u (already RMS-normalised), per head of size D:
 The mask is causal, or the document / sliding-window rule of `model/masks.py`.
 """
 
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
