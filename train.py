@@ -57,11 +57,13 @@ def _train(conf: Config, rt: Runtime, group: ProcessGroup | None, accum_steps: i
     main_decides(lambda: check_writable(run_dir, *saves), rt)  # raises on every rank
     seed_everything(conf.seed)
     micro = t.batch_size // (rt.world_size * accum_steps)
+    val_seq = t.val_seq_len or t.seq_len
+    val_rows = max(1, micro * t.seq_len // val_seq)  # a micro-batch's tokens, at least a row
     with local_main_first(rt):  # one rank per node builds the corpus cache
         loader, val_batches = build_data(
             conf.data, batch_size=t.batch_size, seq_len=t.seq_len, val_tokens=t.val_tokens,
-            val_batch_size=micro * rt.world_size, seed=conf.seed, rank=rt.rank,
-            world_size=rt.world_size, progress=rt.is_main,
+            val_batch_size=val_rows * rt.world_size, val_seq_len=val_seq, seed=conf.seed,
+            rank=rt.rank, world_size=rt.world_size, progress=rt.is_main,
         )  # fmt: skip
     model = GPT(conf.model).to(rt.device)
     optimizer = build_optimizer(

@@ -90,6 +90,7 @@ def build_data(
     seq_len: int,
     val_tokens: int,
     val_batch_size: int | None = None,
+    val_seq_len: int | None = None,
     seed: int,
     rank: int = 0,
     world_size: int = 1,
@@ -98,16 +99,18 @@ def build_data(
     """Return the train loader and a function that yields the same val batches every call.
 
     `batch_size` is global (all ranks); each rank reads its share. Validation runs in global
-    batches of `val_batch_size` sequences (default `batch_size`), which changes how the fixed
-    validation set is cut, never which tokens it holds.
+    batches of `val_batch_size` sequences (default `batch_size`) of `val_seq_len` tokens
+    (default `seq_len`), which changes how the fixed validation set is cut, never which tokens
+    it holds.
     """
     val_batch_size = val_batch_size or batch_size
+    val_seq_len = val_seq_len or seq_len
     if cfg.source == "synthetic":
         loader = SyntheticLoader(batch_size, seq_len, seed=seed, rank=rank, world_size=world_size)
 
         def synthetic_val() -> Iterable[Batch]:
             return synthetic_val_batches(
-                seed, val_tokens, val_batch_size, seq_len, rank, world_size
+                seed, val_tokens, val_batch_size, val_seq_len, rank, world_size
             )
 
         return loader, synthetic_val
@@ -125,7 +128,7 @@ def build_data(
     )
 
     def sample_val() -> Iterable[Batch]:
-        return val_batches(files.val, val_tokens, val_batch_size, seq_len, rank, world_size)
+        return val_batches(files.val, val_tokens, val_batch_size, val_seq_len, rank, world_size)
 
     sample_val()  # fail now, not at the first evaluation, if the val set is too small
     return loader, sample_val

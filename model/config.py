@@ -67,6 +67,11 @@ class ModelConfig:
     loss: str = field(default="auto", metadata={"choices": LOSSES})
 
     @property
+    def differs_per_layer(self) -> bool:
+        """Whether layers differ (windows, value embeddings, MLP-only layers, U-net skips)."""
+        return bool(self.window or self.value_embeds or self.attention_layers or self.unet)
+
+    @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 

@@ -93,14 +93,17 @@ class GPT(nn.Module):
                 table.to(torch.bfloat16)
 
     def forward(
-        self, idx: Tensor, targets: Tensor | None = None, window_blocks: Tensor | None = None
+        self, idx: Tensor, targets: Tensor | None = None, window_tokens: Tensor | None = None
     ) -> Tensor:
         """Logits (B, T, vocab) when `targets` is None, else the mean cross-entropy loss.
 
-        `window_blocks`: the sliding window's length in blocks for this step (the schedule's
-        N(s); a 0-d tensor, so that a compiled model does not recompile as it grows).
+        `window_tokens`: this step's sliding window from the schedule (a 0-d tensor, so that a
+        compiled model does not recompile as it grows), rounded up here to whole blocks: N(s).
         """
         cfg = self.cfg
+        window_blocks = None
+        if window_tokens is not None:
+            window_blocks = torch.ceil(window_tokens / cfg.window_block).long()
         x = rms_norm(self.embed(idx))
         ctx = Context(
             x0=x if cfg.x0_shortcut else None,
@@ -126,7 +129,7 @@ class GPT(nn.Module):
             # 30·σ(z/7.5) = 15·tanh(z/15) + 15, and a constant shift leaves the loss as it is.
             tanh_cap = cap if cfg.softcap_form == "tanh" else cap / 2
             return softcap_cross_entropy(logits.flatten(0, 1), targets.flatten(), tanh_cap)
-        logits = logits.float()
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least
         if cap > 0:
             logits = softcap(logits, cap, cfg.softcap_form)
         if targets is None:

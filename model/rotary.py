@@ -41,6 +41,6 @@ class Rotary(nn.Module):
             cos, sin = cos.bfloat16().to(x.dtype), sin.bfloat16().to(x.dtype)
             x1, x2 = x.chunk(2, dim=-1)
             return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
-        x1, x2 = x.float().chunk(2, dim=-1)
+        x1, x2 = x.to(torch.promote_types(x.dtype, torch.float32)).chunk(2, dim=-1)
         y = torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
         return y.type_as(x)

@@ -22,11 +22,15 @@ class ScheduleConfig:
     warmup_steps: int = 0  # linear warmup from 0 to the full LR
     cooldown_frac: float = 0.4  # last fraction of steps: linear decay to min_lr_frac
     min_lr_frac: float = 0.0  # LR floor at the end, as a fraction of each group's LR
+    # Sliding attention window at the last step, in tokens (model.window layers): it grows
+    # linearly from 1 token (rounded up to whole blocks by the model) | 0 = no window
+    window_tokens: int = 0
 
     def validate(self, total_steps: int) -> None:
         """Raise ValueError naming the `optim.schedule.*` key that is wrong."""
-        if self.warmup_steps < 0:
-            raise ValueError(f"optim.schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
+        for key in ("warmup_steps", "window_tokens"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"optim.schedule.{key} must be >= 0, got {getattr(self, key)}")
         for key in ("cooldown_frac", "min_lr_frac"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ValueError(
@@ -80,12 +84,23 @@ def muon_momentum(step: int, warmup_steps: int, start: float, end: float) -> flo
     return start + frac * (end - start)
 
 
+def window_tokens(step: int, total_steps: int, final: int) -> float:
+    """The attention window for `step` (0 ... total_steps, so evaluation after the last update
+    has one too): max(final · step / total_steps, 1) tokens. The model rounds it up to whole
+    blocks, which for the 2025-01 record (final 1728, blocks of 128, 1770 steps) is
+    N(s) = max(1, ⌈9s/1180⌉): 1 block at step 0, 2 from step 132, ..., 14 at step 1770."""
+    if not 0 <= step <= total_steps:
+        raise ValueError(f"step must be in [0, {total_steps}], got {step}")
+    return max(final * step / total_steps, 1.0)
+
+
 @dataclass(frozen=True)
 class StepValues:
     """What the schedules give one step (for update `step`, 0-based)."""
 
     lr_mult: float  # the factor on every group's base LR
     muon_momentum: float  # Muon's momentum
+    window_tokens: float | None = None  # the attention window (None: no window schedule)
 
 
 @dataclass(frozen=True)
@@ -107,4 +122,12 @@ class Schedules:
             muon_momentum=muon_momentum(
                 step, self.momentum_warmup_steps, self.momentum_start, self.momentum
             ),
+            window_tokens=self.model_args(step).get("window_tokens"),
         )
+
+    def model_args(self, step: int) -> dict[str, float]:
+        """The step-dependent arguments of the model's forward at `step` (0 ... total_steps:
+        the training update `step`, or an evaluation after `step` updates)."""
+        if not self.lr.window_tokens:
+            return {}
+        return {"window_tokens": window_tokens(step, self.total_steps, self.lr.window_tokens)}

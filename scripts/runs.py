@@ -84,13 +84,18 @@ def load_reference(name: str) -> Run:
         raise FileNotFoundError(f"no reference curve {name!r}; known: {reference_names()}")
     rows = [line for line in path.read_text().splitlines() if not line.startswith("#")]
     records = []
+    per_step = REFERENCE_TOKENS_PER_STEP  # unless the file has a tokens column
     for row in csv.DictReader(rows):
         rec = {"step": int(row["step"]), "val_loss": float(row["val_loss"])}
-        rec["tokens"] = rec["step"] * REFERENCE_TOKENS_PER_STEP
+        if row.get("tokens"):
+            rec["tokens"] = int(row["tokens"])
+            per_step = rec["tokens"] // rec["step"] if rec["step"] else per_step
+        else:
+            rec["tokens"] = rec["step"] * REFERENCE_TOKENS_PER_STEP
         if row.get("train_time_ms"):
             rec["train_time_ms"] = float(row["train_time_ms"])
         records.append(rec)
-    return Run(name=path.stem, records=records, tokens_per_step=REFERENCE_TOKENS_PER_STEP)
+    return Run(name=path.stem, records=records, tokens_per_step=per_step)
 
 
 def differing_overrides(runs: list[Run], ignore: tuple[str, ...] = ()) -> list[str]:

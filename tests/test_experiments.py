@@ -111,7 +111,14 @@ def test_plot_draws_a_line_per_curve(tmp_path: Path) -> None:
     out = tmp_path / "curves.png"
     assert plot_curves.main([str(sweep), "--reference", "all", "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert len(reference_names()) == 4
+    assert len(reference_names()) == 5
+
+
+def test_a_reference_with_its_own_tokens_per_step() -> None:
+    record = load_reference("modded_2025-01-26_batchsize")
+    assert record.tokens_per_step == 393_216 and record.records[-1]["step"] == 1770
+    assert record.records[-1]["tokens"] == 1770 * 393_216
+    assert record.final_val_loss() == pytest.approx(3.2808)
 
 
 def test_reference_curves_are_the_public_records() -> None:
@@ -206,8 +213,11 @@ def test_slurm_preset_wires_gpus_to_ranks() -> None:
     assert launcher.tasks_per_node == 1
 
 
-def test_speedrun_preset_is_the_record_setup() -> None:
-    cfg = compose_config(["experiment=speedrun_124m", "run_dir=."])
+@pytest.mark.parametrize("name", ["record_2024_11_06", "speedrun_124m"])
+def test_speedrun_preset_is_the_record_setup(name: str) -> None:
+    """speedrun_124m is the old name of record_2024_11_06: the same config."""
+    cfg = compose_config([f"experiment={name}", "run_dir=."])
+    assert cfg == compose_config(["experiment=record_2024_11_06", "run_dir=."])
     t = cfg.train
     assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd) == (12, 6, 768)
     assert t.batch_size * t.seq_len == 8 * 64 * 1024

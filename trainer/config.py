@@ -32,7 +32,10 @@ class TrainConfig:
     # sequences per rank per forward/backward; 0 = batch_size / world size (no accumulation).
     # Gradient-accumulation steps = batch_size / (world size x micro_batch_size).
     micro_batch_size: int = 0
-    seq_len: int = 256  # tokens per sequence
+    seq_len: int = 256  # tokens per sequence (one packed sequence per rank: batch = world size)
+    # tokens per validation sequence; 0 = seq_len. Each rank evaluates as many of them at a
+    # time as fit in its training micro-batch's tokens (at least one).
+    val_seq_len: int = 0
     val_every: int = 50  # evaluate every this many steps (and always at the end); 0 = end only
     # fixed validation budget in tokens, the same at every evaluation; the data preset's
     val_tokens: int = II("data.val_tokens")
@@ -56,6 +59,9 @@ class TrainConfig:
     # Stop at the first evaluation whose val loss is at or below this (0 = train all steps);
     # the log and metrics.jsonl give the train time to reach it (evaluation excluded).
     target_val_loss: float = 0.0
+    # Steps whose time does not count as train time (the records reset their clock at step
+    # 10, after compilation warm-up): the first this many steps are run but not timed
+    untimed_steps: int = 0
     fault: FaultConfig = field(default_factory=FaultConfig)
 
     def accumulation_steps(self, world_size: int) -> int:
@@ -108,14 +114,17 @@ class Config:
         for key in ("steps", "batch_size", "seq_len", "val_tokens", "log_every"):
             if getattr(t, key) <= 0:
                 raise ValueError(f"train.{key} must be positive, got {getattr(t, key)}")
+        if t.val_seq_len < 0:
+            raise ValueError(f"train.val_seq_len must be >= 0, got {t.val_seq_len}")
         if t.micro_batch_size < 0:
             raise ValueError(f"train.micro_batch_size must be >= 0, got {t.micro_batch_size}")
         if t.val_every < 0:
             raise ValueError(f"train.val_every must be >= 0, got {t.val_every}")
-        if t.val_tokens < t.seq_len:
+        val_seq = t.val_seq_len or t.seq_len
+        if t.val_tokens < val_seq:
             raise ValueError(
-                f"train.val_tokens ({t.val_tokens}) must cover at least one sequence of "
-                f"train.seq_len ({t.seq_len}) tokens"
+                f"train.val_tokens ({t.val_tokens}) must cover at least one validation sequence "
+                f"of {val_seq} tokens (train.val_seq_len, or train.seq_len when it is 0)"
             )
         if t.checkpoint_every < 0:
             raise ValueError(f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}")
@@ -123,10 +132,18 @@ class Config:
             raise ValueError(f"train.checkpoint_keep must be >= 1, got {t.checkpoint_keep}")
         if not t.resume:
             raise ValueError("train.resume must be auto, never or a checkpoint path")
+        if t.untimed_steps < 0:
+            raise ValueError(f"train.untimed_steps must be >= 0, got {t.untimed_steps}")
         if t.target_val_loss < 0:
             raise ValueError(f"train.target_val_loss must be >= 0, got {t.target_val_loss}")
         t.fault.validate()
         self.optim.validate(t.steps)
+        if bool(self.model.window) != bool(self.optim.schedule.window_tokens):
+            raise ValueError(
+                "model.window (which layers have sliding windows) and "
+                "optim.schedule.window_tokens (how wide the window grows) go together: set both "
+                f"or neither (got {self.model.window!r} and {self.optim.schedule.window_tokens})"
+            )
         d = self.dist
         if d.nproc < 1:
             raise ValueError(f"dist.nproc must be >= 1, got {d.nproc}")

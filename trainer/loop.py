@@ -36,10 +36,13 @@ StepHook = Callable[[int, Tensor], Tensor]
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Iterable[Batch], rt: Runtime) -> float:
+def evaluate(
+    model: nn.Module, batches: Iterable[Batch], rt: Runtime, model_args: dict | None = None
+) -> float:
     """Mean loss over every validation token, whatever the batch size or world size.
 
     Each rank sums (token loss, token count) over its share; one all-reduce adds them up.
+    `model_args`: the step-dependent forward arguments (the attention window).
     """
     was_training = model.training
     model.eval()
@@ -47,7 +50,7 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], rt: Runtime) -> float:
     for x, y in batches:
         x, y = x.to(rt.device), y.to(rt.device)
         with rt.autocast():
-            loss = model(x, y)
+            loss = model(x, y, **(model_args or {}))
         totals[0] += loss.double() * y.numel()
         totals[1] += y.numel()
     model.train(was_training)
@@ -61,6 +64,7 @@ def forward_backward(
     rt: Runtime,
     accum_steps: int = 1,
     no_sync: Callable[[], AbstractContextManager] | None = None,
+    model_args: dict | None = None,
 ) -> Tensor:
     """Gradients of this rank's share of the global batch; returns its mean loss (0-d tensor).
 
@@ -74,7 +78,7 @@ def forward_backward(
         last = k == accum_steps - 1
         with nullcontext() if last or no_sync is None else no_sync():
             with rt.autocast():
-                loss = model(xm, ym)
+                loss = model(xm, ym, **(model_args or {}))
             (loss / accum_steps).backward()
         loss_sum += loss.detach()
     return loss_sum / accum_steps
@@ -116,12 +120,12 @@ class Loop:
             self._log(rec)
             self._checkpoint(p, stop_now)
         if p.val_loss is None:  # resumed from a save without a val loss, nothing left to do
-            p.val_loss = evaluate(self.model, self.val_batches(), self.rt)
+            p.val_loss = evaluate(self.model, self.val_batches(), self.rt, self._model_args(p.step))
         skipped = f", {p.skipped_steps} steps skipped (non-finite)" if p.skipped_steps else ""
         self.sink.info(
             "done: %d steps, %d tokens, final val loss %.4f, train time %.1fs (%.0f ms/step)%s",
             p.step, p.tokens, p.val_loss, p.train_time_s,
-            p.train_time_s * 1000 / max(p.step, 1), skipped,
+            p.train_time_s * 1000 / max(p.step - self.cfg.untimed_steps, 1), skipped,
         )  # fmt: skip
         return p.val_loss
 
@@ -132,8 +136,9 @@ class Loop:
         t0 = time.perf_counter()
         values = self.optimizer.schedule(step - 1)
         loss_t = forward_backward(
-            self.model, self.next_batch(), self.rt, self.accum_steps, self.no_sync
-        )
+            self.model, self.next_batch(), self.rt, self.accum_steps, self.no_sync,
+            self._model_args(step - 1),
+        )  # fmt: skip
         if self.hook is not None:
             loss_t = self.hook(step, loss_t)
         bad_grads = nonfinite_grads(self.optimizer.params())
@@ -148,7 +153,9 @@ class Loop:
         self.rt.synchronize()
         dt = time.perf_counter() - t0
         tokens = self.cfg.batch_size * self.cfg.seq_len
-        p.step, p.tokens, p.train_time_s = step, p.tokens + tokens, p.train_time_s + dt
+        timed = step > self.cfg.untimed_steps  # the records time from step 10 on
+        p.step, p.tokens = step, p.tokens + tokens
+        p.train_time_s += dt if timed else 0.0
         rec = {
             "step": step,
             "train_loss": loss if math.isfinite(loss) else None,
@@ -183,11 +190,19 @@ class Loop:
 
     def _evaluate(self, p: Progress, rec: dict) -> dict:
         """Validation loss into `p` and `rec`, and whether it reached the target."""
-        p.val_loss = evaluate(self.model, self.val_batches(), self.rt)
+        p.val_loss = evaluate(self.model, self.val_batches(), self.rt, self._model_args(p.step))
         rec["val_loss"] = p.val_loss
         if self._target_reached(p):
             rec["target_reached"] = True
         return rec
+
+    def _model_args(self, step: int) -> dict[str, Tensor]:
+        """The schedule's forward arguments for `step`, as device tensors (a changing Python
+        number would make a compiled model recompile)."""
+        args = self.optimizer.schedules.model_args(step)
+        return {
+            k: torch.tensor(v, dtype=torch.float64, device=self.rt.device) for k, v in args.items()
+        }
 
     def _target_reached(self, p: Progress) -> bool:
         target = self.cfg.target_val_loss

@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import nn
 
+from model.plan import describe_plan, layer_plan
 from trainer.config import Config
 from trainer.progress import Progress
 from trainer.runtime import Runtime
@@ -137,10 +138,12 @@ def describe_run(
     n_params = sum(p.numel() for p in model.parameters())
     micro = t.batch_size // (rt.world_size * accum_steps)
     precision = "bf16 autocast" if rt.autocast_dtype else "fp32"
+    if m.dtype == "bf16":
+        precision = f"bf16 model ({precision} for the rest)"
     ranks = f"{rt.world_size} rank" + ("s" if rt.world_size > 1 else "")
     return (
         f"model {m.n_layer} layers, d {m.n_embd}, {m.n_head} heads: {n_params / 1e6:.2f}M "
         f"parameters | {optimizer} | {ranks} on {rt.device.type}, {precision} | "
         f"{t.batch_size * t.seq_len} tokens/step = {rt.world_size} x {accum_steps} micro-steps "
         f"x {micro} x {t.seq_len}"
-    )
+    ) + (f"\nlayers: {describe_plan(layer_plan(m))}" if m.differs_per_layer else "")

@@ -70,9 +70,12 @@ def check_writable(run_dir: Path, *subdirs: str) -> None:
 
 
 def register_resolvers() -> None:
-    """Make `${launch_dir:...}` and `${rank_zero:...}` available to the config files."""
+    """Make `${launch_dir:...}`, `${rank_zero:...}` and `${min:...}` available to the config
+    files."""
     OmegaConf.register_new_resolver("launch_dir", launch_dir, replace=True)
     OmegaConf.register_new_resolver("rank_zero", rank_zero, replace=True)
+    # ${min:a,b}: e.g. a record's validation sequence, capped by a smaller validation budget
+    OmegaConf.register_new_resolver("min", min, replace=True)
 
 
 def _process_start_time(pid: int) -> datetime | None:
