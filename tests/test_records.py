@@ -1,0 +1,124 @@
+"""The record presets at toy size: they train, give the same curve on 1 and 2 ranks, resume
+exactly, and the README's toy command runs as written."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data.shards import write_shard
+from data.tokenizer import EOT
+from tests.dist_utils import run_torchrun_ranks
+from tests.helpers import compose_config
+from train import train
+from trainer.signals import Stopped
+
+REPO = Path(__file__).resolve().parents[1]
+TOY = [
+    "model.n_layer=4", "model.n_head=2", "model.n_embd=64", "model.compile=false",
+    "data=sample", "train.seq_len=512", "train.batch_size=2", "train.micro_batch_size=1",
+    "train.steps=8", "train.val_every=4", "train.val_tokens=2048", "train.device=cpu",
+    "train.checkpoint_every=0", "train.checkpoint_at_end=false", "dist.timeout_s=60",
+]  # fmt: skip
+RECORDS = ["record_2024_11_06", "record_2025_01_26"]
+
+
+def curve(run_dir: Path) -> list[tuple]:
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in records]
+
+
+def run(run_dir: Path, cache: Path, *overrides: str) -> float:
+    cfg = compose_config([*TOY, *overrides, f"run_dir={run_dir}", f"data.cache_dir={cache}"])
+    return train(cfg)
+
+
+def _rank_job(rank: int, world: int, run_dir: str, overrides: list[str], cache: str) -> None:
+    run(Path(run_dir), Path(cache), *overrides)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("record", RECORDS)
+def test_record_preset_same_curve_on_one_and_two_ranks(
+    record: str, tmp_path: Path, corpus_cache: Path
+) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    run(one, corpus_cache, f"experiment={record}")
+    run_torchrun_ranks(_rank_job, 2, str(two), [f"experiment={record}"], str(corpus_cache))
+    a, b = curve(one), curve(two)
+    assert [r[0] for r in a] == [r[0] for r in b] == list(range(9))
+    for (step, train_a, val_a), (_, train_b, val_b) in zip(a, b, strict=True):
+        for x, y in ((train_a, train_b), (val_a, val_b)):
+            assert (x is None) == (y is None), step
+            assert x is None or x == pytest.approx(y, abs=1e-3), (step, x, y)
+    assert a[-1][2] < a[0][2] - 0.3, "it trains"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("record", RECORDS)
+def test_record_preset_resumes_exactly(record: str, tmp_path: Path, corpus_cache: Path) -> None:
+    """Stopped after step 5 and resumed: every loss of the uninterrupted run, bit for bit
+    (the window schedule, the FP8 head and the bf16 tables included)."""
+    saving = [f"experiment={record}", "train.checkpoint_at_end=true"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run(straight, corpus_cache, *saving)
+    with pytest.raises(Stopped):
+        run(resumed, corpus_cache, *saving, "train.fault.signal_at_step=5")
+    run(resumed, corpus_cache, *saving)
+    assert curve(resumed) == curve(straight)
+
+
+def fake_fineweb(home: Path) -> None:
+    """FineWeb-format shards of random tokens (documents of 50-3000 tokens) where
+    data=fineweb10b looks by default, under a stand-in HOME."""
+    rng = np.random.default_rng(0)
+    root = home / ".cache" / "gpt-speedrun" / "fineweb10B"
+    root.mkdir(parents=True)
+    for name, n in (("fineweb_val_000000.bin", 40_000), ("fineweb_train_000001.bin", 60_000)):
+        tokens = rng.integers(0, EOT, n, dtype=np.uint16)
+        tokens[np.cumsum(rng.integers(50, 3000, n // 50))[: n // 3000]] = EOT
+        tokens[0] = EOT
+        write_shard(root / name, tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_readme_toy_command_runs_as_written(tmp_path: Path) -> None:
+    """`python train.py experiment=record_2025_01_26` at toy size, exactly as README shows it
+    (on random-token FineWeb shards: this machine has no hub)."""
+    fake_fineweb(tmp_path)
+    cmd = [
+        sys.executable, "train.py", "experiment=record_2025_01_26", "model.n_layer=4",
+        "model.n_head=2", "model.n_embd=256", "train.seq_len=1024", "train.batch_size=2",
+        "train.steps=3", "train.val_every=3", "train.val_tokens=8192", "model.compile=false",
+        "train.checkpoint_every=0",
+    ]  # fmt: skip
+    assert " ".join(cmd[1:]) in (REPO / "README.md").read_text()
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "HOME": str(tmp_path)}
+    out = subprocess.run([*cmd, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=350)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = [r[0] for r in curve(run_dir)]
+    assert steps == [0, 1, 2, 3]
+    log = (run_dir / "train.log").read_text()
+    assert (
+        "layers: 0: attn long ve0 | 1: attn long | 2: mlp only +out1 | 3: attn long ve2 +out0"
+        in log
+    )
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_runs_at_toy_size_on_cpu() -> None:
+    """Smoke only (timings are the benchmark's business, never a test's)."""
+    cmd = [sys.executable, "scripts/bench_gpu.py", "--toy", "--device", "cpu", "--steps", "2"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| record_")]
+    assert [r.split(" | ")[0] for r in rows] == ["| record_2024_11_06", "| record_2025_01_26"]
