@@ -328,3 +328,20 @@ def test_disk_full_during_a_save_keeps_the_last_checkpoint(
     root = tmp_path / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000005"]
     checkpoint.load(root / "step_000005")
+
+
+def test_a_checkpoint_from_before_a_new_option_resumes(tmp_path: Path, corpus_cache: Path) -> None:
+    """A save whose config lacks a key added since (an older version of the code) counts it
+    at its default: it resumes, and a run that turns the new option on is refused."""
+    source = tmp_path / "source"
+    run(source, corpus_cache, "train.steps=2", "train.val_every=1")
+    meta_file = source / "checkpoints" / "step_000002" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    for group, key in (("model", "unet"), ("model", "window"), ("train", "untimed_steps")):
+        del meta["config"][group][key]
+    meta_file.write_text(json.dumps(meta))
+    assert math.isfinite(
+        run(tmp_path / "a", corpus_cache, "train.steps=3", f"train.resume={source}")
+    )
+    with pytest.raises(CheckpointError, match=r"model\.unet: False saved, True now"):
+        run(tmp_path / "b", corpus_cache, "model.unet=true", f"train.resume={source}")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch.distributed as dist
+from omegaconf import OmegaConf
 from torch import nn
 
 from optim import CombinedOptimizer
@@ -163,6 +164,10 @@ class Checkpointer:
     def _check_config(self, loaded: Loaded) -> None:
         saved = flatten(loaded.meta.get("config", {}))
         current = flatten(asdict(self.conf))
+        # A key the saved config lacks is a setting added since that save: the code that wrote
+        # it behaved as the setting's default does (every new option is off by default).
+        defaults = flatten(OmegaConf.to_container(OmegaConf.structured(Config)))
+        saved |= {k: defaults[k] for k in current.keys() - saved.keys() if k in defaults}
         differ = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
         fatal = [k for k in differ if k.startswith(MUST_MATCH_PREFIXES) and k != "model.compile"]
         if fatal:
