@@ -30,6 +30,7 @@ from trainer.metrics import MetricsSink, describe_run
 from trainer.run_dir import check_writable, env_rank
 from trainer.runtime import Runtime, init_runtime, seed_everything
 from trainer.signals import Stopped, StopRequests
+from trainer.strategy import fsdp_no_sync, resolve_param_dtype, shard_model
 
 log = logging.getLogger("train")
 
@@ -66,19 +67,24 @@ def _train(conf: Config, rt: Runtime, group: ProcessGroup | None, accum_steps: i
             rank=rt.rank, world_size=rt.world_size, progress=rt.is_main,
         )  # fmt: skip
     model = GPT(conf.model).to(rt.device)
+    fsdp = conf.dist.strategy == "fsdp"
+    if fsdp:  # before the optimizer: its state is sharded like the parameters
+        shard_model(model, rt, resolve_param_dtype(conf.dist.fsdp_param_dtype, rt.device))
     optimizer = build_optimizer(
-        model, conf.optim, total_steps=t.steps, device=rt.device, process_group=group
-    )
+        model, conf.optim, total_steps=t.steps, device=rt.device, process_group=group,
+        sharded=fsdp,
+    )  # fmt: skip
     checkpoints = Checkpointer(conf, rt, model, optimizer, loader)
     start = checkpoints.resume()  # before DDP: its construction broadcasts the parameters
-    ddp = wrap_ddp(model, optimizer.self_reduced) if group is not None else None
+    ddp = wrap_ddp(model, optimizer.self_reduced) if group is not None and not fsdp else None
+    no_sync = ddp.no_sync if ddp is not None else fsdp_no_sync(model) if fsdp else None
     fwd = torch.compile(ddp or model) if conf.model.compile else ddp or model
     sink = MetricsSink.for_run(conf, rt, start, checkpoints.last)
     sink.info("%s", describe_run(conf, rt, model, optimizer.summary, accum_steps))
     with StopRequests() as stop, sink:
         loop = Loop(
             fwd, optimizer, loader.next_batch, val_batches, t, rt, sink, checkpoints,
-            accum_steps=accum_steps, no_sync=ddp.no_sync if ddp is not None else None,
+            accum_steps=accum_steps, no_sync=no_sync,
             stop=stop, hook=Faults(t.fault, rt.rank, run_dir, model) if t.fault.enabled else None,
         )  # fmt: skip
         return loop.run(start)

@@ -6,11 +6,14 @@ For input u (already RMS-normalised), per head of size D:
     v <- (1−λ)·v + λ·v₁                    value residual: v₁ = block 0's raw v, λ fixed or learned
     v <- α·v + β·ve                        value embeddings: ve = VE_t[tokens] in layers with a
                                            table, v <- α·v in the other attention layers
-    q, k <- rotary(RMSNorm(q)), rotary(RMSNorm(k))              QK-norm, then rotary
+    q, k <- rotary(RMSNorm(q)), rotary(RMSNorm(k))   QK-norm (unless model.qk_norm=false), rotary
     y = softmax(scale·q·kᵀ + mask)·v       scale 1/√D, or model.attn_scale (0.12 in 2025-01)
     out = y·W_oᵀ                            heads concatenated in order
 
 The mask is causal, or the document / sliding-window rule of `model/masks.py`.
+
+QK-clip (`optim/qk_clip.py`) needs each head's largest logit scale·q·kᵀ over a step: with
+`track_max_logit` on, each training forward folds it into `max_logit` (see `max_logits`).
 """
 
 import torch
@@ -35,11 +38,77 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: float | No
     return flex_attention(q, k, v, block_mask=mask, scale=scale)
 
 
+# Query rows per chunk are chosen so that one chunk's logits hold at most this many values
+# (256 MiB in fp32): tracking needs bounded memory whatever the sequence length.
+TRACK_CHUNK = 2**26
+
+
+def allowed_keys(
+    mask: Mask | None, start: int, stop: int, lo: int, hi: int, device: torch.device
+) -> Tensor:
+    """Where queries [start, stop) may attend to keys [lo, hi) under `mask`, as a boolean tensor
+    that broadcasts against (B, H, stop − start, hi − lo) logits."""
+    if mask is None:
+        rows = torch.arange(start, stop, device=device)[:, None]
+        return rows >= torch.arange(lo, hi, device=device)[None, :]
+    if isinstance(mask, Tensor):
+        part = mask[..., start:stop, lo:hi]
+        # An additive float mask forbids its −inf entries; a finite bias is not part of q·kᵀ.
+        return part if part.dtype == torch.bool else part > float("-inf")
+    from torch.nn.attention.flex_attention import create_mask
+
+    def shifted(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+        return mask.mask_mod(b, h, q + start, kv + lo)
+
+    B, H = mask.shape[:2]
+    return create_mask(shifted, B, H, stop - start, hi - lo, device=device)
+
+
+@torch.no_grad()
+def max_logits(q: Tensor, k: Tensor, mask: Mask | None, scale: float | None) -> Tensor:
+    """Per head, the largest scale·q·kᵀ over the batch and every (query, key) pair that `mask`
+    allows, as `attend` computes it (q, k: (B, H, T, D); scale None = 1/√D), in fp32.
+
+    Queries go in chunks of TRACK_CHUNK logits; each chunk multiplies only the band of keys
+    its mask allows anywhere (causal: keys up to its last query; a window: the window), so a
+    short window costs its band rather than the whole causal triangle.
+    """
+    B, H, T, D = q.shape
+    scale = scale if scale is not None else D**-0.5
+    rows = max(1, TRACK_CHUNK // (B * H * T))
+    starts = range(0, T, rows)
+    if mask is None:
+        bands = [(0, min(s + rows, T)) for s in starts]
+    else:
+        # Every chunk's first and last allowed key first, then one host sync for all of them.
+        ends = []
+        for s in starts:
+            seen = allowed_keys(mask, s, min(s + rows, T), 0, T, q.device).flatten(0, -2).any(0)
+            ends += [seen.int().argmax(), T - seen.flip(0).int().argmax()]
+        flat = torch.stack(ends).tolist()
+        bands = list(zip(flat[::2], flat[1::2], strict=True))
+    best = torch.full((H,), float("-inf"), dtype=torch.float32, device=q.device)
+    with torch.autocast(q.device.type, enabled=False):  # fp32 logits, as attention's accumulators
+        q, k = q.float(), k.float()
+        for s, (lo, hi) in zip(starts, bands, strict=True):
+            stop = min(s + rows, T)
+            logits = q[:, :, s:stop] @ k[:, :, lo:hi].transpose(-1, -2) * scale
+            ok = allowed_keys(mask, s, stop, lo, hi, q.device)
+            logits.masked_fill_(~ok, float("-inf"))
+            best = torch.maximum(best, logits.amax(dim=(0, 2, 3)))
+    return best
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, spec: LayerSpec) -> None:
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
         self.scale = cfg.attn_scale or None  # None: SDPA's own 1/√D
+        self.qk_norm = cfg.qk_norm
+        self.track_max_logit = False  # QK-clip's switch: fold max logits into max_logit
+        # A plain attribute, not a buffer: DDP broadcasts buffers from rank 0 before every
+        # forward, which would overwrite each rank's maxima between micro-batches.
+        self.max_logit: Tensor | None = None  # (n_head,) fp32, the running max per head
         self.window = spec.window
         self.value_embed = spec.value_embed
         self.value_residual = cfg.value_residual
@@ -72,10 +141,19 @@ class CausalSelfAttention(nn.Module):
             q, k, v = self.q(x).view(shape), self.k(x).view(shape), self.v(x).view(shape)
         v = self._mix_values(v, ctx)
         # QK-norm bounds the attention logits, which lets the records run higher LRs stably.
-        q, k = rotary(rms_norm(q)), rotary(rms_norm(k))
+        if self.qk_norm:
+            q, k = rms_norm(q), rms_norm(k)
+        q, k, v = rotary(q).transpose(1, 2), rotary(k).transpose(1, 2), v.transpose(1, 2)
         mask = ctx.masks[self.window] if ctx.masks is not None else None
-        y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, self.scale)
+        if self.track_max_logit and self.training:  # evaluation passes are no part of a step
+            self._fold_max_logit(q, k, mask)
+        y = attend(q, k, v, mask, self.scale)
         return self.o(y.transpose(1, 2).reshape(B, T, C))
+
+    @torch.compiler.disable  # a loop of chunks with host-side bounds: eager, never traced
+    def _fold_max_logit(self, q: Tensor, k: Tensor, mask: Mask | None) -> None:
+        m = max_logits(q.detach(), k.detach(), mask, self.scale)
+        self.max_logit = m if self.max_logit is None else torch.maximum(self.max_logit, m)
 
     def _mix_values(self, v: Tensor, ctx: "Context") -> Tensor:
         if self.value_residual != "off":

@@ -24,6 +24,9 @@ class ModelConfig:
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 128 for fast matmuls
     rope_base: float = 10000.0  # rotary embedding base (wavelength scale), rope=full
     logit_softcap: float = 30.0  # the cap c of the softcap below; 0 disables the cap
+    # QK-norm: RMS-normalise each head's q and k before rotary, which bounds the attention
+    # logits; false feeds the raw projections to rotary (logits then grow with W_q, W_k)
+    qk_norm: bool = True
     compile: bool = False  # torch.compile the model (worth it on GPU; slow warm-up on CPU)
 
     # --- the records' options (RECORDS.md), each off by default ---------------------------

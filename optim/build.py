@@ -15,8 +15,10 @@ from optim.combined import CombinedOptimizer
 from optim.config import OptimConfig
 from optim.muon import Muon
 from optim.newton_schulz import resolve_ns_dtype
+from optim.offload import StateOffload
 from optim.partition import partition_params
 from optim.schedule import Schedules
+from optim.sharded_muon import ShardedMuon
 
 
 def build_optimizer(
@@ -26,11 +28,15 @@ def build_optimizer(
     total_steps: int,
     device: torch.device,
     process_group: dist.ProcessGroup | None = None,
+    sharded: bool = False,
 ) -> CombinedOptimizer:
     """The optimizer object for `model`'s trainable parameters, on `device`.
 
     With a `process_group` Muon splits its Newton–Schulz work across the group's ranks
     (`optim.muon.exchange`); AdamW needs none: DDP gives every rank the same gradients.
+    `sharded`: the parameters are FSDP2 shards (dist.strategy=fsdp): Muon is `ShardedMuon`
+    (its exchange follows from the shards, so `optim.muon.exchange` does not apply), AdamW
+    steps the shards, and every state is created now, on every rank.
     """
     groups = partition_params(model, cfg.name)
     a, m = cfg.adamw, cfg.muon
@@ -42,27 +48,30 @@ def build_optimizer(
     self_reduced: list[str] = []
     if groups.get("muon"):
         ns_dtype = resolve_ns_dtype(m.ns_dtype, device)
-        parts.append(
-            Muon(
-                [_group("muon", groups["muon"], m.lr)],
-                momentum=m.momentum,
-                nesterov=m.nesterov,
-                momentum_form=m.momentum_form,
-                ns_steps=m.ns_steps,
-                ns_coefficients=m.ns_coefficients,
-                lr_scale=m.lr_scale,
-                ns_form=m.ns_form,
-                weight_decay=m.weight_decay,
-                eps=m.eps,
-                ns_dtype=ns_dtype,
-                process_group=process_group,
-                exchange=m.exchange,
+        settings = {
+            "momentum": m.momentum,
+            "nesterov": m.nesterov,
+            "momentum_form": m.momentum_form,
+            "ns_steps": m.ns_steps,
+            "ns_coefficients": m.ns_coefficients,
+            "lr_scale": m.lr_scale,
+            "ns_form": m.ns_form,
+            "weight_decay": m.weight_decay,
+            "eps": m.eps,
+            "ns_dtype": ns_dtype,
+        }
+        muon_group = [_group("muon", groups["muon"], m.lr)]
+        if sharded:
+            parts.append(ShardedMuon(muon_group, **settings))
+        else:
+            parts.append(
+                Muon(muon_group, **settings, process_group=process_group, exchange=m.exchange)
             )
-        )
         dtype = str(ns_dtype).removeprefix("torch.")
         ranks = process_group is not None and dist.get_world_size(process_group) > 1
-        summary += f" (Newton-Schulz in {dtype}" + (f", exchange {m.exchange})" if ranks else ")")
-        if ranks and m.exchange == "reduce_scatter":
+        exchange = "sharded all_to_all" if sharded else m.exchange
+        summary += f" (Newton-Schulz in {dtype}" + (f", exchange {exchange})" if ranks else ")")
+        if ranks and m.exchange == "reduce_scatter" and not sharded:
             # Muon sends each gradient to its owner itself: DDP must leave these alone.
             self_reduced = [name for name, _ in groups["muon"]]
     adamw_groups = [g for g in adamw_groups if g["params"]]
@@ -83,8 +92,17 @@ def build_optimizer(
         momentum_start=m.momentum_warmup_start,
         momentum=m.momentum,
     )
-    return CombinedOptimizer(parts, schedules, summary, self_reduced)
+    offload = StateOffload(parts, device) if cfg.offload else None
+    if offload is not None:
+        summary += ", state offloaded to CPU"
+    combined = CombinedOptimizer(parts, schedules, summary, self_reduced, offload)
+    if sharded or offload is not None:
+        combined.init_state()
+    if offload is not None:
+        offload.store_all()
+    return combined
 
 
 def _group(name: str, named: list[tuple[str, nn.Parameter]], lr: float) -> dict:
-    return {"params": [p for _, p in named], "lr": lr, "initial_lr": lr, "name": name}
+    # Named parameters: each group's "param_names" name the state in flat form and in DCP.
+    return {"params": list(named), "lr": lr, "initial_lr": lr, "name": name}

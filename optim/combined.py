@@ -7,12 +7,18 @@ carry every part's state through a checkpoint. Which parts exist and what they h
 `optim/build.py`'s business; nothing outside `optim/` needs to know.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch import Tensor
 
+from optim import flat_state as flat
 from optim.muon import Muon
+from optim.offload import StateOffload
 from optim.schedule import Schedules, StepValues
+from optim.sharded_muon import ShardedMuon
 
 
 class CombinedOptimizer:
@@ -22,16 +28,20 @@ class CombinedOptimizer:
         schedules: Schedules,
         summary: str,
         self_reduced: list[str] | None = None,
+        offload: StateOffload | None = None,
     ) -> None:
         """`parts` in a fixed order (a checkpoint lists their states in it); every param
-        group carries a unique "name" and its base LR as "initial_lr". `self_reduced`: names
-        of the parameters whose gradients a part averages across ranks itself."""
+        group carries a unique "name", its parameters' "param_names" and its base LR as
+        "initial_lr". `self_reduced`: names of the parameters whose gradients a part averages
+        across ranks itself. `offload`: keeps the parts' state in CPU memory between steps."""
         if not parts:
             raise ValueError("the model has no trainable parameters to optimize")
         self.parts = parts
         self.schedules = schedules
         self.summary = summary
         self.self_reduced = list(self_reduced or [])
+        self.offload = offload
+        self._resident_depth = 0
         names = [g["name"] for opt in parts for g in opt.param_groups]
         if len(set(names)) != len(names):
             raise ValueError(f"param group names must be unique, got {names}")
@@ -46,13 +56,37 @@ class CombinedOptimizer:
         for opt in self.parts:
             for group in opt.param_groups:
                 group["lr"] = group["initial_lr"] * values.lr_mult
-                if isinstance(opt, Muon):
+                if isinstance(opt, (Muon, ShardedMuon)):
                     group["momentum"] = values.muon_momentum
         return values
 
     def step(self) -> None:
-        for opt in self.parts:
+        if self.offload is None:
+            for opt in self.parts:
+                opt.step()
+            return
+        self.offload.fetch_all()
+        for k, opt in enumerate(self.parts):
+            self.offload.wait(k)
             opt.step()
+            self.offload.store(k)
+        self.offload.release()
+
+    @contextmanager
+    def resident(self) -> Iterator[None]:
+        """Every part's state on the device for the block (a no-op without offload)."""
+        if self.offload is None or self._resident_depth:
+            yield
+            return
+        self._resident_depth += 1
+        self.offload.fetch_all()
+        for k in range(len(self.parts)):
+            self.offload.wait(k)
+        try:
+            yield
+        finally:
+            self._resident_depth -= 1
+            self.offload.store_all()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self.parts:
@@ -69,7 +103,34 @@ class CombinedOptimizer:
     def state_dict(self) -> list[dict[str, Any]]:
         """Every part's state, in build order. A collective when Muon keeps owner-only momentum
         (exchange=reduce_scatter on several ranks): every rank must call it."""
-        return [opt.state_dict() for opt in self.parts]
+        with self.resident():
+            states = [opt.state_dict() for opt in self.parts]
+            return [_copied(s) for s in states] if self.offload else states
+
+    def flat_state(self) -> dict[str, Tensor]:
+        """Every state tensor by "<group>/<parameter>/<key>" (`optim/flat_state.py`): the live
+        tensors, for Distributed Checkpoint to save or to load into in place. Call inside
+        `resident()` when offloading."""
+        return flat.flat_state(self.parts)
+
+    def load_flat(self, values: dict[str, Tensor]) -> None:
+        """Load a flat map of *whole* tensors (from any layout or world size) into this
+        run's state: shards take their rows, positional parts go through `load_state_dict`."""
+        with self.resident():
+            live = self.flat_state()
+            if live.keys() == values.keys():
+                for key, target in live.items():
+                    flat.copy_global(target, values[key])
+                return
+            if any(isinstance(opt, ShardedMuon) for opt in self.parts):
+                differ = sorted(live.keys() ^ values.keys())[:3]
+                raise ValueError(f"the saved optimizer state differs in {differ} (and maybe more)")
+            self.load_state_dict(flat.to_positional(self.parts, values))
+
+    def init_state(self) -> None:
+        """Create every part's state now (sharded runs and offload need it on every rank)."""
+        for opt in self.parts:
+            flat.init_state(opt)
 
     def load_state_dict(self, states: list[dict[str, Any]]) -> None:
         """Load momentum and moments from `states`, but keep this run's hyperparameters.
@@ -83,6 +144,10 @@ class CombinedOptimizer:
                 f"the saved state has {len(states)} optimizers, this run has {len(self.parts)} "
                 f"({self.summary})"
             )
+        with self.resident():
+            self._load(states)
+
+    def _load(self, states: list[dict[str, Any]]) -> None:
         for opt, state in zip(self.parts, states, strict=True):
             saved = state["param_groups"]
             if len(saved) != len(opt.param_groups):
@@ -95,3 +160,14 @@ class CombinedOptimizer:
             # counters) as this run's flags need.
             groups = [{**old, **new} for old, new in zip(saved, fresh, strict=True)]
             opt.load_state_dict({**state, "param_groups": groups})
+
+
+def _copied(state: dict[str, Any]) -> dict[str, Any]:
+    """`state` with its tensors cloned: offload frees the live ones' storage after the call."""
+    return {
+        "state": {
+            n: {k: v.clone() if isinstance(v, Tensor) else v for k, v in s.items()}
+            for n, s in state["state"].items()
+        },
+        "param_groups": state["param_groups"],
+    }

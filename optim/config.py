@@ -44,6 +44,9 @@ class OptimConfig:
     muon: MuonConfig = field(default_factory=MuonConfig)
     adamw: AdamWConfig = field(default_factory=AdamWConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    # Keep Muon's momentum and AdamW's moments in CPU memory between steps, on the device only
+    # for the update (optim/offload.py): saves their device memory, costs two copies a step
+    offload: bool = False
 
     def validate(self, total_steps: int) -> None:
         """Raise ValueError naming the `optim.*` key that is wrong."""

@@ -49,6 +49,34 @@ from optim.muon_settings import MuonConfig, check_settings, lr_scale_factor
 from optim.newton_schulz import orthogonalise
 
 
+def advance_momentum(buf: Tensor, g: Tensor, group: dict[str, Any]) -> None:
+    """Phase (a) for one matrix: `buf` takes gradient `g` in place. Elementwise, so a shard
+    of `buf` and `g` gives that shard of the whole result."""
+    if group["momentum_form"] == "ema":
+        buf.lerp_(g, 1 - group["momentum"])
+    else:
+        buf.mul_(group["momentum"]).add_(g)
+
+
+def momentum_update(buf: Tensor, g: Tensor, group: dict[str, Any]) -> Tensor:
+    """The update to orthogonalise, after `advance_momentum`: the buffer itself without
+    Nesterov (later phases only read it), else the look-ahead mix of `g` and `buf`."""
+    if not group["nesterov"]:
+        return buf
+    m = group["momentum"]
+    return g.lerp(buf, m) if group["momentum_form"] == "ema" else g.add(buf, alpha=m)
+
+
+def apply_update(p: Tensor, update: Tensor, group: dict[str, Any], shape: Sequence[int]) -> None:
+    """Phase (c) for one matrix `p` (or a dim-0 shard of one) of global `shape`: decoupled
+    weight decay, then the orthogonal step scaled for the whole matrix's shape."""
+    lr = group["lr"]
+    p.mul_(1 - lr * group["weight_decay"])
+    # A tall matrix's update is a transposed view; adding it to a row-major parameter walks
+    # memory column-wise, 2-3x slower on a CPU than transposing it first.
+    p.add_(update.contiguous(), alpha=-lr * lr_scale_factor(shape[-2:], group["lr_scale"]))
+
+
 class Muon(torch.optim.Optimizer):
     """Muon for 2-D parameters; see the module docstring for the update.
 
@@ -189,24 +217,14 @@ class Muon(torch.optim.Optimizer):
     ) -> dict[int, Tensor]:
         """Phase (a): advance each momentum buffer; return the (Nesterov) update of those in
         `want` (by position), the ones this rank orthogonalises."""
-        momentum = group["momentum"]
         updates = {}
         for i, (p, g) in enumerate(zip(params, grads, strict=True)):
             state = self.state[p]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p)
-            buf = state["momentum_buffer"]
-            ema = group["momentum_form"] == "ema"
-            if ema:
-                buf.lerp_(g, 1 - momentum)
-            else:
-                buf.mul_(momentum).add_(g)
+            advance_momentum(state["momentum_buffer"], g, group)
             if i in want:
-                # Without Nesterov the update *is* the buffer: later phases only read it.
-                if not group["nesterov"]:
-                    updates[i] = buf
-                else:
-                    updates[i] = g.lerp(buf, momentum) if ema else g.add(buf, alpha=momentum)
+                updates[i] = momentum_update(state["momentum_buffer"], g, group)
         return updates
 
     def _orthogonalise(
@@ -222,13 +240,8 @@ class Muon(torch.optim.Optimizer):
         self, group: dict[str, Any], params: dict[int, Tensor], ortho: dict[int, Tensor]
     ) -> None:
         """Phase (c): decoupled weight decay, then the shape-scaled orthogonal step."""
-        lr = group["lr"]
         for i, p in params.items():
-            p.mul_(1 - lr * group["weight_decay"])
-            # A tall matrix's update is a transposed view; adding it to a row-major parameter
-            # walks memory column-wise, 2-3x slower on a CPU than transposing it first.
-            update = ortho[i].contiguous()
-            p.add_(update, alpha=-lr * lr_scale_factor(p.shape[-2:], group["lr_scale"]))
+            apply_update(p, ortho[i], group, p.shape)
 
     def state_dict(self) -> dict[str, Any]:
         """The optimizer state, with every momentum buffer, whatever the mode and world size.

@@ -3,10 +3,11 @@
 Layout under `<run_dir>/checkpoints/`:
 
     step_000050/              a complete save
-        model.pt              the unwrapped model's state_dict
-        optimizers.pt         every optimizer's state_dict, in build order
+        model.pt              the unwrapped model's state_dict          } layout torch_save
+        optimizers.pt         every optimizer's state_dict, in order    } (dist.strategy=ddp)
+        dcp/                  model + optimizer state, each rank's shards (layout dcp, fsdp)
         trainer.pt            loader position, per-rank RNG states, step, tokens, train time
-        meta.json             format version, step, world size, resolved config, file sizes
+        meta.json             format version, layout, step, world size, config, file sizes
     latest                    the name of the newest complete save, replaced atomically
     .tmp-step_000100-<pid>/   a save in progress (or one a crash abandoned): never loaded
 
@@ -36,6 +37,13 @@ CHECKPOINTS_DIR = "checkpoints"
 LATEST = "latest"
 META = "meta.json"
 PARTS = ("model", "optimizers", "trainer")
+DCP_DIR = "dcp"  # a sharded save's model and optimizer state, in Distributed Checkpoint format
+# The files each layout must hold: torch_save (dist.strategy=ddp: whole tensors, written by
+# rank 0) | dcp (dist.strategy=fsdp: every rank writes its shards, trainer.pt by rank 0)
+REQUIRED = {
+    "torch_save": tuple(f"{name}.pt" for name in PARTS),
+    "dcp": ("trainer.pt", f"{DCP_DIR}/.metadata"),
+}
 _PREFIX = "step_"
 _TMP_PREFIX = ".tmp-"
 
@@ -56,25 +64,48 @@ def step_dir_name(step: int) -> str:
 
 
 def save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any], keep: int) -> Path:
-    """Write a checkpoint of `step` under `root` atomically; keep the newest `keep`.
+    """Write a checkpoint of `step` under `root` atomically (`parts` by torch.save); keep the
+    newest `keep`.
 
     On any error (disk full, I/O) the temporary directory is removed and the error raised:
     earlier checkpoints and `latest` are untouched.
     """
+    tmp = begin(root, step)
+    try:
+        for name in PARTS:
+            write_part(tmp, name, parts[name])
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return commit(root, tmp, step, {**meta, "layout": "torch_save"}, keep)
+
+
+def begin(root: Path, step: int) -> Path:
+    """A fresh temporary directory for the save of `step` (abandoned ones removed first)."""
     root.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(root)
+    tmp = root / f"{_TMP_PREFIX}{step_dir_name(step)}-{os.getpid()}"
+    tmp.mkdir()
+    return tmp
+
+
+def write_part(tmp: Path, name: str, obj: Any) -> None:
+    _write(tmp / f"{name}.pt", lambda f: torch.save(obj, f))
+
+
+def commit(root: Path, tmp: Path, step: int, meta: dict[str, Any], keep: int) -> Path:
+    """Finish the save in `tmp` (every file written): `meta.json` listing each file's size,
+    the atomic rename to its final name, then `latest`; keep the newest `keep` saves."""
     final = root / step_dir_name(step)
-    tmp = root / f"{_TMP_PREFIX}{final.name}-{os.getpid()}"
     try:
-        tmp.mkdir()
-        sizes = {}
-        for name in PARTS:
-            obj = parts[name]
-            sizes[f"{name}.pt"] = _write(tmp / f"{name}.pt", lambda f, o=obj: torch.save(o, f))
+        sizes = {
+            str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()
+        }
         meta = {**meta, "format_version": FORMAT_VERSION, "step": step, "files": sizes}
         meta["saved_at"] = time.time()
         _write(tmp / META, lambda f: f.write(json.dumps(meta, indent=1).encode()))
-        _fsync_dir(tmp)
+        for d in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
+            _fsync_dir(d)
         if final.exists():  # a step saved again after resuming from an earlier save
             shutil.rmtree(final)
         tmp.rename(final)
@@ -156,7 +187,10 @@ def validate(path: Path) -> dict[str, Any]:
             f"{path} has checkpoint format version {version!r}; this code reads {FORMAT_VERSION}"
         )
     files = meta.get("files", {})
-    missing = [f"{name}.pt" for name in PARTS if f"{name}.pt" not in files]
+    layout = meta.get("layout", "torch_save")
+    if layout not in REQUIRED:
+        raise CheckpointError(f"{meta_file} names an unknown layout {layout!r}")
+    missing = [name for name in REQUIRED[layout] if name not in files]
     if missing:
         raise CheckpointError(f"{meta_file} lists no {', '.join(missing)}")
     for name, size in files.items():
@@ -222,10 +256,15 @@ def resolve(setting: str, run_dir: Path) -> Path | None:
 
 
 def load(path: Path) -> Loaded:
-    """Read a checkpoint directory into CPU memory (tensors move to their device on load)."""
+    """Read a checkpoint directory into CPU memory (tensors move to their device on load).
+
+    A dcp save's model and optimizer state stay on disk: they load into this run's tensors,
+    sharded or whole (`trainer/dcp_state.py`); `parts` then holds "trainer" only.
+    """
     meta = validate(path)
     parts = {}
-    for name in PARTS:
+    names = PARTS if meta.get("layout", "torch_save") == "torch_save" else ("trainer",)
+    for name in names:
         f = path / f"{name}.pt"
         try:
             parts[name] = torch.load(f, map_location="cpu", weights_only=True)

@@ -9,11 +9,14 @@ each back, so the run continues as if it had never stopped.
 Everything saved is independent of the world size: momentum is replicated (or gathered by
 Muon's `state_dict()`, a collective in exchange=reduce_scatter mode, which is why every rank
 calls `save`), and the loader position counts global tokens. A checkpoint from W ranks
-therefore resumes on W' ranks. Rank 0 alone writes files; every rank reads them, so a
+therefore resumes on W' ranks. Under dist.strategy=ddp rank 0 alone writes files (layout
+torch_save); under fsdp every rank writes its shards through Distributed Checkpoint (layout
+dcp, `dcp_state.py`), and either layout resumes either strategy. Every rank reads, so a
 multi-node run needs its run directory on a shared filesystem.
 """
 
 import logging
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -27,6 +30,7 @@ from optim import CombinedOptimizer
 from trainer import checkpoint_files as files
 from trainer.checkpoint_files import CheckpointError, Loaded
 from trainer.config import Config, flatten
+from trainer.dcp_state import load_sharded, load_whole_into_sharded, read_whole, save_sharded
 from trainer.dist import main_decides, raise_together
 from trainer.progress import Progress
 from trainer.runtime import Runtime, rng_state, set_rng_state
@@ -74,6 +78,7 @@ class Checkpointer:
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.root = Path(conf.run_dir) / files.CHECKPOINTS_DIR
         self.last: Path | None = None  # the newest checkpoint saved or resumed from
+        self.sharded = conf.dist.strategy == "fsdp"  # layout dcp, else torch_save
 
     def resume(self) -> Progress:
         """Load what `train.resume` names into the model, optimizers, loader and RNGs.
@@ -115,43 +120,26 @@ class Checkpointer:
         checkpoint is then still the newest and intact.
         """
         t0 = time.perf_counter()
-        model_state = self.model.state_dict()
-        optim_states = self.optimizer.state_dict()  # may be a collective
         rngs = _gather(rng_state(self.rt.device), self.rt)
-        error, path, size = None, None, 0
-        if self.rt.is_main:
-            parts = {
-                "model": model_state,
-                "optimizers": optim_states,
-                "trainer": {
-                    "progress": asdict(progress),
-                    "loader": self.loader.state_dict(),
-                    "rng": rngs,
-                },
-            }
-            meta = {
-                "world_size": self.rt.world_size,
-                "tokens": progress.tokens,
-                "train_time_s": progress.train_time_s,
-                "val_loss": progress.val_loss,
-                "config": asdict(self.conf),
-            }
-            try:
-                path = files.save(
-                    self.root, progress.step, parts, meta, self.conf.train.checkpoint_keep
-                )
-                size = sum(f.stat().st_size for f in path.iterdir())
-            except OSError as e:
-                where = f"; the last good checkpoint is {self.last}" if self.last else ""
-                error = OSError(
-                    e.errno,
-                    f"saving the checkpoint of step {progress.step} under {self.root} "
-                    f"failed: {e.strerror or e}{where}",
-                )
-        raise_together(error, self.rt, f"saving the checkpoint of step {progress.step}")
-        path = main_decides(lambda: path, self.rt)
+        trainer = {
+            "progress": asdict(progress),
+            "loader": self.loader.state_dict(),
+            "rng": rngs,
+        }
+        meta = {
+            "world_size": self.rt.world_size,
+            "tokens": progress.tokens,
+            "train_time_s": progress.train_time_s,
+            "val_loss": progress.val_loss,
+            "config": asdict(self.conf),
+        }
+        if self.sharded:
+            path = self._save_sharded(progress.step, trainer, meta)
+        else:
+            path = self._save_whole(progress.step, trainer, meta)
         self.last = path
         if self.rt.is_main:
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
             log.info(
                 "checkpoint step %d: %s (%.1f MB in %.0f ms)",
                 progress.step,
@@ -160,6 +148,49 @@ class Checkpointer:
                 (time.perf_counter() - t0) * 1000,
             )
         return path
+
+    def _save_whole(self, step: int, trainer: dict, meta: dict) -> Path:
+        """Layout torch_save: rank 0 writes whole tensors."""
+        model_state = self.model.state_dict()
+        optim_states = self.optimizer.state_dict()  # may be a collective
+        error, path = None, None
+        if self.rt.is_main:
+            parts = {"model": model_state, "optimizers": optim_states, "trainer": trainer}
+            try:
+                path = files.save(self.root, step, parts, meta, self.conf.train.checkpoint_keep)
+            except OSError as e:
+                error = self._save_error(e, step)
+        raise_together(error, self.rt, f"saving the checkpoint of step {step}")
+        return main_decides(lambda: path, self.rt)
+
+    def _save_sharded(self, step: int, trainer: dict, meta: dict) -> Path:
+        """Layout dcp: every rank writes its shards into rank 0's temporary directory, then
+        rank 0 adds trainer.pt and meta.json and commits the directory atomically."""
+        tmp = main_decides(lambda: files.begin(self.root, step), self.rt)
+        error, path = None, None
+        try:
+            save_sharded(tmp / files.DCP_DIR, self.model, self.optimizer)
+        except Exception as e:  # DCP raises the failure of any rank on every rank
+            error = e
+        if error is None and self.rt.is_main:
+            try:
+                files.write_part(tmp, "trainer", trainer)
+                keep = self.conf.train.checkpoint_keep
+                path = files.commit(self.root, tmp, step, {**meta, "layout": "dcp"}, keep)
+            except OSError as e:
+                error = self._save_error(e, step)
+        if error is not None and self.rt.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise_together(error, self.rt, f"saving the checkpoint of step {step}")
+        return main_decides(lambda: path, self.rt)
+
+    def _save_error(self, e: OSError, step: int) -> OSError:
+        where = f"; the last good checkpoint is {self.last}" if self.last else ""
+        return OSError(
+            e.errno,
+            f"saving the checkpoint of step {step} under {self.root} failed: "
+            f"{e.strerror or e}{where}",
+        )
 
     def _check_config(self, loaded: Loaded) -> None:
         saved = flatten(loaded.meta.get("config", {}))
@@ -187,9 +218,8 @@ class Checkpointer:
 
     def _restore(self, loaded: Loaded) -> Progress:
         parts = loaded.parts
-        self.model.load_state_dict(parts["model"])
         try:
-            self.optimizer.load_state_dict(parts["optimizers"])
+            self._restore_tensors(loaded)
         except ValueError as e:
             raise CheckpointError(f"{loaded.path}: {e}") from e
         trainer = parts["trainer"]
@@ -205,6 +235,21 @@ class Checkpointer:
         same_layout = len(rngs) == self.rt.world_size
         set_rng_state(rngs[self.rt.rank] if same_layout else rngs[0], self.rt.device)
         return Progress(**trainer["progress"])
+
+    def _restore_tensors(self, loaded: Loaded) -> None:
+        """Model and optimizer state from either layout into this run's (see dcp_state.py)."""
+        if loaded.meta.get("layout", "torch_save") == "torch_save":
+            if self.sharded:
+                load_whole_into_sharded(loaded.parts, self.model, self.optimizer)
+                return
+            self.model.load_state_dict(loaded.parts["model"])
+            self.optimizer.load_state_dict(loaded.parts["optimizers"])
+        elif self.sharded:
+            load_sharded(loaded.path / files.DCP_DIR, self.model, self.optimizer)
+        else:
+            model, optim = read_whole(loaded.path / files.DCP_DIR)
+            self.model.load_state_dict(model)
+            self.optimizer.load_flat(optim)
 
 
 def _gather(obj: Any, rt: Runtime) -> list[Any]:

@@ -22,6 +22,7 @@ from trainer.fault import FaultConfig
 from trainer.nonfinite import ACTIONS
 from trainer.run_dir import register_resolvers
 from trainer.runtime import AUTOCASTS, BACKENDS, DEVICES
+from trainer.strategy import FSDP_PARAM_DTYPES, STRATEGIES
 from trainer.wandb_log import WandbConfig
 
 
@@ -87,6 +88,13 @@ class DistConfig:
     # auto: nccl on CUDA, gloo on CPU | nccl | gloo
     backend: str = field(default="auto", metadata={"choices": BACKENDS})
     timeout_s: float = 600.0  # a collective waiting longer fails instead of hanging
+    # ddp: every rank holds the whole model and optimizer state | fsdp: FSDP2 shards
+    # parameters, gradients and optimizer state over the ranks (sharded Muon, DCP
+    # checkpoints; trainer/strategy.py says when to use which)
+    strategy: str = field(default="ddp", metadata={"choices": STRATEGIES})
+    # fsdp only: dtype parameters are all-gathered and computed in (gradients are always
+    # reduced in fp32) | auto: bf16 on CUDA, fp32 on CPU
+    fsdp_param_dtype: str = field(default="auto", metadata={"choices": FSDP_PARAM_DTYPES})
 
 
 @dataclass

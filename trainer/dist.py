@@ -26,20 +26,23 @@ T = TypeVar("T")
 
 @contextmanager
 def process_group(rt: Runtime, cfg: DistConfig) -> Iterator[dist.ProcessGroup | None]:
-    """The world group for the duration of the block (None for a single process).
+    """The world group for the duration of the block (None for a single process, except
+    under dist.strategy=fsdp, whose device mesh needs a group even of one rank).
 
     On success every rank waits for the others before tearing down, so no rank leaves while a
     peer still talks to it; on an error the group is torn down at once (the launcher stops the
     other ranks). Either way the group is destroyed here, never left to interpreter exit.
     """
-    if rt.world_size == 1:
+    alone = rt.world_size == 1
+    if alone and cfg.strategy == "ddp":
         yield None
         return
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialised; train() starts its own")
     backend = resolve_backend(cfg.backend, rt.device)
     timeout = timedelta(seconds=cfg.timeout_s)
-    store = _attempt_store(timeout)
+    # One rank needs no rendezvous: an in-memory store (no torchrun variables required).
+    store = dist.HashStore() if alone else _attempt_store(timeout)
     dist.init_process_group(
         backend,
         timeout=timeout,

@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from optim.shards import local
+
 MARKER = ".fault-{}-fired"
 
 
@@ -55,7 +57,8 @@ class Faults:
             loss = loss * float("nan")
         if c.nonfinite_grad_at_step == step:
             with torch.no_grad():
-                next(p for p in self.params if p.grad is not None).grad.view(-1)[0] = float("nan")
+                grad = local(next(p for p in self.params if p.grad is not None).grad)
+                grad.view(-1)[0] = float("nan")  # this rank's shard under fsdp
         if self.rank == c.rank:
             if c.kill_at_step == step and self._first_time("kill", step):
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from optim.shards import local
+
 # `train.on_nonfinite`
 ACTIONS = ("stop", "skip")
 
@@ -25,7 +27,8 @@ class NonFiniteStep(FloatingPointError):
 
 def nonfinite_grads(params: list[Tensor]) -> Tensor:
     """1.0 if any gradient of `params` holds a NaN or infinity, else 0.0, on their device."""
-    grads = [p.grad for p in params if p.grad is not None]
+    # A sharded gradient is checked on this rank's shard: the flag is summed over ranks.
+    grads = [local(p.grad) for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), device=params[0].device if params else None)
     norm = torch.nn.utils.get_total_norm(grads, 2.0)

@@ -1,0 +1,101 @@
+"""QK-clip: after each optimizer step, shrink W_q and W_k of the heads whose logits ran too high.
+
+The MuonClip rule of Kimi K2 (Kimi Team, "Kimi K2: Open Agentic Intelligence", 2025). For each
+attention head h, let S_h be the largest pre-softmax logit scale·q·kᵀ it produced over the step
+(every micro-batch, every position its mask allows, after QK-norm and rotary). When S_h > τ,
+
+    W_q[h] <- √(τ/S_h)·W_q[h],   W_k[h] <- √(τ/S_h)·W_k[h]     (the rows of head h)
+
+so that the same inputs would give the head logits scaled by τ/S_h: a maximum of exactly τ.
+Heads at or below τ are left untouched.
+
+With QK-norm on (model.qk_norm, the default) q and k are RMS-normalised before the logits,
+which removes any scale of W_q and W_k: the clip still rescales the weights, but the next
+logits come out the same, so it bounds nothing there (the norm already bounds the logits by
+scale·head_dim). The rule only acts on the logits with model.qk_norm=false.
+
+Usage, on every rank alike (apply() is a collective when a process group is given):
+
+    clip = QKClip(model, tau, process_group)
+    clip.start()                    # once: attention layers record their maxima from now on
+    ... forward/backward over the step's micro-batches; optimizer.step() ...
+    stats = clip.apply()            # after every step: clip, reset, numbers to log
+
+Weights may be separate q, k linears or the merged 3×d×d q/k/v parameter, plain or FSDP2
+shards (`optim/shards.py`): each rank scales the rows it holds, nothing is gathered.
+"""
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from model.attention import CausalSelfAttention
+from optim.shards import local, row_range
+
+
+class QKClip:
+    """Clips every `CausalSelfAttention` of `model` at max logit `tau` (see the module doc)."""
+
+    def __init__(
+        self, model: nn.Module, tau: float, process_group: dist.ProcessGroup | None = None
+    ) -> None:
+        if tau <= 0:
+            raise ValueError(f"qk_clip: tau must be positive, got {tau}")
+        self.layers = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
+        if not self.layers:
+            raise ValueError("qk_clip: the model has no CausalSelfAttention layer to clip")
+        self.tau = float(tau)
+        self.group = process_group
+
+    def start(self) -> None:
+        """Record each training forward's per-head max logits from now on, starting afresh."""
+        for attn in self.layers:
+            attn.track_max_logit = True
+        self.reset()
+
+    def stop(self) -> None:
+        """Stop recording: forward is then exactly as without QK-clip."""
+        for attn in self.layers:
+            attn.track_max_logit = False
+
+    def reset(self) -> None:
+        """Forget the maxima recorded so far (e.g. after a step that was skipped)."""
+        for attn in self.layers:
+            device = local(next(attn.parameters())).device
+            attn.max_logit = torch.full(
+                (attn.n_head,), float("-inf"), dtype=torch.float32, device=device
+            )
+
+    @torch.no_grad()
+    def apply(self) -> dict[str, float | int]:
+        """Clip the heads whose max logit since the last call exceeded tau, reset the maxima,
+        and return {"qk_clip/max_logit": the largest over all heads, "qk_clip/clipped_heads"}."""
+        if any(attn.max_logit is None for attn in self.layers):
+            raise RuntimeError("qk_clip: call QKClip.start() before the step's forward passes")
+        maxima = torch.stack([attn.max_logit for attn in self.layers])  # (layers, heads)
+        if self.group is not None:  # every rank must clip alike, by the maxima of all batches
+            dist.all_reduce(maxima, op=dist.ReduceOp.MAX, group=self.group)
+        over = maxima > self.tau
+        factors = torch.where(over, (self.tau / maxima).sqrt(), torch.ones_like(maxima))
+        for attn, f in zip(self.layers, factors, strict=True):
+            scale_heads(attn, f)
+        self.reset()
+        top, clipped = torch.stack([maxima.max(), over.sum().float()]).tolist()
+        return {"qk_clip/max_logit": top, "qk_clip/clipped_heads": int(clipped)}
+
+
+def scale_heads(attn: CausalSelfAttention, factors: Tensor) -> None:
+    """Multiply head h's rows of W_q and of W_k by factors[h], in the rows held here."""
+    per_row = factors.repeat_interleave(attn.head_dim)[:, None]  # (d, 1): one per output row
+    if hasattr(attn, "qkv"):
+        # Dim 0 is the q/k/v slice: a shard holds whole slices, so scale q's and k's if here.
+        start, stop = row_range(attn.qkv)
+        shard = local(attn.qkv)
+        for which in (0, 1):
+            if start <= which < stop:
+                shard[which - start].mul_(per_row.to(shard.dtype))
+        return
+    for weight in (attn.q.weight, attn.k.weight):
+        start, stop = row_range(weight)
+        shard = local(weight)
+        shard.mul_(per_row[start:stop].to(shard.dtype))

@@ -1,0 +1,266 @@
+"""Muon on FSDP2-sharded matrices: each whole matrix orthogonalised once, by its owner.
+
+Under `dist.strategy=fsdp` a rank holds only a dim-0 shard of each matrix and of its gradient
+(`optim/shards.py`), but Newton–Schulz needs the whole matrix. A step, per param group:
+
+(a) momentum on the local shards, in fp32 (elementwise: shards of the whole result);
+(b) one packed `all_to_all_single` per bucket sends every shard of matrix i, cast to the
+    Newton–Schulz dtype, to the rank that owns i (`assign_owners`: cost-balanced, the same
+    on every rank); the owner concatenates the shards in rank order and runs the same
+    batched Newton–Schulz as one process (`orthogonalise`);
+(c) the inverse `all_to_all_single` returns to every rank its rows of each result, and each
+    rank applies weight decay and the update to its shard, with the LR scale of the *global*
+    shape.
+
+A bucket is one Newton–Schulz shape class (a 768×3072 and a 3072×768 share one), so each
+bucket is one batched Newton–Schulz. Every bucket's exchange is started at once (async), and
+the owners orthogonalise bucket k while later buckets are still in flight; each result goes
+back (async) as soon as it is ready. No rank ever materialises a whole parameter: owners see
+whole *updates*, of the matrices they own only.
+
+Each value crosses the network twice, in the Newton–Schulz dtype: (W-1)/W·P·2 bytes per rank
+each way in bf16, the bytes of one fp32 all-reduce of the updates. Because every cast,
+concatenation and Newton–Schulz runs on the same values in the same order as in one process,
+the parameters stay bitwise equal to single-process `Muon` given the same averaged gradients
+(`tests/test_sharded_muon.py`).
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+from torch.optim.optimizer import ParamsT
+
+from optim.exchange import assign_owners
+from optim.muon import advance_momentum, apply_update, momentum_update
+from optim.muon_settings import MuonConfig, check_settings
+from optim.newton_schulz import orthogonalise
+from optim.shards import check_layout, local, numel_of_rows, row_counts
+
+
+@dataclass
+class Bucket:
+    """One shape class of a group: its matrices and what this rank sends and receives."""
+
+    indices: list[int]  # the group's matrices in this bucket, in index order
+    mine: list[int]  # those this rank owns
+    send: list[int]  # values sent to each rank: my shards of the matrices it owns
+    recv: list[int]  # values received from each rank: its shards of the matrices I own
+
+
+class ExchangePlan:
+    """Who owns which matrix of a group, and the split sizes of every bucket's exchange."""
+
+    def __init__(self, shapes: Sequence[torch.Size], world: int, rank: int) -> None:
+        self.shapes, self.world, self.rank = list(shapes), world, rank
+        self.owners = assign_owners(self.shapes, world)
+        self.rows = [row_counts(s[0], world) for s in self.shapes]  # per matrix, per rank
+        self.starts = [[sum(r[:k]) for k in range(world)] for r in self.rows]
+        classes: dict[tuple[int, ...], list[int]] = {}
+        for i, s in enumerate(self.shapes):
+            classes.setdefault((*s[:-2], *sorted(s[-2:])), []).append(i)
+        self.buckets = [self._bucket(idx) for idx in classes.values()]
+
+    def _bucket(self, indices: list[int]) -> Bucket:
+        mine = [i for i in indices if self.owners[i] == self.rank]
+        send = [
+            sum(self.numel(i, self.rank) for i in indices if self.owners[i] == dest)
+            for dest in range(self.world)
+        ]
+        recv = [sum(self.numel(i, src) for i in mine) for src in range(self.world)]
+        return Bucket(indices, mine, send, recv)
+
+    def numel(self, i: int, rank: int) -> int:
+        """Values of matrix i that `rank` holds."""
+        return numel_of_rows(self.shapes[i], self.rows[i][rank])
+
+    def owned_by(self, bucket: Bucket, rank: int) -> list[int]:
+        return [i for i in bucket.indices if self.owners[i] == rank]
+
+
+class ShardedMuon(torch.optim.Optimizer):
+    """Muon for dim-0 sharded DTensor matrices (plain tensors count as one whole shard).
+
+    Same hyperparameters and update as `Muon` (the defaults are `MuonConfig`'s); the process
+    group is the parameters' mesh. Momentum buffers are DTensors sharded like their
+    parameters, created with the optimizer, so every rank has its state from the start.
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = MuonConfig.lr,
+        momentum: float = MuonConfig.momentum,
+        nesterov: bool = MuonConfig.nesterov,
+        momentum_form: str = MuonConfig.momentum_form,
+        ns_steps: int = MuonConfig.ns_steps,
+        ns_coefficients: str = MuonConfig.ns_coefficients,
+        lr_scale: str = MuonConfig.lr_scale,
+        ns_form: str = MuonConfig.ns_form,
+        weight_decay: float = MuonConfig.weight_decay,
+        eps: float = MuonConfig.eps,
+        ns_dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "nesterov": nesterov,
+            "momentum_form": momentum_form,
+            "ns_steps": ns_steps,
+            "ns_coefficients": ns_coefficients,
+            "lr_scale": lr_scale,
+            "ns_form": ns_form,
+            "weight_decay": weight_decay,
+            "eps": eps,
+        }
+        self.ns_dtype = ns_dtype
+        self.group: dist.ProcessGroup | None = None
+        self._has_params = False
+        self._plans: dict[int, ExchangePlan] = {}
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            check_settings(group, "Muon ")
+            for p in group["params"]:
+                self._check_param(p)
+        except ValueError:
+            self.param_groups.pop()
+            raise
+        for p in group["params"]:
+            self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+
+    def _check_param(self, p: Tensor) -> None:
+        if p.ndim < 2:
+            raise ValueError(
+                f"Muon only takes matrices (2-D, or stacks of them), got a parameter of shape "
+                f"{tuple(p.shape)}; give embeddings, gains and biases to AdamW"
+            )
+        group = None
+        if isinstance(p, DTensor):
+            check_layout(p)
+            group = p.device_mesh.get_group()
+        if self._has_params and group is not self.group:
+            raise ValueError("every parameter of a ShardedMuon must be sharded on the same mesh")
+        self.group, self._has_params = group, True
+
+    @property
+    def world(self) -> int:
+        return dist.get_world_size(self.group) if self.group is not None else 1
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for index, group in enumerate(self.param_groups):
+            self._step_group(index, group)
+        return loss
+
+    def _step_group(self, index: int, group: dict[str, Any]) -> None:
+        params = group["params"]
+        missing = [i for i, p in enumerate(params) if p.grad is None]
+        if missing:
+            # Ownership covers the whole group: a rank skipping a matrix would desynchronise
+            # every exchange, so a parameter without a gradient is an error, not a skip.
+            raise RuntimeError(
+                f"sharded Muon needs a gradient for every parameter; parameters {missing} of "
+                f"group {group.get('name', '?')!r} have none"
+            )
+        plan = self._plan(index, params)
+        updates = []
+        for p in params:
+            buf, g = local(self.state[p]["momentum_buffer"]), local(p.grad)
+            advance_momentum(buf, g, group)
+            updates.append(momentum_update(buf, g, group))
+        outgoing = [self._to_owners(plan, b, updates) for b in plan.buckets]
+        returning = []
+        for bucket, (work, received) in zip(plan.buckets, outgoing, strict=True):
+            _wait(work)
+            whole = self._assemble(plan, bucket, received)
+            g = group
+            ortho = orthogonalise(
+                whole, g["ns_coefficients"], g["ns_steps"], g["eps"], self.ns_dtype, g["ns_form"]
+            )
+            returning.append(self._to_shards(plan, bucket, ortho))
+        for bucket, (work, received) in zip(plan.buckets, returning, strict=True):
+            _wait(work)
+            offset = 0
+            for owner in range(plan.world):
+                for i in plan.owned_by(bucket, owner):
+                    n = plan.numel(i, plan.rank)
+                    shard = local(params[i])
+                    piece = received[offset : offset + n].view(shard.shape)
+                    apply_update(shard, piece, group, plan.shapes[i])
+                    offset += n
+
+    def _plan(self, index: int, params: list[Tensor]) -> ExchangePlan:
+        if index not in self._plans:
+            rank = dist.get_rank(self.group) if self.group is not None else 0
+            self._plans[index] = ExchangePlan([p.shape for p in params], self.world, rank)
+        return self._plans[index]
+
+    def _to_owners(self, plan: ExchangePlan, bucket: Bucket, updates: list[Tensor]) -> tuple:
+        """Start sending my shard of each matrix in `bucket` to its owner, packed by owner."""
+        device = updates[bucket.indices[0]].device
+        send = torch.empty(sum(bucket.send), dtype=self.ns_dtype, device=device)
+        offset = 0
+        for dest in range(plan.world):
+            for i in plan.owned_by(bucket, dest):
+                n = updates[i].numel()
+                send[offset : offset + n].view_as(updates[i]).copy_(updates[i])
+                offset += n
+        return self._all_to_all(send, bucket.recv, bucket.send)
+
+    def _assemble(self, plan: ExchangePlan, bucket: Bucket, received: Tensor) -> dict:
+        """The whole update of each matrix I own: the shards from every rank, in rank order."""
+        whole = {
+            i: torch.empty(plan.shapes[i], dtype=self.ns_dtype, device=received.device)
+            for i in bucket.mine
+        }
+        offset = 0
+        for src in range(plan.world):
+            for i in bucket.mine:
+                n, start = plan.numel(i, src), numel_of_rows(plan.shapes[i], plan.starts[i][src])
+                whole[i].view(-1)[start : start + n].copy_(received[offset : offset + n])
+                offset += n
+        return whole
+
+    def _to_shards(self, plan: ExchangePlan, bucket: Bucket, ortho: dict[int, Tensor]) -> tuple:
+        """Start sending every rank its rows of each orthogonalised matrix I own."""
+        device = next(iter(ortho.values())).device if ortho else _device(self.param_groups)
+        send = torch.empty(sum(bucket.recv), dtype=self.ns_dtype, device=device)
+        offset = 0
+        for dest in range(plan.world):
+            for i in bucket.mine:
+                rows, start = plan.rows[i][dest], plan.starts[i][dest]
+                n = plan.numel(i, dest)
+                piece = send[offset : offset + n].view(rows, *plan.shapes[i][1:])
+                piece.copy_(ortho[i][start : start + rows])
+                offset += n
+        return self._all_to_all(send, bucket.send, bucket.recv)
+
+    def _all_to_all(self, send: Tensor, recv_splits: list[int], send_splits: list[int]) -> tuple:
+        if self.group is None:
+            return None, send
+        received = torch.empty(sum(recv_splits), dtype=send.dtype, device=send.device)
+        work = dist.all_to_all_single(
+            received, send, recv_splits, send_splits, group=self.group, async_op=True
+        )
+        return work, received
+
+
+def _wait(work: dist.Work | None) -> None:
+    if work is not None:
+        work.wait()
+
+
+def _device(groups: list[dict[str, Any]]) -> torch.device:
+    return local(groups[0]["params"][0]).device
