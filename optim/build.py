@@ -16,6 +16,7 @@ from optim.config import OptimConfig
 from optim.muon import Muon
 from optim.newton_schulz import resolve_ns_dtype
 from optim.offload import StateOffload
+from optim.qk_clip import QKClip
 from optim.partition import partition_params
 from optim.schedule import Schedules
 from optim.sharded_muon import ShardedMuon
@@ -95,7 +96,11 @@ def build_optimizer(
     offload = StateOffload(parts, device) if cfg.offload else None
     if offload is not None:
         summary += ", state offloaded to CPU"
-    combined = CombinedOptimizer(parts, schedules, summary, self_reduced, offload)
+    clip = None
+    if m.qk_clip > 0:
+        clip = QKClip(model, m.qk_clip, process_group)
+        summary += f", QK-clip at {m.qk_clip:g}"
+    combined = CombinedOptimizer(parts, schedules, summary, self_reduced, offload, clip)
     if sharded or offload is not None:
         combined.init_state()
     if offload is not None:

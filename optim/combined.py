@@ -17,6 +17,7 @@ from torch import Tensor
 from optim import flat_state as flat
 from optim.muon import Muon
 from optim.offload import StateOffload
+from optim.qk_clip import QKClip
 from optim.schedule import Schedules, StepValues
 from optim.sharded_muon import ShardedMuon
 
@@ -29,11 +30,13 @@ class CombinedOptimizer:
         summary: str,
         self_reduced: list[str] | None = None,
         offload: StateOffload | None = None,
+        clip: QKClip | None = None,
     ) -> None:
         """`parts` in a fixed order (a checkpoint lists their states in it); every param
         group carries a unique "name", its parameters' "param_names" and its base LR as
         "initial_lr". `self_reduced`: names of the parameters whose gradients a part averages
-        across ranks itself. `offload`: keeps the parts' state in CPU memory between steps."""
+        across ranks itself. `offload`: keeps the parts' state in CPU memory between steps.
+        `clip`: QK-clip, applied after every step (its numbers in `stats`)."""
         if not parts:
             raise ValueError("the model has no trainable parameters to optimize")
         self.parts = parts
@@ -42,6 +45,10 @@ class CombinedOptimizer:
         self.self_reduced = list(self_reduced or [])
         self.offload = offload
         self._resident_depth = 0
+        self.clip = clip
+        self.stats: dict[str, float | int] = {}  # the last step's numbers to log (QK-clip)
+        if clip is not None:
+            clip.start()
         names = [g["name"] for opt in parts for g in opt.param_groups]
         if len(set(names)) != len(names):
             raise ValueError(f"param group names must be unique, got {names}")
@@ -64,13 +71,15 @@ class CombinedOptimizer:
         if self.offload is None:
             for opt in self.parts:
                 opt.step()
-            return
-        self.offload.fetch_all()
-        for k, opt in enumerate(self.parts):
-            self.offload.wait(k)
-            opt.step()
-            self.offload.store(k)
-        self.offload.release()
+        else:
+            self.offload.fetch_all()
+            for k, opt in enumerate(self.parts):
+                self.offload.wait(k)
+                opt.step()
+                self.offload.store(k)
+            self.offload.release()
+        if self.clip is not None:
+            self.stats = self.clip.apply()
 
     @contextmanager
     def resident(self) -> Iterator[None]:
@@ -91,6 +100,8 @@ class CombinedOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self.parts:
             opt.zero_grad(set_to_none=set_to_none)
+        if self.clip is not None:  # a skipped step's logits must not count for the next
+            self.clip.reset()
 
     def params(self) -> list[torch.Tensor]:
         """Every parameter this object trains."""

@@ -49,6 +49,10 @@ class MuonConfig:
     # gradients skip DDP and go to their owners, updated parameters are gathered (least traffic
     # in all; momentum then lives on the owner and state_dict() is a collective)
     exchange: str = field(default="all_gather", metadata={"choices": EXCHANGES})
+    # QK-clip τ (MuonClip, optim/qk_clip.py): after each step, heads whose max attention logit
+    # exceeded τ get W_q and W_k scaled by √(τ/max); 0 = off. Costs an extra q·kᵀ per layer.
+    # Bounds the logits only with model.qk_norm=false (QK-norm cancels any scale of W_q, W_k)
+    qk_clip: float = 0.0
 
     def validate(self) -> None:
         """Raise ValueError naming the `optim.muon.*` key that is wrong."""
@@ -60,6 +64,8 @@ class MuonConfig:
             )
         if self.momentum_warmup_steps < 0:
             raise ValueError("optim.muon.momentum_warmup_steps must be >= 0")
+        if self.qk_clip < 0:
+            raise ValueError(f"optim.muon.qk_clip must be >= 0 (0 = off), got {self.qk_clip}")
 
 
 def check_settings(settings: Mapping[str, Any], where: str) -> None:

@@ -280,3 +280,30 @@ def test_fsdp_shards_clip_as_one_process(world: int, tmp_path: Path) -> None:
         for name, w in weights.items():
             torch.testing.assert_close(g_weights[name], w, rtol=1e-6, atol=0, msg=name)
         torch.testing.assert_close(g_logits, logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_training_with_qk_clip_logs_and_clips(tmp_path: Path, corpus_cache: Path) -> None:
+    """optim.muon.qk_clip wired through train(): every step logs the max logit, heads over τ
+    are clipped, and with a τ no logit reaches nothing changes (the run equals one without)."""
+    import json
+
+    from tests.helpers import TINY, compose_config
+    from train import train
+
+    def run(name: str, *extra: str) -> list[dict]:
+        cfg = [*TINY, "model.qk_norm=false", f"run_dir={tmp_path / name}",
+               f"data.cache_dir={corpus_cache}", *extra]  # fmt: skip
+        train(compose_config(cfg))
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(x) for x in lines]
+
+    clipped = run("clip", "optim.muon.qk_clip=0.5")
+    steps = [r for r in clipped if r["step"] > 0]
+    assert all("qk_clip/max_logit" in r for r in steps)
+    assert sum(r["qk_clip/clipped_heads"] for r in steps) > 0
+    never = run("never", "optim.muon.qk_clip=1e9")
+    plain = run("plain")
+    assert [r.get("val_loss") for r in never] == [r.get("val_loss") for r in plain]
+    assert [r.get("train_loss") for r in never] == [r.get("train_loss") for r in plain]
+    assert all(r["qk_clip/clipped_heads"] == 0 for r in never if r["step"] > 0)

@@ -161,6 +161,7 @@ class Loop:
             "train_loss": loss if math.isfinite(loss) else None,
             "lr_mult": values.lr_mult,
             **{f"lr/{name}": lr for name, lr in self.optimizer.lrs().items()},
+            **self.optimizer.stats,
             "tokens": p.tokens,
             "train_time_ms": p.train_time_s * 1000,
             "step_ms": dt * 1000,
