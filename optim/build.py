@@ -16,8 +16,8 @@ from optim.config import OptimConfig
 from optim.muon import Muon
 from optim.newton_schulz import resolve_ns_dtype
 from optim.offload import StateOffload
-from optim.qk_clip import QKClip
 from optim.partition import partition_params
+from optim.qk_clip import QKClip
 from optim.schedule import Schedules
 from optim.sharded_muon import ShardedMuon
 

@@ -60,8 +60,10 @@ def test_fsdp_gives_the_ddp_curve(fsdp_two: Path, tmp_path: Path, corpus_cache: 
     offloaded = train_on_ranks(2, tmp_path, "off", corpus_cache, FSDP, *SAVE, "optim.offload=true")
     losses = [(r.get("train_loss"), r.get("val_loss")) for r in offloaded]
     assert losses == [(r.get("train_loss"), r.get("val_loss")) for r in curve(fsdp_two)]
-    resumed = train_on_ranks(2, tmp_path, "off_resumed", corpus_cache, FSDP,
-                             "optim.offload=true", f"train.resume={_checkpoint(fsdp_two)}")  # fmt: skip
+    resume = f"train.resume={_checkpoint(fsdp_two)}"
+    resumed = train_on_ranks(
+        2, tmp_path, "off_resumed", corpus_cache, FSDP, "optim.offload=true", resume
+    )
     assert_continues(resumed, curve(fsdp_two), exact=True)
     meta = files.validate(fsdp_two / files.CHECKPOINTS_DIR / files.step_dir_name(20))
     assert meta["layout"] == "dcp" and meta["world_size"] == 2
