@@ -1,4 +1,4 @@
-"""Benchmark round-robin Muon: 2 gloo ranks against 1 process, per exchange mode, on one CPU.
+"""Benchmark distributed Muon: 2 gloo ranks against 1 process, per exchange mode and sharded.
 
 Two ranks (1 thread each) hold the GPT-2-small Muon matrices. In every round, in the same two
 processes: rank 0 alone times a single-process Muon step with 1 thread (the same compute per
@@ -13,6 +13,13 @@ halved) and compared with the ring formulas:
     all_gather        (W-1)/W·P·b
     reduce_scatter  2·(W-1)/W·P·4      (fp32 gradients scattered, fp32 parameters gathered)
     DDP gradients   2·(W-1)/W·P·4      (before all_reduce / all_gather only)
+    sharded         2·(W-1)/W·P·b      (dist.strategy=fsdp: shards to owners and back)
+    FSDP gradients    (W-1)/W·P·4 + (W-1)/W·P·4   (reduce-scatter the gradients, all-gather
+                                        the parameters for the next forward: fp32 on CPU)
+
+The sharded row is `ShardedMuon` on dim-0 DTensor shards of the same matrices: every rank
+keeps 1/W of the momentum, and "vs replicated" is its ratio to the all_gather mode's step,
+timed in the same rounds.
 
     python scripts/bench_dist_muon.py                  # 124M shapes, 5 rounds
     python scripts/bench_dist_muon.py --shapes tiny --rounds 20
@@ -30,9 +37,13 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
 from optim.exchange import EXCHANGES
 from optim.muon import Muon
 from optim.newton_schulz import resolve_ns_dtype
+from optim.sharded_muon import ShardedMuon
 from scripts.bench_optim import SHAPE_SETS
 from trainer.dist import free_port
 
@@ -57,6 +68,19 @@ def make(shapes: list, group: dist.ProcessGroup | None, exchange: str, ns_dtype)
     return Muon(params, ns_dtype=ns_dtype, process_group=group, exchange=exchange, **KW)
 
 
+def make_sharded(shapes: list, ns_dtype) -> ShardedMuon:
+    """The same matrices and gradients as `make`, as dim-0 shards over the world."""
+    mesh = init_device_mesh("cpu", (WORLD,))
+    gen = torch.Generator().manual_seed(0)
+    params = []
+    for s in shapes:
+        p, g = torch.randn(s, generator=gen), torch.randn(s, generator=gen)
+        shard = torch.nn.Parameter(distribute_tensor(p, mesh, [Shard(0)], src_data_rank=None))
+        shard.grad = distribute_tensor(g, mesh, [Shard(0)], src_data_rank=None)
+        params.append(shard)
+    return ShardedMuon(params, ns_dtype=ns_dtype, **KW)
+
+
 def timed(fn) -> tuple[float, int]:
     """(seconds, loopback bytes) of fn(), both ranks lined up at a barrier first."""
     dist.barrier()
@@ -74,7 +98,14 @@ def rank_main(rank: int, port: int, shapes: list, rounds: int, out: dict) -> Non
     group = dist.group.WORLD
     single = make(shapes, None, "all_reduce", ns_dtype) if rank == 0 else None
     modes = {m: make(shapes, group, m, ns_dtype) for m in EXCHANGES}
+    sharded = make_sharded(shapes, ns_dtype)
     grads = torch.zeros(sum(torch.Size(s).numel() for s in shapes))  # DDP's fp32 gradients
+    shard_grads = torch.zeros(grads.numel() // WORLD)  # FSDP's: reduce-scattered, then the
+    shard_params = torch.zeros(grads.numel() // WORLD)  # parameters all-gathered
+
+    def fsdp_sync() -> None:
+        dist.reduce_scatter_tensor(shard_grads, grads)
+        dist.all_gather_single(grads, shard_params)
 
     def alone(threads: int):
         def run() -> None:
@@ -89,7 +120,9 @@ def rank_main(rank: int, port: int, shapes: list, rounds: int, out: dict) -> Non
         "1 rank, 1 thread": alone(1),
         "1 rank, 2 threads": alone(2),
         "DDP grad all-reduce": lambda: dist.all_reduce(grads),
+        "FSDP grad/param sync": fsdp_sync,
         **{m: opt.step for m, opt in modes.items()},
+        "sharded": sharded.step,
     }
     for fn in jobs.values():  # warm-up: allocations, first-touch, oneDNN kernels
         timed(fn)
@@ -141,6 +174,7 @@ def main() -> None:
     w, b = WORLD, r["bytes_per_value"]
     ring = (w - 1) / w * n
     formula = {"all_reduce": 2 * ring * b, "all_gather": ring * b, "reduce_scatter": 2 * ring * 4}
+    formula["sharded"] = 2 * ring * b
     ddp_s, ddp_bytes = t["DDP grad all-reduce"], sent["DDP grad all-reduce"]
     base1, base2 = t["1 rank, 1 thread"], t["1 rank, 2 threads"]
 
@@ -154,19 +188,30 @@ def main() -> None:
         f"DDP fp32 gradient all-reduce: {ddp_s * 1000:.0f} ms, {ddp_bytes / 1e6:.0f} MB/rank "
         f"(formula {2 * ring * 4 / 1e6:.0f} MB)"
     )
+    fsdp_s = t["FSDP grad/param sync"]
+    print(
+        f"FSDP fp32 gradient reduce-scatter + parameter all-gather: {fsdp_s * 1000:.0f} ms, "
+        f"{sent['FSDP grad/param sync'] / 1e6:.0f} MB/rank (formula {2 * ring * 4 / 1e6:.0f} MB)"
+    )
     print()
     print(
         f"{'exchange':<15} {'step ms':>8} {'vs 1r1t':>8} {'vs 1r2t':>8} {'MB/rank':>8} "
         f"{'formula':>8} {'+grad sync ms':>14} {'vs 1r1t':>8} {'vs 1r2t':>8}"
     )
-    for m in EXCHANGES:
+    for m in (*EXCHANGES, "sharded"):
         # The cost of getting from local gradients to updated parameters, in every mode.
-        total = t[m] + (ddp_s if m != "reduce_scatter" else 0.0)
+        sync = {"reduce_scatter": 0.0, "sharded": fsdp_s}.get(m, ddp_s)
+        total = t[m] + sync
         print(
             f"{m:<15} {t[m] * 1000:>8.0f} {t[m] / base1:>7.2f}x {t[m] / base2:>7.2f}x "
             f"{sent[m] / 1e6:>8.0f} {formula[m] / 1e6:>8.0f} {total * 1000:>14.0f} "
             f"{total / base1:>7.2f}x {total / base2:>7.2f}x"
         )
+    ratio = t["sharded"] / t["all_gather"]
+    print(
+        f"\nsharded step vs replicated (all_gather) step, same rounds: {ratio:.2f}x the time; "
+        f"momentum per rank 1/{WORLD} of replicated"
+    )
 
 
 if __name__ == "__main__":

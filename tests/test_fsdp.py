@@ -98,6 +98,16 @@ def test_one_rank_saves_resume_on_two(tmp_path: Path, corpus_cache: Path) -> Non
         assert_continues(two, one, exact=False)
 
 
+@pytest.mark.slow
+def test_one_rank_fsdp_is_the_ddp_run_bitwise(tmp_path: Path, corpus_cache: Path) -> None:
+    """On one rank FSDP2, sharded Muon on a 1-rank mesh and the DCP-free path compute exactly
+    what the plain run computes: every loss equal."""
+    plain = train_on_ranks(1, tmp_path, "plain", corpus_cache)
+    sharded = train_on_ranks(1, tmp_path, "sharded", corpus_cache, FSDP)
+    key = ("train_loss", "val_loss")
+    assert [[r.get(k) for k in key] for r in sharded] == [[r.get(k) for k in key] for r in plain]
+
+
 def test_fsdp_run_config_is_checked() -> None:
     from trainer.strategy import resolve_param_dtype
 

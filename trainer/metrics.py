@@ -141,6 +141,8 @@ def describe_run(
     if m.dtype == "bf16":
         precision = f"bf16 model ({precision} for the rest)"
     ranks = f"{rt.world_size} rank" + ("s" if rt.world_size > 1 else "")
+    if conf.dist.strategy == "fsdp":
+        ranks += f" (fsdp, parameters in {conf.dist.fsdp_param_dtype})"
     return (
         f"model {m.n_layer} layers, d {m.n_embd}, {m.n_head} heads: {n_params / 1e6:.2f}M "
         f"parameters | {optimizer} | {ranks} on {rt.device.type}, {precision} | "
