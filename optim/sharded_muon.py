@@ -18,8 +18,10 @@ the owners orthogonalise bucket k while later buckets are still in flight; each 
 back (async) as soon as it is ready. No rank ever materialises a whole parameter: owners see
 whole *updates*, of the matrices they own only.
 
-Each value crosses the network twice, in the Newton–Schulz dtype: (W-1)/W·P·2 bytes per rank
-each way in bf16, the bytes of one fp32 all-reduce of the updates. Because every cast,
+A rank holds P/W values and sends the (W-1)/W of them that other ranks own, then receives as
+many back: 2·(W-1)/W²·P·b bytes per rank per step (b: the Newton–Schulz dtype's size). For
+W=2 that equals the replicated all_gather exchange, (W-1)/W·P·b; for more ranks it is
+about 2/W of it. Because every cast,
 concatenation and Newton–Schulz runs on the same values in the same order as in one process,
 the parameters stay bitwise equal to single-process `Muon` given the same averaged gradients
 (`tests/test_sharded_muon.py`).

@@ -13,7 +13,7 @@ halved) and compared with the ring formulas:
     all_gather        (W-1)/W·P·b
     reduce_scatter  2·(W-1)/W·P·4      (fp32 gradients scattered, fp32 parameters gathered)
     DDP gradients   2·(W-1)/W·P·4      (before all_reduce / all_gather only)
-    sharded         2·(W-1)/W·P·b      (dist.strategy=fsdp: shards to owners and back)
+    sharded         2·(W-1)/W²·P·b     (dist.strategy=fsdp: shards to owners and back)
     FSDP gradients    (W-1)/W·P·4 + (W-1)/W·P·4   (reduce-scatter the gradients, all-gather
                                         the parameters for the next forward: fp32 on CPU)
 
@@ -174,7 +174,7 @@ def main() -> None:
     w, b = WORLD, r["bytes_per_value"]
     ring = (w - 1) / w * n
     formula = {"all_reduce": 2 * ring * b, "all_gather": ring * b, "reduce_scatter": 2 * ring * 4}
-    formula["sharded"] = 2 * ring * b
+    formula["sharded"] = 2 * ring / w * b
     ddp_s, ddp_bytes = t["DDP grad all-reduce"], sent["DDP grad all-reduce"]
     base1, base2 = t["1 rank, 1 thread"], t["1 rank, 2 threads"]
 

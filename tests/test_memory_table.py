@@ -1,0 +1,54 @@
+"""scripts/memory_table.py: the computed per-rank bytes are what a real step holds.
+
+One training step of the tiny model on gloo ranks, under ddp, fsdp and fsdp+offload; the
+bytes of parameter and gradient shards, device optimizer state and offload's host mirrors
+must equal the formula exactly: at W=2 (every dim-0 splits evenly) and at W=3, where the
+128-row matrices split 43/43/42 and the fullest rank sets the figure.
+"""
+
+import pytest
+
+from model.config import ModelConfig
+from scripts.memory_table import (
+    PARTS,
+    SETUPS,
+    computed,
+    gpt2_config,
+    max_over_ranks,
+    measure_rank,
+)
+from tests.dist_utils import run_ranks
+
+
+def _check(rank: int, world: int, cfg: ModelConfig, setups: tuple[str, ...]) -> None:
+    want = computed(cfg, world)
+    for setup in setups:
+        got = max_over_ranks(measure_rank(cfg, setup, tokens=16))
+        assert {k: got[k] for k in PARTS} == want[setup], setup
+        assert got["counters"] == 4 * 2  # AdamW's step counters: embedding and head
+
+
+@pytest.mark.timeout(120)
+def test_computed_equals_a_measured_step_on_two_ranks() -> None:
+    run_ranks(_check, 2, ModelConfig(), SETUPS)
+
+
+@pytest.mark.timeout(120)
+def test_uneven_shards_count_the_fullest_rank() -> None:
+    cfg = ModelConfig(n_layer=1)
+    assert computed(cfg, 3)["fsdp"]["params"] > computed(cfg, 1)["fsdp"]["params"] / 3
+    run_ranks(_check, 3, cfg, ("fsdp",))
+
+
+def test_124m_is_gpt2_small_plus_an_untied_head() -> None:
+    c = computed(gpt2_config("124M"), world=8)
+    head = 50304 * 768
+    # 162,201,600 = 123,568,128 (embedding 50304x768 + 12 blocks of 12·768², no biases or
+    # position table) + the 38,633,472 head; GPT-2 small with its tied head is 124,439,808.
+    assert c["params"] == 162_201_600
+    assert c["groups"] == {"muon": 84_934_656, "embed": head, "head": head, "scalar": 0}
+    assert c["params"] - head == pytest.approx(124.4e6, rel=0.01)
+    # fsdp at W=8: every dim-0 divides by 8, so exactly 1/8 of ddp, part by part.
+    assert {k: 8 * v for k, v in c["fsdp"].items()} == c["ddp"]
+    # The transient's end-of-backward term dominates: (2 + 4)·head + 2·2·embedding, in bf16.
+    assert c["gathered"] == 10 * head
