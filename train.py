@@ -7,8 +7,11 @@ work and returns the final validation loss (what a Hydra sweep minimises). Tests
 """
 
 import logging
+import os
+import shlex
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 import torch
@@ -26,8 +29,8 @@ from trainer.dist import agree_on_config, local_main_first, main_decides, proces
 from trainer.fault import Faults
 from trainer.launch import spawn_ranks
 from trainer.loop import Loop
-from trainer.metrics import MetricsSink, describe_run
-from trainer.run_dir import check_writable, env_rank
+from trainer.metrics import METRICS_FILE, MetricsSink, describe_run
+from trainer.run_dir import check_writable, env_rank, set_aside_previous
 from trainer.runtime import Runtime, init_runtime, seed_everything
 from trainer.signals import Stopped, StopRequests
 from trainer.strategy import fsdp_no_sync, resolve_param_dtype, shard_model
@@ -76,6 +79,10 @@ def _train(conf: Config, rt: Runtime, group: ProcessGroup | None, accum_steps: i
     )  # fmt: skip
     checkpoints = Checkpointer(conf, rt, model, optimizer, loader)
     start = checkpoints.resume()  # before DDP: its construction broadcasts the parameters
+    if start.step == 0 and rt.is_main:  # a fresh start owns the run directory's records
+        moved = set_aside_previous(run_dir, (METRICS_FILE, CHECKPOINTS_DIR))
+        if moved is not None:
+            log.warning("an earlier run's metrics and checkpoints were moved to %s", moved)
     ddp = wrap_ddp(model, optimizer.self_reduced) if group is not None and not fsdp else None
     no_sync = ddp.no_sync if ddp is not None else fsdp_no_sync(model) if fsdp else None
     fwd = torch.compile(ddp or model) if conf.model.compile else ddp or model
@@ -93,13 +100,47 @@ def _train(conf: Config, rt: Runtime, group: ProcessGroup | None, accum_steps: i
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 @record  # a failing rank's traceback reaches torchrun's summary
 def main(cfg: DictConfig) -> float:
-    log.info("config:\n%s", OmegaConf.to_yaml(cfg))
     try:
-        return train(cfg)
+        conf = to_config(cfg)  # a bad value fails here, before the config dump
+        # Into train.log only: the console keeps to what happens (.hydra/ has it too).
+        to_log_file(logging.INFO, f"config:\n{OmegaConf.to_yaml(cfg)}")
+        return train(conf)
     except Stopped as e:  # a checkpoint is saved: no traceback, the shell's signal status
         if env_rank() == 0:
-            log.warning("%s", e)
+            log.warning("%s To continue: %s", e, continue_command(conf.run_dir))
         sys.exit(e.exit_code)
+    except (ValueError, OSError, FloatingPointError) as e:
+        # The project's own checks raise these with a message naming the key or file and
+        # the fix: that line is the whole report. Under torchrun @record takes the exception
+        # to torchrun's summary instead, and HYDRA_FULL_ERROR=1 shows the traceback.
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or "TORCHELASTIC_RUN_ID" in os.environ:
+            raise
+        fail(e)
+
+
+def fail(e: BaseException) -> NoReturn:
+    """Print `e` as one line on stderr (and into train.log when the run has one); exit 1."""
+    to_log_file(logging.ERROR, f"error: {e}")
+    print(f"error: {e} (HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr)
+    sys.exit(1)
+
+
+def to_log_file(level: int, message: str) -> None:
+    """Write `message` to the run's log file (rank 0's train.log) but not to the console."""
+    record_ = log.makeRecord(log.name, level, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record_)
+
+
+def continue_command(run_dir: str) -> str:
+    """The command that resumes this run: the same arguments, pinned to its run directory
+    (a default run directory is new for every launch, so "the same command" would not do)."""
+    args = [a for a in sys.argv[1:] if not a.startswith("hydra.run.dir=")]
+    tail = shlex.join([*args, f"hydra.run.dir={run_dir}"])
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # this process can't see torchrun's own flags
+        return f"the same torchrun command, with train.py {tail}"
+    return f"python train.py {tail}"
 
 
 if __name__ == "__main__":

@@ -216,8 +216,25 @@ def test_unknown_preset_names_the_choices() -> None:
 
 
 def test_plain_dict_is_checked_against_the_schema() -> None:
-    with pytest.raises((ConfigKeyError, ValidationError)):
+    with pytest.raises(
+        ValueError, match=r"unknown config key train\.stepz; did you mean train\.steps"
+    ):
         to_config({"train": {"stepz": 3}})
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("+train.step=3", r"train\.step; did you mean train\.steps\?"),
+        ("+optim.muon.lrr=0.1", r"optim\.muon\.lrr; did you mean optim\.muon\.lr\?"),
+        ("+nonsense=1", r"unknown config key nonsense$"),
+    ],
+)
+def test_added_keys_the_schema_lacks_are_refused(override: str, message: str) -> None:
+    """Hydra's `+key=value` (the fix its own error suggests for a typo) adds a key to the
+    composed config; it must fail like any unknown key, not be carried along and ignored."""
+    with pytest.raises(ValueError, match=message):
+        to_config(compose_config([override, "run_dir=."]))
 
 
 @pytest.mark.parametrize(

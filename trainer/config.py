@@ -9,7 +9,8 @@ from its metadata (`check_choices`, the one "must be one of"), ranges, divisibil
 cross-group constraints.
 """
 
-from dataclasses import dataclass, field, fields, is_dataclass
+import difflib
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -155,6 +156,7 @@ class Config:
         d = self.dist
         if d.nproc < 1:
             raise ValueError(f"dist.nproc must be >= 1, got {d.nproc}")
+        t.accumulation_steps(d.nproc)  # dist.nproc ranks must split the batch: fail before any
         if d.max_restarts < 0:
             raise ValueError(f"dist.max_restarts must be >= 0, got {d.max_restarts}")
         if d.timeout_s <= 0:
@@ -194,11 +196,27 @@ def register_configs() -> None:
     cs.store(name="config_schema", node=Config)
 
 
+def check_known(values: dict[str, Any], schema: Any, prefix: str = "") -> None:
+    """Raise ValueError naming the first key of `values` that the dataclass `schema` lacks,
+    with the nearest real key: `+train.step=3` would otherwise be accepted and ignored."""
+    known = {f.name: f for f in fields(schema)}
+    for key, value in values.items():
+        if key not in known:
+            near = difflib.get_close_matches(str(key), list(known), n=1)
+            hint = f"; did you mean {prefix}{near[0]}?" if near else ""
+            raise ValueError(f"unknown config key {prefix}{key}{hint}")
+        group = known[key].default_factory  # a nested group's dataclass
+        if isinstance(value, dict) and group is not MISSING and is_dataclass(group):
+            check_known(value, group, f"{prefix}{key}.")
+
+
 def to_config(cfg: DictConfig | Config | dict[str, Any]) -> Config:
     """Turn a composed DictConfig (or a plain dict) into a validated `Config` object."""
     if isinstance(cfg, Config):
         conf = cfg
     else:
+        plain = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else cfg
+        check_known(plain, Config)
         merged = OmegaConf.merge(OmegaConf.structured(Config), cfg)
         conf = OmegaConf.to_object(merged)
     conf.validate()

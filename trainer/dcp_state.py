@@ -13,6 +13,7 @@ run. (A DDP run with exchange=reduce_scatter keeps momentum on owners only; it l
 state through its own `load_state_dict`, which keeps each rank's share.)
 """
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,9 @@ def read_whole(directory: Path) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         for key, m in metadata.state_dict_metadata.items()
         if isinstance(m, TensorStorageMetadata)
     }
-    dcp.load(target, checkpoint_id=directory, no_dist=True)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(target, checkpoint_id=directory, no_dist=True)
     model = {k[len(MODEL) :]: v for k, v in target.items() if k.startswith(MODEL)}
     optim = {k[len(OPTIM) :]: v for k, v in target.items() if k.startswith(OPTIM)}
     return model, optim

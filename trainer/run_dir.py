@@ -92,3 +92,32 @@ def _process_start_time(pid: int) -> datetime | None:
     # Field 22 (starttime, clock ticks after boot); fields after the ")" of the command name.
     ticks = int(stat.rsplit(")", 1)[1].split()[19])
     return datetime.fromtimestamp(boot + ticks / os.sysconf("SC_CLK_TCK"))
+
+
+PREVIOUS_DIR = "previous"
+
+
+def set_aside_previous(run_dir: Path, names: tuple[str, ...]) -> Path | None:
+    """Move an earlier attempt's records (`names`: metrics, checkpoints) out of the way of a
+    run that starts fresh in `run_dir`, into previous/<time>/; return where (None if none).
+
+    A fresh start (train.resume=never, or a rerun with nothing to resume) would otherwise
+    append a second step series to metrics.jsonl and leave old checkpoints beside the new
+    ones. Moved, not deleted: nothing is lost, and `train.resume=<that dir>` still works.
+    """
+    found = [run_dir / n for n in names if _holds_something(run_dir / n)]
+    if not found:
+        return None
+    target = run_dir / PREVIOUS_DIR / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    target.mkdir(parents=True)
+    for path in found:
+        path.rename(target / path.name)
+    return target
+
+
+def _holds_something(path: Path) -> bool:
+    """A non-empty file, or a directory with anything in it (check_writable may have just
+    created an empty checkpoints/)."""
+    if path.is_dir():
+        return any(path.iterdir())
+    return path.is_file() and path.stat().st_size > 0

@@ -56,7 +56,7 @@ class Stopped(Exception):
         after = f" after step {step}" if step is not None else ""
         super().__init__(
             f"stopped by {signal_name}{after}; checkpoint saved to {checkpoint}. "
-            "Run the same command again (same run directory, train.resume=auto) to continue."
+            "A run in the same run directory (train.resume=auto) continues from it."
         )
 
     @property

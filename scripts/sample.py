@@ -1,0 +1,195 @@
+"""Generate text from a trained checkpoint, as nanoGPT's sample.py does.
+
+    python -m scripts.sample outputs/2025-01-01/12-00-00                 # a run's newest save
+    python -m scripts.sample runs/x/checkpoints/step_000200 --prompt "The capital of France"
+    python -m scripts.sample runs/x --num-samples 3 --temperature 1.0 --top-k 50 --seed 1
+    python -m scripts.sample runs/x --top-k 1                            # greedy decoding
+
+RUN_OR_CHECKPOINT is a run directory or its checkpoints/ directory (both: the newest complete
+save, as `train.resume=<path>` picks it) or one step_NNNNNN directory. Both layouts load: a
+torch_save checkpoint (dist.strategy=ddp) and a dcp one (fsdp), whose shards are read back
+into whole tensors on this one process. The model is rebuilt from the config saved with the
+checkpoint, so no Hydra overrides are needed (model.compile is ignored).
+
+The prompt is encoded as the start of a document, after <|endoftext|> as in the training
+shards; the default empty prompt starts a fresh document. Each new token is drawn with
+`torch.multinomial` (a generator seeded with --seed) from softmax(logits / temperature), kept
+to the --top-k most likely tokens (0: all) of GPT-2's 50257 real tokens: the head's padding
+rows up to model.vocab_size were never trained targets. The context is cropped to the last
+train.seq_len tokens, the length the model was trained on. A sliding-window model
+(model.window) gets the window of its schedule's last step (optim.schedule.window_tokens),
+the one its final evaluation used. Samples print to stdout, each followed by a `---` line.
+
+bf16 autocast on CUDA, fp32 on CPU. Not supported: a KV cache (each token reruns the whole
+cropped context: simple, and quick enough for these model sizes), batched or multi-GPU
+generation, stopping early at <|endoftext|> (it prints as text), torch.compile.
+"""
+
+import argparse
+import sys
+import warnings
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from data.tokenizer import GPT2_VOCAB_SIZE, encode_document, gpt2_encoding
+from model import GPT, ModelConfig
+from optim.schedule import window_tokens
+from trainer import checkpoint_files as files
+from trainer.config import TrainConfig
+from trainer.dcp_state import read_whole
+
+SEPARATOR = "---"
+
+
+def find_checkpoint(setting: str) -> Path:
+    """The checkpoint directory `setting` names (a run, checkpoints/ or step directory)."""
+    try:
+        path = files.resolve(setting, Path(setting))
+    except files.CheckpointError as e:
+        # resolve() words its errors for train.resume; here the path alone is the subject.
+        raise files.CheckpointError(str(e).removeprefix(f"train.resume={setting!r}: ")) from e
+    if path is None:  # resolve() reads "never" and "auto" as settings, not as paths
+        raise files.CheckpointError(f"{setting} is not a checkpoint path")
+    return path
+
+
+def model_config(saved: dict[str, Any], path: Path) -> ModelConfig:
+    """The checkpoint's ModelConfig; a key an older save lacks takes the field's default."""
+    unknown = sorted(saved.keys() - {f.name for f in fields(ModelConfig)})
+    if unknown:
+        raise files.CheckpointError(f"{path} was saved with model options unknown here: {unknown}")
+    return ModelConfig(**{**saved, "compile": False})
+
+
+def read_state(path: Path, layout: str) -> dict[str, Tensor]:
+    """The model's state_dict from a checkpoint directory (whole CPU tensors)."""
+    # torch_save: model.pt only, as the optimizer state is larger than the model and unused
+    source = path / (files.DCP_DIR if layout == "dcp" else "model.pt")
+    try:
+        if layout == "dcp":
+            with warnings.catch_warnings():  # DCP warns that it reads without a process group
+                warnings.simplefilter("ignore", UserWarning)
+                return read_whole(source)[0]
+        return torch.load(source, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch and DCP raise RuntimeError, pickle errors, EOFError, ...
+        raise files.CheckpointError(f"{source} is corrupt or unreadable: {e}") from e
+
+
+def load_model(path: Path, device: torch.device) -> tuple[GPT, dict[str, Any]]:
+    """The checkpoint's model in eval mode on `device`, and the checkpoint's metadata."""
+    meta = files.validate(path)
+    model = GPT(model_config(meta.get("config", {}).get("model", {}), path))
+    try:
+        model.load_state_dict(read_state(path, meta.get("layout", "torch_save")))
+    except RuntimeError as e:
+        last = str(e).splitlines()[-1].strip()
+        raise files.CheckpointError(
+            f"{path} does not match the model its saved config describes: {last}"
+        ) from e
+    return model.to(device).eval(), meta
+
+
+def forward_args(config: dict[str, Any], device: torch.device) -> dict[str, Tensor]:
+    """The model's step-dependent forward arguments at the end of training."""
+    if not config.get("model", {}).get("window"):
+        return {}
+    steps = config.get("train", {}).get("steps", TrainConfig.steps)
+    final = config.get("optim", {}).get("schedule", {}).get("window_tokens", 0)
+    return {"window_tokens": torch.tensor(window_tokens(steps, steps, final), device=device)}
+
+
+@torch.no_grad()
+def generate(
+    model: GPT,
+    idx: Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    generator: torch.Generator,
+    context: int,
+    model_args: dict[str, Tensor],
+) -> Tensor:
+    """`idx` (B, T) extended by `max_new_tokens` sampled tokens."""
+    cuda = idx.device.type == "cuda"
+    for _ in range(max_new_tokens):
+        with torch.autocast(idx.device.type, dtype=torch.bfloat16, enabled=cuda):
+            logits = model(idx[:, -context:], **model_args)[:, -1, :GPT2_VOCAB_SIZE]
+        logits = logits.float() / temperature
+        if top_k:
+            kth = torch.topk(logits, min(top_k, GPT2_VOCAB_SIZE)).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
+    return idx
+
+
+def pick_device(setting: str) -> torch.device:
+    if setting == "auto":
+        setting = "cuda" if torch.cuda.is_available() else "cpu"
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda but no CUDA device is visible; use cpu or auto")
+    return torch.device(setting)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m scripts.sample", description=__doc__.splitlines()[0]
+    )
+    p.add_argument(
+        "checkpoint",
+        metavar="RUN_OR_CHECKPOINT",
+        help="a run directory, its checkpoints/ directory or a step_NNNNNN directory",
+    )
+    p.add_argument("--prompt", default="", help="text to continue (default: a fresh document)")
+    p.add_argument("--max-new-tokens", type=int, default=100, help="tokens to generate (100)")
+    p.add_argument(
+        "--temperature", type=float, default=0.8, help="< 1 sharper, > 1 more random (0.8)"
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=200,
+        help="sample among the k likeliest tokens; 0 = all, 1 = greedy (200)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator (0)")
+    p.add_argument("--num-samples", type=int, default=1, help="samples to print (1)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: cuda when available, else cpu")  # fmt: skip
+    args = p.parse_args(argv)
+    if args.max_new_tokens < 0 or args.top_k < 0 or args.num_samples < 1:
+        p.error("--max-new-tokens and --top-k must be >= 0, --num-samples >= 1")
+    if not args.temperature > 0:
+        p.error(f"--temperature must be > 0 (for greedy output use --top-k 1), got "
+                f"{args.temperature}")  # fmt: skip
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        device = pick_device(args.device)
+        path = find_checkpoint(args.checkpoint)
+        model, meta = load_model(path, device)
+    except ValueError as e:  # CheckpointError, and a saved config that GPT rejects
+        sys.exit(f"error: {e}")
+    config = meta.get("config", {})
+    context = config.get("train", {}).get("seq_len", TrainConfig.seq_len)
+    print(f"sampling from {path} (step {meta.get('step')}, context {context} tokens, {device})",
+          file=sys.stderr)  # fmt: skip
+    prompt = torch.tensor([encode_document(args.prompt)], device=device)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    model_args = forward_args(config, device)
+    enc = gpt2_encoding()
+    for _ in range(args.num_samples):
+        out = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k,
+                       generator, context, model_args)  # fmt: skip
+        print(enc.decode(out[0, 1:].tolist()))  # the prompt and its continuation, sans EOT
+        print(SEPARATOR, flush=True)
+
+
+if __name__ == "__main__":
+    main()
