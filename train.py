@@ -27,6 +27,7 @@ from trainer.checkpointer import Checkpointer
 from trainer.config import Config, register_configs, to_config
 from trainer.dist import agree_on_config, local_main_first, main_decides, process_group, wrap_ddp
 from trainer.fault import Faults
+from trainer.flops import flops_per_token, peak_flops
 from trainer.launch import spawn_ranks
 from trainer.loop import Loop
 from trainer.metrics import METRICS_FILE, MetricsSink, describe_run
@@ -93,6 +94,8 @@ def _train(conf: Config, rt: Runtime, group: ProcessGroup | None, accum_steps: i
             fwd, optimizer, loader.next_batch, val_batches, t, rt, sink, checkpoints,
             accum_steps=accum_steps, no_sync=no_sync,
             stop=stop, hook=Faults(t.fault, rt.rank, run_dir, model) if t.fault.enabled else None,
+            flops_per_token=flops_per_token(model, conf.model.n_embd, t.seq_len),
+            peak_flops=peak_flops(rt.device),
         )  # fmt: skip
         return loop.run(start)
 
@@ -103,7 +106,7 @@ def main(cfg: DictConfig) -> float:
     try:
         conf = to_config(cfg)  # a bad value fails here, before the config dump
         # Into train.log only: the console keeps to what happens (.hydra/ has it too).
-        to_log_file(logging.INFO, f"config:\n{OmegaConf.to_yaml(cfg)}")
+        to_log_file(logging.INFO, f"config:\n{OmegaConf.to_yaml(cfg, resolve=True)}")
         return train(conf)
     except Stopped as e:  # a checkpoint is saved: no traceback, the shell's signal status
         if env_rank() == 0:

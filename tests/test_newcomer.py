@@ -5,6 +5,7 @@ starts fresh never leaves two step series in one metrics.jsonl.
 """
 
 import json
+import os
 import re
 import shlex
 import signal
@@ -29,6 +30,7 @@ BAD = [
     (["dist.nproc=2", "train.batch_size=7"], "train.batch_size (7)"),
     (["data=local", "data.dir=/nonexistent/shards"], "/nonexistent/shards"),
     (["train.resume=/nonexistent/run"], "/nonexistent/run"),
+    (["logging.wandb.enabled=true", "logging.wandb.mode=online"], "logging.wandb.mode=offline"),
 ]
 
 
@@ -38,7 +40,8 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     procs = []
     for k, (overrides, _) in enumerate(BAD):
         cmd = [sys.executable, "train.py", *overrides, f"hydra.run.dir={tmp_path / str(k)}"]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=PIPE, stderr=PIPE, text=True))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}  # no login
+        procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=PIPE, stderr=PIPE, text=True, env=env))
     for k, ((overrides, named), proc) in enumerate(zip(BAD, procs, strict=True)):
         stdout, stderr = proc.communicate(timeout=300)
         what = f"{' '.join(overrides)}: {stderr[-2000:]}"

@@ -269,5 +269,8 @@ def load(path: Path) -> Loaded:
         try:
             parts[name] = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as e:  # torch raises RuntimeError, pickle errors, EOFError, ...
-            raise CheckpointError(f"{f} is corrupt or unreadable: {e}") from e
+            # torch's message goes on to advise weights_only=False: never for a checkpoint
+            # that should hold tensors only, so keep its first line.
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"{f} is corrupt or unreadable: {reason}") from e
     return Loaded(path, meta, parts)

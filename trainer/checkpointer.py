@@ -100,16 +100,15 @@ class Checkpointer:
         raise_together(error, self.rt, f"resuming from {path}")
         self.last = path
         if self.rt.is_main:
-            saved_world = loaded.meta.get("world_size")
             log.info(
-                "resumed from %s: step %d, %d tokens, train time %.1fs (saved on %s rank(s), "
-                "running on %d)",
+                "resumed from %s: step %d, %d tokens, train time %.1fs (saved on %s, running "
+                "on %s)",
                 path,
                 progress.step,
                 progress.tokens,
                 progress.train_time_s,
-                saved_world,
-                self.rt.world_size,
+                _ranks(loaded.meta.get("world_size")),
+                _ranks(self.rt.world_size),
             )
         return progress
 
@@ -250,6 +249,10 @@ class Checkpointer:
             model, optim = read_whole(loaded.path / files.DCP_DIR)
             self.model.load_state_dict(model)
             self.optimizer.load_flat(optim)
+
+
+def _ranks(n: int | None) -> str:
+    return "an unknown number of ranks" if n is None else f"{n} rank" + ("s" if n != 1 else "")
 
 
 def _gather(obj: Any, rt: Runtime) -> list[Any]:

@@ -51,7 +51,10 @@ class TrainConfig:
     # Checkpoints go to <run_dir>/checkpoints/step_NNNNNN (see trainer/checkpoint_files.py).
     checkpoint_every: int = 50  # save every this many steps; 0 = no periodic saves
     checkpoint_at_end: bool = True  # save after the last step
-    checkpoint_keep: int = 2  # keep this many newest checkpoints, delete older ones
+    # keep this many newest checkpoints, delete older ones. 1 is safe: a save is complete
+    # (renamed into place) before the previous one is deleted; each save of the tiny default
+    # model is ~160 MB, mostly the 50304-wide embedding and head with their AdamW moments
+    checkpoint_keep: int = 1
     # auto: continue from <run_dir>/checkpoints if it holds one, else start fresh | never |
     # a path: a checkpoint directory, a checkpoints/ directory or a run directory
     resume: str = "auto"

@@ -100,6 +100,8 @@ class Loop:
     no_sync: Callable[[], AbstractContextManager] | None = None  # DDP's; None in one process
     stop: StopRequests | None = None
     hook: StepHook | None = None
+    flops_per_token: float = 0.0  # for MFU (trainer/flops.py)
+    peak_flops: float | None = None  # one GPU's bf16 peak; None: no MFU (CPU, unknown GPU)
 
     def run(self, start: Progress | None = None) -> float:
         """Train from `start` (default: step 0) to `train.steps`; return the final val loss.
@@ -167,9 +169,23 @@ class Loop:
             "step_ms": dt * 1000,
             "tokens_per_s": tokens / dt,
         }
+        rec.update(self._rates(p, tokens / dt))
         if not finite:
             self._on_nonfinite(p, rec, loss, grads_finite)
         return rec, stop_now
+
+    def _rates(self, p: Progress, tokens_per_s: float) -> dict[str, float]:
+        """ETA from the mean timed step so far; MFU and peak memory on a GPU."""
+        out = {}
+        timed = p.step - self.cfg.untimed_steps
+        if timed > 0 and p.train_time_s > 0:
+            out["eta_s"] = p.train_time_s / timed * (self.cfg.steps - p.step)
+        if self.peak_flops:
+            total = self.peak_flops * self.rt.world_size
+            out["mfu"] = tokens_per_s * self.flops_per_token / total
+        if self.rt.device.type == "cuda":
+            out["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.rt.device) / 2**30
+        return out
 
     def _reduce(self, loss: Tensor, bad_grads: Tensor) -> tuple[float, bool, bool]:
         """The mean loss over ranks, whether every rank's gradients are finite, and whether

@@ -126,8 +126,24 @@ def format_step(rec: dict[str, Any], total_steps: int) -> str:
         parts.append(f"{rec['step_ms']:.0f} ms/step")
     if "tokens_per_s" in rec:
         parts.append(f"{rec['tokens_per_s']:,.0f} tok/s")
+    if "mfu" in rec:
+        parts.append(f"mfu {rec['mfu']:.1%}")
+    if "peak_mem_gib" in rec:
+        parts.append(f"mem {rec['peak_mem_gib']:.1f} GiB")
     parts.append(f"train {rec['train_time_ms'] / 1000:.1f}s")
+    if rec.get("eta_s"):
+        parts.append(f"eta {_duration(rec['eta_s'])}")
     return " | ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    """3m05s, 1h02m, 42s: the ETA at a glance."""
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
 
 
 def describe_run(
@@ -140,12 +156,13 @@ def describe_run(
     precision = "bf16 autocast" if rt.autocast_dtype else "fp32"
     if m.dtype == "bf16":
         precision = f"bf16 model ({precision} for the rest)"
-    ranks = f"{rt.world_size} rank" + ("s" if rt.world_size > 1 else "")
+    ranks = count = f"{rt.world_size} rank" + ("s" if rt.world_size > 1 else "")
     if conf.dist.strategy == "fsdp":
         ranks += f" (fsdp, parameters in {conf.dist.fsdp_param_dtype})"
     return (
         f"model {m.n_layer} layers, d {m.n_embd}, {m.n_head} heads: {n_params / 1e6:.2f}M "
         f"parameters | {optimizer} | {ranks} on {rt.device.type}, {precision} | "
-        f"{t.batch_size * t.seq_len} tokens/step = {rt.world_size} x {accum_steps} micro-steps "
+        f"{t.batch_size * t.seq_len} tokens/step = {count} x {accum_steps} micro-step"
+        f"{'s' if accum_steps > 1 else ''} "
         f"x {micro} x {t.seq_len}"
     ) + (f"\nlayers: {describe_plan(layer_plan(m))}" if m.differs_per_layer else "")

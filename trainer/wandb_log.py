@@ -34,18 +34,28 @@ class WandbRun:
         """`config`: the run's resolved config, every value, as wandb's run config."""
         import wandb
 
-        self._run = wandb.init(
-            project=w.project,
-            entity=w.entity,
-            name=w.name or _default_name(run_dir),
-            group=w.group,
-            tags=list(w.tags),
-            mode=w.mode,
-            dir=str(run_dir),
-            id=run_id,
-            resume="allow",
-            config=config,
-        )
+        try:
+            self._run = wandb.init(
+                project=w.project,
+                entity=w.entity,
+                name=w.name or _default_name(run_dir),
+                group=w.group,
+                tags=list(w.tags),
+                mode=w.mode,
+                dir=str(run_dir),
+                id=run_id,
+                resume="allow",
+                config=config,
+            )
+        except Exception as e:  # wandb raises its own UsageError / CommError types
+            if w.mode != "online":
+                raise
+            # Online needs an API key and the network; the usual first-run failure.
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(
+                f"logging.wandb.mode=online could not start a W&B run ({first}); log in with "
+                "`wandb login` or set WANDB_API_KEY, or use logging.wandb.mode=offline"
+            ) from e
         log.info("wandb: %s run %s (%s)", w.mode, run_id, getattr(self._run, "url", None) or "")
 
     def log(self, record: dict[str, Any]) -> None:
