@@ -8,6 +8,12 @@ For each group of runs whose overrides differ only in `seed`: n, mean, standard 
 time to it (evaluation excluded, as records time it), and, for n >= 2, the statistics a
 speedrun record claim needs: the one-sided p-value of a one-sample t-test that the mean is
 below the target (scipy's `ttest_1samp`, alternative="less") and (target - mean) * sqrt(n).
+
+Only finished runs count: the last record is at the planned `train.steps` of the run's
+`.hydra/config.yaml`, or a record says the run stopped at `train.target_val_loss`. The rest
+are listed as skipped. The record target 3.28 is a FineWeb val loss, so it is the default
+only when every run trains on FineWeb; otherwise give `--target` or get the table without
+the target test. Notes go to stderr, so the table on stdout stays clean for `--format csv`.
 """
 
 import argparse
@@ -18,6 +24,7 @@ import statistics
 import sys
 from pathlib import Path
 
+import yaml
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
@@ -27,6 +34,85 @@ from scripts.runs import Run, differing_overrides, find_runs, label
 COLUMNS = [
     "group", "n", "mean", "std", "min", "reached", "time_to_target_s", "p_value", "margin_sqrt_n",
 ]  # fmt: skip
+RECORD_TARGET = 3.28  # the FineWeb val loss that GPT-2 (124M) speedrun records must reach
+
+
+def run_config(run: Run) -> dict | None:
+    """The run's `.hydra/config.yaml` (None for a run started outside Hydra)."""
+    path = Path(run.name) / ".hydra" / "config.yaml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else None
+
+
+def _planned_steps(config: dict | None) -> int | None:
+    try:
+        return int(config["train"]["steps"])
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def _log_says_done(run: Run) -> bool:
+    """The trainer's last log line starts with "done:" only when the training loop ended."""
+    log = Path(run.name) / "train.log"
+    lines = log.read_text().splitlines() if log.is_file() else []
+    return bool(lines) and "done:" in lines[-1]
+
+
+def unfinished_reason(run: Run, config: dict | None = None) -> str | None:
+    """Why `run` does not count as finished, e.g. "step 3 of 8" (None: it is finished)."""
+    if not run.records:
+        return "no records"
+    if any(r.get("target_reached") for r in run.records):
+        return None
+    step = run.records[-1].get("step")
+    planned = _planned_steps(config if config is not None else run_config(run))
+    if planned is not None:
+        return None if step == planned else f"step {step} of {planned}"
+    # Without a config the planned length is unknown; the log is the only other witness.
+    if _log_says_done(run):
+        return None
+    return f"step {step}, planned steps unknown (no .hydra/config.yaml, no 'done:' in train.log)"
+
+
+def split_finished(runs: list[Run]) -> tuple[list[Run], list[tuple[Run, str]]]:
+    """(finished runs, [(unfinished run, why)]) in the given order."""
+    finished, unfinished = [], []
+    for run in runs:
+        why = unfinished_reason(run)
+        if why is None:
+            finished.append(run)
+        else:
+            unfinished.append((run, why))
+    return finished, unfinished
+
+
+def skipped_note(unfinished: list[tuple[Run, str]]) -> str:
+    """One line naming each skipped run and how far it got."""
+    n = len(unfinished)
+    listed = ", ".join(f"{run.name} ({why})" for run, why in unfinished)
+    return f"skipped {n} unfinished run{'s' if n != 1 else ''}: {listed}"
+
+
+def data_source(config: dict | None) -> str:
+    """ "fineweb", or what else the run trained on ("sample", "synthetic", "shards at DIR")."""
+    if config is None:
+        return "unknown (no .hydra/config.yaml)"
+    data = config.get("data") or {}
+    source = data.get("source", "sample")  # the schema's default corpus
+    if source != "shards":
+        return str(source)
+    where = f"{data.get('dir', '')} {data.get('train_files', '')}"
+    return "fineweb" if "fineweb" in where.lower() else f"shards at {data.get('dir')}"
+
+
+def default_target(runs: list[Run]) -> tuple[float | None, str | None]:
+    """(the record target, or None when it would mean nothing, and why in one line)."""
+    others = sorted({s for s in (data_source(run_config(r)) for r in runs) if s != "fineweb"})
+    if not others:
+        return RECORD_TARGET, None
+    return None, (
+        f"no target test: {RECORD_TARGET} is a FineWeb val loss and these runs train on "
+        f"{', '.join(others)}; give --target to test against one"
+    )
 
 
 def target_stats(losses: list[float], target: float) -> tuple[float | None, float]:
@@ -40,8 +126,9 @@ def target_stats(losses: list[float], target: float) -> tuple[float | None, floa
     return float(stats.ttest_1samp(losses, target, alternative="less").pvalue), margin
 
 
-def summarize(runs: list[Run], target: float) -> list[dict]:
-    """One row per group of runs that differ only in their seed."""
+def summarize(runs: list[Run], target: float | None) -> list[dict]:
+    """One row per group of runs that differ only in their seed; give finished runs only
+    (see `split_finished`). With no target the target columns stay empty."""
     keys = differing_overrides(runs, ignore=("seed",))
     groups: dict[str, list[Run]] = {}
     for run in runs:
@@ -51,21 +138,24 @@ def summarize(runs: list[Run], target: float) -> list[dict]:
         losses = [r.final_val_loss() for r in members if r.final_val_loss() is not None]
         if not losses:
             continue
-        times = [t for t in (r.time_to(target) for r in members) if t is not None]
-        p, margin = target_stats(losses, target)
-        rows.append(
-            {
-                "group": name,
-                "n": len(losses),
-                "mean": statistics.fmean(losses),
-                "std": statistics.stdev(losses) if len(losses) > 1 else None,
-                "min": min(losses),
+        row = {
+            "group": name,
+            "n": len(losses),
+            "mean": statistics.fmean(losses),
+            "std": statistics.stdev(losses) if len(losses) > 1 else None,
+            "min": min(losses),
+            **dict.fromkeys(COLUMNS[5:]),
+        }
+        if target is not None:
+            times = [t for t in (r.time_to(target) for r in members) if t is not None]
+            p, margin = target_stats(losses, target)
+            row |= {
                 "reached": len(times),
                 "time_to_target_s": statistics.fmean(times) if times else None,
                 "p_value": p,
                 "margin_sqrt_n": margin,
             }
-        )
+        rows.append(row)
     return rows
 
 
@@ -91,10 +181,26 @@ def render(rows: list[dict], fmt: str = "markdown") -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="run or multirun directories")
-    parser.add_argument("--target", type=float, default=3.28, help="val loss target (3.28)")
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help=f"val loss target (default {RECORD_TARGET} when every run trains on FineWeb)",
+    )
     parser.add_argument("--format", choices=["markdown", "csv"], default="markdown")
     args = parser.parse_args(argv)
-    print(render(summarize(find_runs(args.paths), args.target), args.format), end="")
+    finished, unfinished = split_finished(find_runs(args.paths))
+    if unfinished:
+        print(skipped_note(unfinished), file=sys.stderr)
+    if not finished:
+        print("no finished runs to report: every run stopped early", file=sys.stderr)
+        return 1
+    target = args.target
+    if target is None:
+        target, why = default_target(finished)
+        if why:
+            print(why, file=sys.stderr)
+    print(render(summarize(finished, target), args.format), end="")
     return 0
 
 

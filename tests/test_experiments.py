@@ -48,6 +48,9 @@ def test_grid_sweep_and_its_report(tmp_path: Path, corpus_cache: Path) -> None:
         finals.setdefault(lr, []).append(final_val(job))
     assert all(len(v) == 2 for v in finals.values()) and len(finals) == 2
 
+    finished, unfinished = report.split_finished(find_runs([sweep]))
+    assert len(finished) == 4 and not unfinished, "Hydra's config.yaml gives the planned steps"
+    assert report.default_target(finished)[0] is None, "the sample corpus has no record target"
     target = statistics.fmean(finals["optim.muon.lr=0.04"]) + 0.05
     rows = {r["group"]: r for r in report.summarize(find_runs([sweep]), target)}
     assert set(rows) == set(finals), "grouped by lr, seeds pooled"
@@ -91,6 +94,8 @@ def fake_run(root: Path, name: str, lr: str, losses: list[float]) -> Path:
         records.append({"step": i * 10, "train_loss": loss + 0.1, "val_loss": loss,
                         "tokens": i * 10 * 2048, "train_time_ms": i * 1000.0})  # fmt: skip
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    steps = records[-1]["step"]  # finished: the last record is at the planned step count
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"train": {"steps": steps}}))
     return run
 
 

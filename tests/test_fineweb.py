@@ -4,6 +4,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +78,8 @@ def test_missing_file_on_the_hub_names_it(hub_files: Path, tmp_path: Path) -> No
     with serve_hub(hub_files, fineweb.REPO_ID) as (endpoint, _), missing:
         fineweb.download(tmp_path / "data", 2, endpoint=endpoint, progress=False)
     assert not (tmp_path / "data" / "fineweb_train_000002.bin").exists()
+    locks = list((tmp_path / "data").rglob("*.lock"))
+    assert not locks, "the failed attempt's lock files are removed"
 
 
 def unreachable() -> str:
@@ -86,17 +89,30 @@ def unreachable() -> str:
 
 
 def test_unreachable_hub_gives_one_clear_message(tmp_path: Path) -> None:
-    out = tmp_path / "data"
+    out = tmp_path / "new" / "data"
     cmd = [sys.executable, "-m", "data.corpus.fineweb", "--train-shards", "1", "--dir", str(out)]
+    t0 = time.monotonic()
     res = subprocess.run(
         [*cmd, "--endpoint", unreachable()], cwd=REPO, capture_output=True, text=True, timeout=120
     )
+    assert time.monotonic() - t0 < 15, "no retries against a hub that cannot be reached"
     assert res.returncode == 1
     assert "could not download fineweb_val_000000.bin" in res.stderr
     assert "run the same command again" in res.stderr
-    assert "Traceback" not in res.stderr
-    leftovers = [p for p in out.rglob("*") if p.is_file()]
-    assert not [p for p in leftovers if p.suffix == ".bin"], leftovers
+    assert "Traceback" not in res.stderr and "Retrying" not in res.stderr
+    assert not (tmp_path / "new").exists(), "nothing is left behind, not even the directory"
+
+
+def test_a_failed_download_keeps_what_was_there(hub_files: Path, tmp_path: Path) -> None:
+    out = tmp_path / "data"
+    (out / ".cache" / "huggingface").mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")
+    (hub_files / "fineweb_train_000001.bin").unlink()
+    missing = pytest.raises(fineweb.DownloadError, match=r"fineweb_train_000001\.bin")
+    with serve_hub(hub_files, fineweb.REPO_ID) as (endpoint, _), missing:
+        fineweb.download(out, 1, endpoint=endpoint, progress=False)
+    kept = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert kept == [".cache", ".cache/huggingface", "fineweb_val_000000.bin", "notes.txt"], kept
 
 
 def test_bad_shard_count_is_refused() -> None:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from data.corpus import prepare as prep
+from data.corpus import shard_writer
 from data.corpus.split import is_val
 from data.loader import TokenLoader, val_batches
 from data.shards import load_shard
@@ -58,7 +59,8 @@ def shard_stream(out: Path, pattern: str = "corpus_*.bin") -> np.ndarray:
 
 def run_prepare(tmp: Path, files: list[str], out: Path, **kw) -> dict:
     spec = prep.Spec(files=tuple(files), shard_tokens=kw.pop("shard_tokens", 500), **kw)
-    return prep.prepare(spec, out, cache_dir=str(tmp / "hf-cache"), progress=False)
+    # seq_len 64: these small shards must each hold one sequence of it (not the default 256)
+    return prep.prepare(spec, out, cache_dir=str(tmp / "hf-cache"), progress=False, seq_len=64)
 
 
 @pytest.mark.parametrize("kind", ["txt", "jsonl", "parquet"])
@@ -81,7 +83,8 @@ def test_output_is_byte_identical_whatever_num_proc(tmp_path: Path) -> None:
     for n in (1, 2):
         out = tmp_path / f"out{n}"
         spec = prep.Spec(files=tuple(files), shard_tokens=300)
-        prep.prepare(spec, out, num_proc=n, cache_dir=str(tmp_path / "hf"), progress=False)
+        prep.prepare(spec, out, num_proc=n, cache_dir=str(tmp_path / "hf"), progress=False,
+                     seq_len=64)  # fmt: skip
         outs.append({p.name: p.read_bytes() for p in out.glob("*.bin")})
     assert outs[0] == outs[1] and len(outs[0]) > 3
 
@@ -104,7 +107,7 @@ def test_an_interrupted_run_resumes_to_the_same_shards(tmp_path: Path, monkeypat
     run_prepare(tmp_path, files, tmp_path / "ref", val_fraction=0.2, shard_tokens=300)
     want = {p.name: p.read_bytes() for p in (tmp_path / "ref").glob("*.bin")}
 
-    real, writes = prep.write_shard, []
+    real, writes = shard_writer.write_shard, []
 
     def dies_on_the_fourth(path, tokens) -> None:
         writes.append(Path(path).name)
@@ -113,13 +116,18 @@ def test_an_interrupted_run_resumes_to_the_same_shards(tmp_path: Path, monkeypat
             raise KeyboardInterrupt
         real(path, tokens)
 
-    monkeypatch.setattr(prep, "write_shard", dies_on_the_fourth)
+    monkeypatch.setattr(shard_writer, "write_shard", dies_on_the_fourth)
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
         run_prepare(tmp_path, files, out, val_fraction=0.2, shard_tokens=300)
     first = list(writes)
     writes.clear()
-    monkeypatch.setattr(prep, "write_shard", lambda p, t: (writes.append(Path(p).name), real(p, t)))
+
+    def logged(path, tokens) -> None:
+        writes.append(Path(path).name)
+        real(path, tokens)
+
+    monkeypatch.setattr(shard_writer, "write_shard", logged)
     run_prepare(tmp_path, files, out, val_fraction=0.2, shard_tokens=300)
     assert {p.name: p.read_bytes() for p in out.glob("*.bin")} == want
     assert not set(first[:3]) & set(writes), "finished shards were written again"
@@ -141,7 +149,8 @@ def test_a_hub_style_dataset_directory(tmp_path: Path) -> None:
     repo = tmp_path / "my-dataset"
     write_inputs(repo / "data", "parquet", field="content")
     spec = prep.Spec(dataset=str(repo), text_field="content", shard_tokens=500)
-    prep.prepare(spec, tmp_path / "out", cache_dir=str(tmp_path / "hf"), progress=False)
+    prep.prepare(spec, tmp_path / "out", cache_dir=str(tmp_path / "hf"), progress=False,
+                 seq_len=64)  # fmt: skip
     assert np.array_equal(shard_stream(tmp_path / "out"), expected_stream(DOCS))
 
 

@@ -12,7 +12,14 @@ document is tokenized with GPT-2 (`encode_ordinary`, prefixed with <|endoftext|>
 `--num-proc` processes, in order, and the token stream is cut into shards of `--shard-tokens`
 in the FineWeb shard format: `<name>_val_000000.bin`, then `<name>_train_000001.bin`, ...
 By default the first shard is the validation set; `--val-fraction f` instead holds out about
-a fraction f of the documents (evenly spread) as a validation stream of its own.
+a fraction f of the documents (evenly spread) as a validation stream of its own. A corpus of
+at most one shard is split in two instead: its first tenth of tokens (at least one sequence of
+`--seq-len` + 1) is the validation shard, the rest the training shard.
+
+Both splits must hold at least one sequence of `--seq-len` + 1 tokens (the trainer's
+train.seq_len, 256 by default). When one cannot, or the input is bad, prepare fails and leaves
+no output behind (for a corpus of at most one shard per split, before writing anything). The
+printed train command sets train.val_tokens (and train.batch_size) to what the shards hold.
 
 The output depends only on the input and the settings (not on `--num-proc`), byte for byte.
 `<name>_prepare.json` records the settings and, after each shard, where in the document
@@ -26,141 +33,24 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
+from data.corpus.hub import quiet_hub_logging
 from data.corpus.read import PrepareError, load_documents, tokenized
+from data.corpus.shard_writer import Spec, Stream, Writer, load_manifest, manifest_path
 from data.corpus.split import is_val
-from data.shards import ShardError, read_header, write_shard
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # of the manifest and the output; bump when tokenization or cutting changes
-
-
-@dataclass(frozen=True)
-class Spec:
-    """Everything the output depends on (recorded in the manifest; a resume must match it)."""
-
-    files: tuple[str, ...] = ()
-    dataset: str = ""
-    config: str | None = None
-    split: str = "train"
-    text_field: str = "text"
-    shard_tokens: int = 100_000_000
-    val_fraction: float | None = None  # None: the first shard is the validation set
-    bad_utf8: str = "fail"  # fail | skip (leave such files out)
-    format: int = FORMAT
-
-
-@dataclass
-class Shard:
-    file: str
-    tokens: int
-    next_doc: int  # where the following shard of this stream starts: document index...
-    next_offset: int  # ...and token offset inside it
-
-
-@dataclass
-class Stream:
-    """One output stream (train, val, or both in first-shard mode) and its finished shards."""
-
-    kind: str  # "val", "train" or "all"
-    shards: list[Shard] = field(default_factory=list)
-
-    def resume_point(self) -> tuple[int, int]:
-        return (self.shards[-1].next_doc, self.shards[-1].next_offset) if self.shards else (0, 0)
-
-    def shard_name(self, name: str, index: int) -> str:
-        # FineWeb's numbering: val from 000000, train from 000001.
-        if self.kind == "val" or (self.kind == "all" and index == 0):
-            return f"{name}_val_{index:06d}.bin"
-        return f"{name}_train_{index + (self.kind == 'train'):06d}.bin"
-
-
-class _Writer:
-    """Cuts one stream's tokens into shards and records each in the manifest as it lands."""
-
-    def __init__(
-        self, stream: Stream, out: Path, name: str, shard_tokens: int, save: Callable[[], None]
-    ) -> None:
-        self.stream, self.out, self.name, self.size = stream, out, name, shard_tokens
-        self.save = save
-        self.resume = stream.resume_point()
-        self.parts: list[np.ndarray] = []
-        self.count = 0
-
-    def feed(self, doc: int, tokens: np.ndarray) -> None:
-        if (doc, 0) < (self.resume[0], 0):
-            return  # before this stream's resume point: already in a finished shard
-        offset = self.resume[1] if doc == self.resume[0] else 0
-        tokens = tokens[offset:]
-        while self.count + len(tokens) >= self.size:
-            cut = self.size - self.count
-            self.parts.append(tokens[:cut])
-            offset += cut
-            self._write(doc, offset)
-            tokens = tokens[cut:]
-        if len(tokens):
-            self.parts.append(tokens)
-            self.count += len(tokens)
-
-    def finish(self) -> None:
-        if self.count:
-            self._write(sys.maxsize, 0)
-
-    def _write(self, next_doc: int, next_offset: int) -> None:
-        data = np.concatenate(self.parts) if self.parts else np.zeros(0, np.uint16)
-        file = self.stream.shard_name(self.name, len(self.stream.shards))
-        write_shard(self.out / file, data)
-        self.stream.shards.append(Shard(file, len(data), next_doc, next_offset))
-        self.save()
-        self.parts, self.count = [], 0
-
-
-def _manifest_path(out: Path, name: str) -> Path:
-    return out / f"{name}_prepare.json"
-
-
-def _load_manifest(out: Path, name: str, spec: Spec) -> tuple[list[Stream], bool]:
-    """Finished streams from an earlier run with the same spec (empty when none)."""
-    kinds = ["val", "train"] if spec.val_fraction is not None else ["all"]
-    fresh = [Stream(k) for k in kinds]
-    path = _manifest_path(out, name)
-    if not path.exists():
-        return fresh, False
-    try:
-        saved = json.loads(path.read_text())
-        old = Spec(**{**saved["spec"], "files": tuple(saved["spec"]["files"])})
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise PrepareError(f"{path} is unreadable ({e}); delete it or use another --out") from e
-    if old != spec:
-        differ = [k for k in asdict(spec) if asdict(spec)[k] != asdict(old)[k]]
-        raise PrepareError(
-            f"{out} holds shards prepared with other settings ({', '.join(differ)} differ); "
-            "use another --out, or delete that directory to start over"
-        )
-    streams = []
-    for s in saved["streams"]:
-        stream = Stream(s["kind"])
-        for sh in s["shards"]:
-            shard = Shard(**sh)
-            try:
-                intact = read_header(out / shard.file) == shard.tokens
-            except ShardError:
-                intact = False
-            if not intact:
-                break  # redo this shard and everything after it
-            stream.shards.append(shard)
-        streams.append(stream)
-    return streams, bool(saved.get("complete")) and all(
-        len(a.shards) == len(b["shards"]) for a, b in zip(streams, saved["streams"], strict=True)
-    )
+# The trainer's defaults the printed command is sized against: train.seq_len and
+# train.batch_size (trainer/config.py TrainConfig), data.val_tokens of conf/data/local.yaml.
+TRAIN_SEQ_LEN = 256
+TRAIN_BATCH_SIZE = 8
+LOCAL_VAL_TOKENS = 1_048_576
 
 
 def prepare(
@@ -171,8 +61,14 @@ def prepare(
     streaming: bool = False,
     cache_dir: str | None = None,
     progress: bool = True,
+    seq_len: int = TRAIN_SEQ_LEN,
 ) -> dict[str, Any]:
-    """Write the shards of `spec` into `out` (resuming an interrupted run); return a summary."""
+    """Write the shards of `spec` into `out` (resuming an interrupted run); return a summary.
+
+    `seq_len` is the train.seq_len the shards are for: each split must hold one such sequence
+    plus its target. On a PrepareError every file and directory this call made is removed
+    again; an interruption (or an I/O error) keeps the finished shards for a resume.
+    """
     if spec.shard_tokens < 1:
         raise PrepareError(f"--shard-tokens must be >= 1, got {spec.shard_tokens}")
     if spec.val_fraction is not None and not 0 < spec.val_fraction < 1:
@@ -181,11 +77,36 @@ def prepare(
         raise PrepareError(f"--bad-utf8 must be fail or skip, got {spec.bad_utf8!r}")
     if num_proc < 1:
         raise PrepareError(f"--num-proc must be >= 1, got {num_proc}")
+    if seq_len < 1:
+        raise PrepareError(f"--seq-len must be >= 1, got {seq_len}")
+    if spec.shard_tokens < seq_len + 1:
+        raise PrepareError(
+            f"--shard-tokens {spec.shard_tokens} is less than one training sequence of "
+            f"--seq-len {seq_len} plus its target ({seq_len + 1}); raise --shard-tokens"
+        )
     out = Path(out).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    streams, complete = _load_manifest(out, name, spec)
+    made = [d for d in (out, *out.parents) if not d.exists()]  # innermost first
+    before = set(out.iterdir()) if out.is_dir() else set()
+    try:
+        return _prepare(spec, out, name, num_proc, streaming, cache_dir, progress, seq_len)
+    except PrepareError:
+        # Such an error comes back on every retry (the input or the settings are wrong), so
+        # shards kept for a resume would only block a corrected command.
+        for p in set(out.iterdir()) - before if out.is_dir() else ():
+            p.unlink()
+        for d in made:
+            if d.exists() and not any(d.iterdir()):
+                d.rmdir()
+        raise
+
+
+def _prepare(
+    spec: Spec, out: Path, name: str, num_proc: int, streaming: bool, cache_dir: str | None,
+    progress: bool, seq_len: int,
+) -> dict[str, Any]:  # fmt: skip
+    streams, complete = load_manifest(out, name, spec)
     if complete:
-        log.info("%s is already prepared (%s)", out, _manifest_path(out, name).name)
+        log.info("%s is already prepared (%s)", out, manifest_path(out, name).name)
         return _summary(out, streams, docs=None, skipped=[], not_text=0, seconds=0.0)
     ds, skipped = load_documents(spec, cache_dir, streaming)
 
@@ -195,11 +116,11 @@ def prepare(
             "streams": [{"kind": s.kind, "shards": [asdict(x) for x in s.shards]} for s in streams],
             "complete": done,
         }
-        tmp = _manifest_path(out, name).with_suffix(".json.tmp")
+        tmp = manifest_path(out, name).with_suffix(".json.tmp")
         tmp.write_text(json.dumps(manifest, indent=1))
-        os.replace(tmp, _manifest_path(out, name))
+        os.replace(tmp, manifest_path(out, name))
 
-    writers = {s.kind: _Writer(s, out, name, spec.shard_tokens, save) for s in streams}
+    writers = {s.kind: Writer(s, out, name, spec.shard_tokens, save) for s in streams}
     start = min(w.resume[0] for w in writers.values())
     total = None if streaming else len(ds)
     t0, docs, not_text = time.perf_counter(), 0, 0
@@ -215,17 +136,47 @@ def prepare(
         else:
             writers["val" if is_val(doc, spec.val_fraction) else "train"].feed(doc, tokens)
     bar.close()
+    _check_splits(writers, spec, seq_len)
     for w in writers.values():
         w.finish()
-    names = [sh.file for s in streams for sh in s.shards]
-    if not any("_train_" in n for n in names) or not any("_val_" in n for n in names):
-        raise PrepareError(
-            f"the input made {len(names)} shard(s) ({', '.join(names) or 'none'}): too little "
-            "text for a validation and a training shard; lower --shard-tokens or use "
-            "--val-fraction"
-        )
     save(done=True)
     return _summary(out, streams, docs, skipped, not_text, time.perf_counter() - t0)
+
+
+def _check_splits(writers: dict[str, Writer], spec: Spec, seq_len: int) -> None:
+    """Fail unless validation and training each get one sequence of seq_len + 1 tokens; split
+    a corpus of at most one shard in first-shard mode. Runs before the last shards are written
+    (for a corpus of at most one shard per stream: before any is)."""
+    need = seq_len + 1
+    if "all" in writers:
+        w = writers["all"]
+        if not w.stream.shards:  # the whole corpus is in memory: give a tenth to validation
+            if w.count < 2 * need:
+                raise PrepareError(
+                    f"the input holds {w.count} tokens: too little text for a validation and a "
+                    f"training split of one --seq-len {seq_len} sequence + 1 ({need} tokens) "
+                    "each; add text (or lower --seq-len, for a shorter train.seq_len)"
+                )
+            w.write(max(w.count // 10, need))
+        elif w.count < need and len(w.stream.shards) == 1:
+            raise PrepareError(
+                f"the first shard ({spec.shard_tokens} tokens) is the validation set, leaving "
+                f"{w.count} tokens, too little text for one training sequence of --seq-len "
+                f"{seq_len} + 1: raise --shard-tokens, or use --val-fraction"
+            )
+        return
+    val, train = writers["val"].tokens(), writers["train"]
+    if val < need:
+        raise PrepareError(
+            f"--val-fraction {spec.val_fraction} holds out {val} tokens, fewer than one "
+            f"validation sequence of --seq-len {seq_len} + 1 ({need}): raise --val-fraction"
+        )
+    if max([sh.tokens for sh in train.stream.shards] + [train.count]) < need:
+        raise PrepareError(
+            f"--val-fraction {spec.val_fraction} leaves {train.tokens()} training tokens, "
+            f"too little text for one training sequence of --seq-len {seq_len} + 1 ({need}): "
+            "lower --val-fraction"
+        )
 
 
 def _summary(
@@ -238,11 +189,29 @@ def _summary(
         "shards": [sh.file for sh in shards],
         "tokens": sum(sh.tokens for sh in shards),
         "val_tokens": sum(sh.tokens for sh in shards if "_val_" in sh.file),
+        # the training loader needs one batch (+ 1 token) inside a single shard
+        "largest_train_shard": max((sh.tokens for sh in shards if "_train_" in sh.file), default=0),
         "documents_this_run": docs,
         "skipped_files_not_utf8": skipped,
         "skipped_documents_not_text": not_text,
         "seconds": seconds,
     }
+
+
+def train_command(summary: dict[str, Any], seq_len: int = TRAIN_SEQ_LEN) -> str:
+    """`python train.py ...` for these shards, with the overrides their size needs: a
+    validation budget they hold (val_tokens // seq_len sequences + 1 token) and, for a small
+    training split, a batch one shard holds (batch_size x seq_len + 1 tokens)."""
+    args = ["python train.py data=local", f"data.dir={summary['out']}"]
+    if seq_len != TRAIN_SEQ_LEN:
+        args.append(f"train.seq_len={seq_len}")
+    val_tokens = (summary["val_tokens"] - 1) // seq_len * seq_len
+    if val_tokens < LOCAL_VAL_TOKENS:
+        args.append(f"train.val_tokens={val_tokens}")
+    batch = (summary["largest_train_shard"] - 1) // seq_len
+    if batch < TRAIN_BATCH_SIZE:
+        args.append(f"train.batch_size={batch}")
+    return " ".join(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,9 +241,17 @@ def main(argv: list[str] | None = None) -> int:
         default="fail",
         help="a .txt/.jsonl file that is not UTF-8: fail (default) or leave it out",
     )
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=TRAIN_SEQ_LEN,
+        help=f"the train.seq_len to train with ({TRAIN_SEQ_LEN}): each split must hold one "
+        "such sequence, and the printed train command is sized for it",
+    )
     p.add_argument("--cache-dir", default=None, help="datasets cache (default: HF's)")
     args = p.parse_args(argv)  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    quiet_hub_logging()
     spec = Spec(
         files=tuple(args.files),
         dataset=args.dataset,
@@ -286,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         bad_utf8=args.bad_utf8,
     )
     try:
-        summary = prepare(spec, args.out, args.name, args.num_proc, args.streaming, args.cache_dir)
+        summary = prepare(
+            spec, args.out, args.name, args.num_proc, args.streaming, args.cache_dir,
+            seq_len=args.seq_len,
+        )  # fmt: skip
     except PrepareError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -302,7 +282,15 @@ def main(argv: list[str] | None = None) -> int:
         len(summary["skipped_files_not_utf8"]),
         summary["skipped_documents_not_text"],
     )
-    log.info("train on them: python train.py data=local data.dir=%s", summary["out"])
+    batch = TRAIN_BATCH_SIZE * args.seq_len + 1
+    if summary["largest_train_shard"] < batch:
+        log.warning(
+            "the largest training shard holds %d tokens, less than one default batch "
+            "(train.batch_size=%d x train.seq_len=%d + 1 = %d), so the command below trains on "
+            "smaller batches; more text (with a --shard-tokens above %d) allows the default",
+            summary["largest_train_shard"], TRAIN_BATCH_SIZE, args.seq_len, batch, batch,
+        )  # fmt: skip
+    log.info("train on them: %s", train_command(summary, args.seq_len))
     return 0
 
 

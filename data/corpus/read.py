@@ -2,6 +2,7 @@
 in order by a pool of worker processes."""
 
 import codecs
+import json
 import multiprocessing
 import sys
 from collections import deque
@@ -61,6 +62,15 @@ def load_documents(spec: Source, cache_dir: str | None, streaming: bool) -> tupl
         raise PrepareError("give either --files or --dataset")
     skipped: list[str] = []
     if spec.dataset:
+        if not Path(spec.dataset).expanduser().exists():  # a hub name, not a local directory
+            from data.corpus.hub import hub_unreachable
+
+            why = hub_unreachable()
+            if why:
+                raise PrepareError(
+                    f"--dataset {spec.dataset!r}: {why}. Check the network (or set HF_ENDPOINT "
+                    "to a mirror); for a dataset already in the cache, set HF_HUB_OFFLINE=1"
+                )
         try:
             ds = datasets.load_dataset(
                 spec.dataset,
@@ -105,7 +115,16 @@ def load_documents(spec: Source, cache_dir: str | None, streaming: bool) -> tupl
                 **extra,
             )
         except Exception as e:
-            raise PrepareError(f"reading {builder} files failed: {type(e).__name__}: {e}") from e
+            mixed = _mixed_columns(files, builder, spec.text_field)
+            if mixed:
+                raise PrepareError(mixed) from e
+            named = ", ".join(map(str, files[:5])) + (
+                f" (+{len(files) - 5} more)" * (len(files) > 5)
+            )
+            raise PrepareError(
+                f"reading {builder} files failed ({named}): {type(e).__name__}: {e}"
+                + (f" (cause: {e.__cause__})" if e.__cause__ else "")
+            ) from e
     columns = ds.column_names
     if columns is not None and spec.text_field not in columns:
         raise PrepareError(
@@ -114,6 +133,53 @@ def load_documents(spec: Source, cache_dir: str | None, streaming: bool) -> tupl
     if not streaming and len(ds) == 0:
         raise PrepareError("the input holds no documents")
     return ds, skipped
+
+
+def _columns(path: Path, builder: str) -> tuple[str, ...] | None:
+    """The columns of a .jsonl file's first records or a .parquet file's schema (None when they
+    cannot be read): enough to tell which files differ, without reading whole files."""
+    try:
+        if builder == "parquet":
+            import pyarrow.parquet as pq
+
+            return tuple(sorted(pq.read_schema(path).names))
+        keys: set[str] = set()
+        with open(path, encoding="utf-8") as fh:
+            for _, line in zip(range(100), fh, strict=False):
+                if line.strip():
+                    keys.update(json.loads(line))
+        return tuple(sorted(keys))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _mixed_columns(files: list[Path], builder: str, text_field: str) -> str | None:
+    """Which input files have which columns, when they differ (datasets needs every file of
+    one load to share its columns, and its error names no file)."""
+    if builder == "text" or len(files) < 2:
+        return None
+    groups: dict[tuple[str, ...] | None, list[str]] = {}
+    for f in files:
+        groups.setdefault(_columns(f, builder), []).append(str(f))
+    if len(groups) < 2:
+        return None
+
+    def listed(names: list[str]) -> str:
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+    layouts = "; ".join(
+        f"{listed(names)}: {list(cols) if cols is not None else 'unreadable'}"
+        for cols, names in groups.items()
+    )
+    lacking = [
+        n for cols, names in groups.items() if cols and text_field not in cols for n in names
+    ]
+    missing = f" (missing from {listed(lacking)})" if lacking else ""
+    return (
+        f"--files do not all have the same columns, which reading them together needs: "
+        f"{layouts}. The text is read from the column --text-field {text_field!r}{missing}; "
+        "prepare files of one layout together"
+    )
 
 
 def _encode_batch(texts: list[Any]) -> tuple[np.ndarray, np.ndarray]:
