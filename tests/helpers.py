@@ -36,14 +36,14 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
         return compose(config_name="config", overrides=list(overrides or []))
 
 
-def sigterm_after(cmd: list[str], cwd: Path, run_dir: Path, records: int) -> tuple[int, str]:
+def sigterm_after(cmd: list[str], cwd: Path, run_dir: Path | None, records: int) -> tuple[int, str]:
     """Start `cmd`, SIGTERM it once `run_dir/metrics.jsonl` holds `records` lines; return its
-    exit status and output."""
+    exit status and output. `run_dir=None`: the run chooses its directory at launch, so wait
+    for the first metrics file anywhere under `cwd`."""
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    metrics = run_dir / "metrics.jsonl"
     try:
         deadline = time.monotonic() + 200
-        while not metrics.exists() or len(metrics.read_text().splitlines()) < records:
+        while not _holds(run_dir, cwd, records):
             assert proc.poll() is None and time.monotonic() < deadline, "run never got going"
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
@@ -51,3 +51,8 @@ def sigterm_after(cmd: list[str], cwd: Path, run_dir: Path, records: int) -> tup
     finally:
         proc.kill()
     return proc.returncode, out
+
+
+def _holds(run_dir: Path | None, cwd: Path, records: int) -> bool:
+    found = [run_dir / "metrics.jsonl"] if run_dir else list(cwd.rglob("metrics.jsonl"))
+    return any(f.exists() and len(f.read_text().splitlines()) >= records for f in found)

@@ -21,6 +21,7 @@ from tests.dist_utils import run_ranks
 
 
 def _check(rank: int, world: int, cfg: ModelConfig, setups: tuple[str, ...]) -> None:
+    """Runs on every rank; a failed assert here fails the test (run_ranks re-raises it)."""
     want = computed(cfg, world)
     for setup in setups:
         got = max_over_ranks(measure_rank(cfg, setup, tokens=16))

@@ -8,16 +8,14 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from subprocess import PIPE
 
 import pytest
 
-from tests.helpers import TINY
+from tests.helpers import TINY, sigterm_after
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,25 +52,6 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
         assert not log.exists() or named in log.read_text(), what  # the run dir says why
 
 
-def _sigterm_after(cmd: list[str], cwd: Path, records: int) -> tuple[int, str]:
-    """Start `cmd` in `cwd`; SIGTERM it once the metrics file it creates somewhere under
-    `cwd` (its run directory is chosen at launch) holds `records` lines."""
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 200
-        while True:
-            found = list(cwd.rglob("metrics.jsonl"))
-            if found and len(found[0].read_text().splitlines()) >= records:
-                break
-            assert proc.poll() is None and time.monotonic() < deadline, "run never got going"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=120)[0].decode()
-    finally:
-        proc.kill()
-    return proc.returncode, out
-
-
 def _records(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -84,7 +63,7 @@ def test_stopped_run_prints_the_command_that_continues_it(
     """The default run directory is new for every launch: the printed command pins it."""
     args = [*TINY, "train.steps=12", "train.checkpoint_every=0", f"data.cache_dir={corpus_cache}"]
     cmd = [sys.executable, str(REPO / "train.py"), *args]  # the default run directory
-    status, out = _sigterm_after(cmd, tmp_path, 5)
+    status, out = sigterm_after(cmd, tmp_path, None, 5)
     assert status == 143, out[-3000:]
     found = re.search(r"To continue: python train\.py (.+)$", out, re.MULTILINE)
     assert found, out[-3000:]
