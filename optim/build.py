@@ -36,7 +36,8 @@ def build_optimizer(
     With a `process_group` Muon splits its Newton–Schulz work across the group's ranks
     (`optim.muon.exchange`); AdamW needs none: DDP gives every rank the same gradients.
     `sharded`: the parameters are FSDP2 shards (dist.strategy=fsdp): Muon is `ShardedMuon`
-    (its exchange follows from the shards, so `optim.muon.exchange` does not apply), AdamW
+    (its exchange follows from the shards, so `optim.muon.exchange` does not apply;
+    `optim.muon.sharded_ns` says whether shards go to an owner or stay in place), AdamW
     steps the shards, and every state is created now, on every rank.
     """
     groups = partition_params(model, cfg.name)
@@ -63,14 +64,16 @@ def build_optimizer(
         }
         muon_group = [_group("muon", groups["muon"], m.lr)]
         if sharded:
-            parts.append(ShardedMuon(muon_group, **settings))
+            parts.append(ShardedMuon(muon_group, **settings, sharded_ns=m.sharded_ns))
         else:
             parts.append(
                 Muon(muon_group, **settings, process_group=process_group, exchange=m.exchange)
             )
         dtype = str(ns_dtype).removeprefix("torch.")
         ranks = process_group is not None and dist.get_world_size(process_group) > 1
-        exchange = "sharded all_to_all" if sharded else m.exchange
+        exchange = m.exchange
+        if sharded:
+            exchange = "sharded all_to_all" if m.sharded_ns == "gather" else "tensor-parallel"
         summary += f" (Newton-Schulz in {dtype}" + (f", exchange {exchange})" if ranks else ")")
         if ranks and m.exchange == "reduce_scatter" and not sharded:
             # Muon sends each gradient to its owner itself: DDP must leave these alone.

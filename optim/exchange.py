@@ -29,17 +29,26 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from optim.newton_schulz import GRAM_SEGMENT, uses_gram
+
 # `optim.muon.exchange`: how finished updates travel between ranks (see above).
 EXCHANGES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
-def ns_flops(shape: Sequence[int], steps: int) -> int:
-    """FLOPs of `steps` Newton–Schulz iterations on one matrix: steps·(4m²n + 2m³), m ≤ n
-    (times the leading dimensions of a stack of matrices)."""
+def ns_flops(shape: Sequence[int], steps: int, form: str = "factored") -> int:
+    """FLOPs of `steps` Newton–Schulz iterations on one matrix (m ≤ n), in the arrangement
+    `form` (see NS_FORMS): factored steps·(4m²n + 2m³), expanded steps·6m²n, gram
+    4m²n + (8k − 6)·m³ per segment of k iterations where it applies; times the leading
+    dimensions of a stack of matrices."""
     m, n = sorted(shape[-2:])
     stack = 1
     for k in shape[:-2]:
         stack *= k
+    if form == "expanded":
+        return stack * steps * 6 * m * m * n
+    if form == "gram" and uses_gram(m, n):
+        segments = [min(GRAM_SEGMENT, steps - i) for i in range(0, steps, GRAM_SEGMENT)]
+        return stack * sum(4 * m * m * n + (8 * k - 6) * m**3 for k in segments)
     return stack * steps * (4 * m * m * n + 2 * m**3)
 
 

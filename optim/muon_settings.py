@@ -10,6 +10,9 @@ from optim.newton_schulz import COEFFICIENT_SETS, NS_DTYPES, NS_FORMS, coefficie
 
 MOMENTUM_FORMS = ("ema", "accumulate")
 
+# `sharded_ns`: how ShardedMuon (dist.strategy=fsdp) orthogonalises its dim-0 shards.
+SHARDED_NS = ("gather", "tp")
+
 # `lr_scale`: the factor on the LR of a (rows, cols) matrix.
 LR_SCALES: dict[str, Callable[[int, int], float]] = {
     "original": lambda rows, cols: math.sqrt(max(1.0, rows / cols)),  # Keller Jordan's
@@ -31,12 +34,13 @@ class MuonConfig:
     # u = g + μ·buf (the 2024-11 record; the same direction once μ is constant, not during
     # its warmup)
     momentum_form: str = field(default="ema", metadata={"choices": MOMENTUM_FORMS})
-    ns_steps: int = 5  # Newton-Schulz iterations (polar_express has 5 tuned steps)
+    ns_steps: int = 5  # Newton-Schulz iterations (polar_express is retuned for each count)
     # classic: Keller Jordan's quintic | polar_express: per-iteration (optim/newton_schulz.py)
     ns_coefficients: str = field(default="classic", metadata={"choices": COEFFICIENT_SETS})
     # LR factor by shape: original = max(1, rows/cols)**0.5 | match_rms_adamw = 0.2*sqrt(max) | none
     lr_scale: str = field(default="original", metadata={"choices": LR_SCALES})
-    # factored: a·X + (b·A + c·A²)·X | expanded: a·X + b·AX + c·A·AX (optim/newton_schulz.py)
+    # factored: a·X + (b·A + c·A²)·X | expanded: a·X + b·AX + c·A·AX | gram: the iteration run
+    # on the m×m Gram matrix, X read twice (fewer FLOPs on rectangular; optim/newton_schulz.py)
     ns_form: str = field(default="factored", metadata={"choices": NS_FORMS})
     weight_decay: float = 0.0  # decoupled: p *= 1 - lr * weight_decay
     eps: float = 1e-7  # added to the Frobenius norm before normalising
@@ -49,6 +53,12 @@ class MuonConfig:
     # gradients skip DDP and go to their owners, updated parameters are gathered (least traffic
     # in all; momentum then lives on the owner and state_dict() is a collective)
     exchange: str = field(default="all_gather", metadata={"choices": EXCHANGES})
+    # Newton–Schulz of FSDP-sharded matrices (dist.strategy=fsdp only; optim/sharded_muon.py):
+    # gather: each matrix's shards go to one owner rank (all_to_all), which orthogonalises it
+    # whole and sends the rows back | tp: tensor-parallel on the row shards in place
+    # (optim/tp_newton_schulz.py), an all_reduce of the cols×cols Gram matrix per iteration,
+    # no rank ever holds a whole matrix (suits tall matrices; wide ones need the large Gram)
+    sharded_ns: str = field(default="gather", metadata={"choices": SHARDED_NS})
     # QK-clip τ (MuonClip, optim/qk_clip.py): after each step, heads whose max attention logit
     # exceeded τ get W_q and W_k scaled by √(τ/max); 0 = off. Costs an extra q·kᵀ per layer.
     # Bounds the logits only with model.qk_norm=false (QK-norm cancels any scale of W_q, W_k)

@@ -12,8 +12,9 @@ Two coefficient sets:
   iteration, tuned for the largest slope at zero; singular values end up spread around 1
   (roughly 0.7–1.15), which in Keller Jordan's experiments trains as well as the exact U Vᵀ.
 - "polar_express": five per-iteration tuples from Polar Express (Amsel et al. 2025,
-  arXiv 2505.16932; computed for 5 iterations, safety factor 2e-2, cushion 2), as used in current
-  speedrun records; they land closer to 1 in the same number of steps.
+  arXiv 2505.16932; computed for 5 iterations, safety factor 2e-2, cushion 0.02), as used in
+  current speedrun records; they land closer to 1 in the same number of steps. Other step
+  counts get the schedule the same recipe computes for them (optim/ns_schedule.py).
 """
 
 from collections.abc import Sequence
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from optim.ns_schedule import polar_express_schedule
 
 Coefficients = tuple[float, float, float]
 
@@ -53,10 +56,21 @@ COEFFICIENT_SETS: dict[str, CoefficientSet] = {
     "polar_express": CoefficientSet(POLAR_EXPRESS, 1.02),
 }
 
-# `optim.muon.ns_form`: how each iteration evaluates a·X + b·A·X + c·A²·X (A = X·Xᵀ):
-# factored = a·X + (b·A + c·A·A)·X, three matmuls, the cheapest | expanded = a·X + b·P +
-# c·A·P with P = A·X (the 2024-11 record's order; equal up to rounding).
-NS_FORMS = ("factored", "expanded")
+# `optim.muon.ns_form`: how each iteration evaluates a·X + b·A·X + c·A²·X (A = X·Xᵀ, m×m):
+# factored = a·X + (b·A + c·A·A)·X, three matmuls, 4m²n + 2m³ FLOPs |
+# expanded = a·X + b·P + c·A·P with P = A·X (the 2024-11 record's order), 6m²n |
+# gram = the iterations carried out on the m×m Gram matrix (`gram_polynomial`), restarted from
+# X every GRAM_SEGMENT iterations; used where that costs fewer FLOPs (n ≥ GRAM_MIN_ASPECT·m:
+# a 768×3072 needs 33 % fewer), factored on the other shapes.
+# All three are equal in exact arithmetic; they round differently (scripts/bench_ns.py).
+NS_FORMS = ("factored", "expanded", "gram")
+# Without a restart, bf16 rounding in the Gram iteration is never corrected (X is not re-read)
+# and Polar Express's first, steep polynomial amplifies it: 5 steps on a random 768×768 reached
+# singular values up to 2.5. Rebuilding the Gram matrix from X after 3 iterations brings the
+# band back to the direct iteration's (0.85–1.15), for 4m²n + 2m³ more FLOPs.
+GRAM_SEGMENT = 3
+# 2 segments cost 8m²n + 28m³ against factored's 20m²n + 10m³ for 5 steps: fewer from n = 1.5m.
+GRAM_MIN_ASPECT = 1.5
 
 # `optim.muon.ns_dtype`: the precision Newton–Schulz runs in. auto = bf16 where bf16 matmuls
 # are fast (CUDA, CPUs with native bf16), fp32 elsewhere.
@@ -77,13 +91,17 @@ def coefficient_set(name: str) -> CoefficientSet:
 def ns_coefficients(name: str, steps: int) -> list[Coefficients]:
     """The (a, b, c) tuple for each of `steps` iterations of the named coefficient set.
 
-    "classic" repeats its single tuple. "polar_express" is tuned for exactly 5 iterations; with
-    fewer it uses the first `steps` tuples, with more it repeats the last tuple: that map has a
-    stable fixed point at ≈1.035 (slope ≈ −0.72), so extra steps keep singular values near 1.
+    "classic" repeats its single tuple. "polar_express" is the published table for 5
+    iterations; for any other count it is the schedule the same recipe computes for that many
+    (`polar_express_schedule`: the first three tuples agree, the last ones are retuned so the
+    final step lands centred on 1). 4 steps reach singular values in [0.42, 1.58], 5 in
+    [0.86, 1.14], 6 in [0.998, 1.002] from inputs in [1e-3, 1].
     """
     if steps < 1:
         raise ValueError(f"Newton-Schulz steps must be >= 1, got {steps}")
     iterations = coefficient_set(name).iterations
+    if len(iterations) > 1 and steps != len(iterations):
+        return list(polar_express_schedule(steps))
     return [iterations[min(i, len(iterations) - 1)] for i in range(steps)]
 
 
@@ -103,6 +121,60 @@ def resolve_ns_dtype(setting: str, device: torch.device) -> torch.dtype:
     return dtype
 
 
+def check_form(form: str) -> str:
+    if form not in NS_FORMS:
+        raise ValueError(f"ns_form must be one of {list(NS_FORMS)}, got {form!r}")
+    return form
+
+
+def quintic_step(X: Tensor, A: Tensor, a: float, b: float, c: float, form: str) -> Tensor:
+    """One iteration a·X + (b·A + c·A²)·X of a batch X (k, m, n), given its Gram A = X·Xᵀ,
+    arranged as `form` says ("gram" iterates this way on shapes it does not pay on).
+
+    A is passed in, not computed, so that a caller holding X in pieces can supply the whole
+    Gram matrix (tensor-parallel Newton–Schulz sums it across ranks first).
+    """
+    if form == "expanded":  # a·X + b·(A·X) + c·A·(A·X), as the 2024-11 record evaluates it
+        P = A @ X
+        return a * X + b * P + c * (A @ P)
+    # A and B are symmetric, so A.mT and B.mT are the same matrices as A and B. Passing them
+    # transposed hands BLAS a column-major left operand: on a CPU without native bf16 (AVX2)
+    # that made the whole iteration ~8x faster; the product differs only in summation order.
+    B = torch.baddbmm(A, A.mT, A, beta=b, alpha=c)
+    return torch.baddbmm(X, B.mT, X, beta=a)
+
+
+def gram_polynomial(A: Tensor, coefficients: Sequence[Coefficients]) -> Tensor:
+    """The m×m matrix Q with Q·X = Newton–Schulz of X, from A = X·Xᵀ alone (batch (k, m, m)).
+
+    Every iterate is X_k = Q_k·X with Q_k a polynomial in A, so X_k·X_kᵀ = Q_k·A·Q_k and one
+    iteration is P = a·I + b·A_k + c·A_k², Q_{k+1} = P·Q_k, A_{k+1} = P·A_k·P: nothing of
+    size m×n after the first Gram matrix. Unlike the direct iteration this one never
+    re-measures X, so rounding in Q is not corrected by later steps.
+    """
+    Q = None
+    last = len(coefficients) - 1
+    for k, (a, b, c) in enumerate(coefficients):
+        P = torch.baddbmm(A, A.mT, A, beta=b, alpha=c)
+        P.diagonal(dim1=-2, dim2=-1).add_(a)
+        Q = P if Q is None else P @ Q
+        if k < last:
+            A = P @ A @ P
+    assert Q is not None  # coefficients is never empty (ns_coefficients checks steps >= 1)
+    return Q
+
+
+def uses_gram(m: int, n: int) -> bool:
+    """Whether form "gram" runs the Gram iteration on an m×n matrix (m ≤ n): only where it
+    needs fewer FLOPs than the direct one."""
+    return n >= GRAM_MIN_ASPECT * m
+
+
+def gram_segments(coefficients: Sequence[Coefficients]) -> list[Sequence[Coefficients]]:
+    """The runs of iterations between Gram matrices rebuilt from X (GRAM_SEGMENT long)."""
+    return [coefficients[i : i + GRAM_SEGMENT] for i in range(0, len(coefficients), GRAM_SEGMENT)]
+
+
 def zeropower(
     G: Tensor,
     coefficients: Sequence[Coefficients],
@@ -117,12 +189,12 @@ def zeropower(
     native bf16 kernels, where emulated bf16 matmuls are several times slower than fp32.
 
     Every matrix is divided by its own Frobenius norm · `norm_scale` + `eps` (so all singular
-    values start at most 1), then each iteration computes A = X Xᵀ, B = b·A + c·A², X = a·X + B X
-    with one (a, b, c) from `coefficients`. That form costs three matmuls per iteration, the
-    cheapest arrangement of the quintic. The result keeps G's shape; the caller casts it.
+    values start at most 1), then each iteration applies one (a, b, c) from `coefficients` in
+    the arrangement `form` (see NS_FORMS). The result keeps G's shape; the caller casts it.
     """
     if G.ndim < 2:
         raise ValueError(f"zeropower needs matrices (..., m, n), got shape {tuple(G.shape)}")
+    check_form(form)
     tall = G.size(-2) > G.size(-1)
     X = G.to(dtype)
     if tall:
@@ -132,17 +204,12 @@ def zeropower(
     # would otherwise carry its column-major layout through every product below.
     X = X.reshape(-1, *out_shape[-2:]).contiguous()
     X = X / (X.norm(dim=(-2, -1), keepdim=True) * norm_scale + eps)
-    for a, b, c in coefficients:
-        A = X @ X.mT
-        if form == "expanded":  # a·X + b·(A·X) + c·A·(A·X), as the 2024-11 record evaluates it
-            P = A @ X
-            X = a * X + b * P + c * (A @ P)
-            continue
-        # A and B are symmetric, so A.mT and B.mT are the same matrices as A and B. Passing them
-        # transposed hands BLAS a column-major left operand: on a CPU without native bf16 (AVX2)
-        # that made the whole iteration ~8x faster; the product differs only in summation order.
-        B = torch.baddbmm(A, A.mT, A, beta=b, alpha=c)
-        X = torch.baddbmm(X, B.mT, X, beta=a)
+    if form == "gram" and uses_gram(*X.shape[-2:]):
+        for segment in gram_segments(coefficients):
+            X = gram_polynomial(X @ X.mT, segment) @ X
+    else:
+        for a, b, c in coefficients:
+            X = quintic_step(X, X @ X.mT, a, b, c, form)
     X = X.reshape(out_shape)
     return X.mT if tall else X
 

@@ -12,6 +12,13 @@ Under `dist.strategy=fsdp` a rank holds only a dim-0 shard of each matrix and of
     rank applies weight decay and the update to its shard, with the LR scale of the *global*
     shape.
 
+That is `sharded_ns="gather"`, the default. `sharded_ns="tp"` replaces (b) and (c) with
+tensor-parallel Newton–Schulz on the row shards in place (`orthogonalise_row_shards`: per
+iteration one all_reduce of the cols×cols Gram matrices of all 2-D matrices of a shape; the
+dim-0 shards of a stacked weight are whole matrices, orthogonalised locally). No rank holds a
+whole matrix; the results equal one process's up to rounding, bitwise only for stacked
+weights. It suits tall matrices; a wide one needs the Gram matrix of its long side.
+
 A bucket is one Newton–Schulz shape class (a 768×3072 and a 3072×768 share one), so each
 bucket is one batched Newton–Schulz. Every bucket's exchange is started at once (async), and
 the owners orthogonalise bucket k while later buckets are still in flight; each result goes
@@ -39,9 +46,10 @@ from torch.optim.optimizer import ParamsT
 
 from optim.exchange import assign_owners
 from optim.muon import advance_momentum, apply_update, momentum_update
-from optim.muon_settings import MuonConfig, check_settings
+from optim.muon_settings import SHARDED_NS, MuonConfig, check_settings
 from optim.newton_schulz import orthogonalise
 from optim.shards import check_layout, local, numel_of_rows, row_counts
+from optim.tp_newton_schulz import orthogonalise_row_shards
 
 
 @dataclass
@@ -88,8 +96,10 @@ class ShardedMuon(torch.optim.Optimizer):
     """Muon for dim-0 sharded DTensor matrices (plain tensors count as one whole shard).
 
     Same hyperparameters and update as `Muon` (the defaults are `MuonConfig`'s); the process
-    group is the parameters' mesh. Momentum buffers are DTensors sharded like their
-    parameters, created with the optimizer, so every rank has its state from the start.
+    group is the parameters' mesh; `sharded_ns` picks how shards are orthogonalised ("gather"
+    to an owner or "tp" in place; see the module docstring). Momentum buffers are DTensors
+    sharded like their parameters, created with the optimizer, so every rank has its state
+    from the start.
     """
 
     def __init__(
@@ -106,6 +116,7 @@ class ShardedMuon(torch.optim.Optimizer):
         weight_decay: float = MuonConfig.weight_decay,
         eps: float = MuonConfig.eps,
         ns_dtype: torch.dtype = torch.bfloat16,
+        sharded_ns: str = MuonConfig.sharded_ns,
     ) -> None:
         defaults = {
             "lr": lr,
@@ -119,7 +130,11 @@ class ShardedMuon(torch.optim.Optimizer):
             "weight_decay": weight_decay,
             "eps": eps,
         }
+        if sharded_ns not in SHARDED_NS:
+            raise ValueError(f"sharded_ns must be one of {list(SHARDED_NS)}, got {sharded_ns!r}")
         self.ns_dtype = ns_dtype
+        # Not a param-group setting: every group must take part in the same collectives.
+        self.sharded_ns = sharded_ns
         self.group: dist.ProcessGroup | None = None
         self._has_params = False
         self._plans: dict[int, ExchangePlan] = {}
@@ -176,12 +191,21 @@ class ShardedMuon(torch.optim.Optimizer):
                 f"sharded Muon needs a gradient for every parameter; parameters {missing} of "
                 f"group {group.get('name', '?')!r} have none"
             )
-        plan = self._plan(index, params)
         updates = []
         for p in params:
             buf, g = local(self.state[p]["momentum_buffer"]), local(p.grad)
             advance_momentum(buf, g, group)
             updates.append(momentum_update(buf, g, group))
+        if self.sharded_ns == "tp" and self.group is not None:
+            self._orthogonalise_in_place(group, params, updates)
+        else:
+            self._orthogonalise_by_owners(index, group, params, updates)
+
+    def _orthogonalise_by_owners(
+        self, index: int, group: dict[str, Any], params: list[Tensor], updates: list[Tensor]
+    ) -> None:
+        """sharded_ns="gather": shards to owners, whole-matrix Newton–Schulz, rows back."""
+        plan = self._plan(index, params)
         outgoing = [self._to_owners(plan, b, updates) for b in plan.buckets]
         returning = []
         for bucket, (work, received) in zip(plan.buckets, outgoing, strict=True):
@@ -202,6 +226,24 @@ class ShardedMuon(torch.optim.Optimizer):
                     piece = received[offset : offset + n].view(shard.shape)
                     apply_update(shard, piece, group, plan.shapes[i])
                     offset += n
+
+    def _orthogonalise_in_place(
+        self, group: dict[str, Any], params: list[Tensor], updates: list[Tensor]
+    ) -> None:
+        """sharded_ns="tp": tensor-parallel Newton–Schulz of the row shards, then the update."""
+        g = group
+        ortho = orthogonalise_row_shards(
+            dict(enumerate(updates)),
+            [p.shape for p in params],
+            self.group,
+            g["ns_coefficients"],
+            g["ns_steps"],
+            g["eps"],
+            self.ns_dtype,
+            g["ns_form"],
+        )
+        for i, update in ortho.items():
+            apply_update(local(params[i]), update, group, params[i].shape)
 
     def _plan(self, index: int, params: list[Tensor]) -> ExchangePlan:
         if index not in self._plans:

@@ -17,6 +17,9 @@ COLLECTIVE_TIMEOUT = timedelta(seconds=60)
 
 
 def _entry(rank: int, world: int, port: int, fn: Callable[..., None], args: tuple) -> None:
+    # One core per rank, as torchrun's OMP_NUM_THREADS=1: ranks with torch's default threads
+    # each oversubscribe a small machine (2 ranks × 2 threads on 2 cores ran 2.7× slower).
+    torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",

@@ -176,6 +176,7 @@ def test_required_key_names_exist(tmp_path: Path) -> None:
         ("data.val_fraction=0", "data.val_fraction"),
         ("data.source=imagenet", "data.source"),
         ("optim.muon.exchange=carrier_pigeon", "optim.muon.exchange"),
+        ("optim.muon.sharded_ns=scatter", "optim.muon.sharded_ns"),
         ("train.micro_batch_size=-1", "train.micro_batch_size"),
         ("dist.nproc=0", "dist.nproc"),
         ("dist.max_restarts=-1", "dist.max_restarts"),

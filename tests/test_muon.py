@@ -16,6 +16,7 @@ from optim.newton_schulz import (
     ns_coefficients,
     zeropower,
 )
+from optim.ns_schedule import polar_express_schedule
 
 # Mixed shapes: several of one shape (batched together), tall and wide (a 64×32 shares a batch
 # with the 32×64s once transposed), and one odd shape on its own.
@@ -65,8 +66,11 @@ def test_coefficient_sets():
     assert pe[0] == (8.156554524902461, -22.48329292557795, 15.878769915207462)
     assert pe[4] == (2.3465413258596377, -1.7097828382687081, 0.42323551169305323)
     assert pe == list(POLAR_EXPRESS)
-    assert ns_coefficients("polar_express", 3) == pe[:3]
-    assert ns_coefficients("polar_express", 7) == [*pe, pe[4], pe[4]]  # reuses the last
+    # Other counts: the schedule computed for that many steps (its first tuples are the same).
+    assert ns_coefficients("polar_express", 4) == list(polar_express_schedule(4))
+    four = ns_coefficients("polar_express", 4)
+    assert [x for t in four[:3] for x in t] == pytest.approx([x for t in pe[:3] for x in t])
+    assert four[3] != pytest.approx(pe[3], rel=1e-3)
     with pytest.raises(ValueError, match=r"ns_coefficients must be one of .*, got 'cubic'"):
         ns_coefficients("cubic", 5)
     with pytest.raises(ValueError, match="steps must be >= 1"):

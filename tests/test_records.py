@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 TOY = [
     "model.n_layer=4", "model.n_head=2", "model.n_embd=64", "model.compile=false",
     "data=sample", "train.seq_len=512", "train.batch_size=2", "train.micro_batch_size=1",
-    "train.steps=8", "train.val_every=4", "train.val_tokens=2048", "train.device=cpu",
+    "train.steps=8", "train.val_every=4", "train.val_tokens=1024", "train.device=cpu",
     "train.checkpoint_every=0", "train.checkpoint_at_end=false", "dist.timeout_s=60",
 ]  # fmt: skip
 RECORDS = ["record_2024_11_06", "record_2025_01_26"]

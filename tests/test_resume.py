@@ -30,7 +30,7 @@ RUN = [
     *TINY,
     "train.steps=20",
     "train.val_every=5",
-    "train.val_tokens=1024",
+    "train.val_tokens=512",
     "train.checkpoint_every=5",
     "train.checkpoint_at_end=true",
     "dist.timeout_s=60",
