@@ -54,9 +54,11 @@ def bench(shapes: list[tuple[int, int]], steps: int, warmup: int, device: torch.
         for p, g in zip(ps, grads, strict=True):
             p.grad = g  # the same gradient every step: only the optimizer is timed
     kw = {"lr": 0.02, "momentum": 0.95, "nesterov": True, "weight_decay": 0.0, "ns_steps": 5}
-    ours = Muon(ours_params, lr_scale="original", ns_coefficients="classic", **kw)
+    # torch's arrangement of the iteration; scripts/bench_ns.py compares the forms
+    ours_kw = {"ns_form": "factored"}
+    ours = Muon(ours_params, lr_scale="original", ns_coefficients="classic", **ours_kw, **kw)
     # What optim.muon.ns_dtype=auto picks on a CPU without native bf16 (not the same rounding).
-    ours_fp32 = Muon(fp32_params, ns_dtype=torch.float32, **kw)
+    ours_fp32 = Muon(fp32_params, ns_dtype=torch.float32, **ours_kw, **kw)
     ref = torch.optim.Muon(torch_params, adjust_lr_fn="original", **kw)
     opts = {"ours": ours, "ours_fp32": ours_fp32, "torch": ref}
     for _ in range(warmup):

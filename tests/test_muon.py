@@ -28,6 +28,7 @@ SHAPES = [(32, 32), (32, 64), (32, 32), (64, 32), (32, 64), (24, 40), (32, 32), 
 # change of the normalisation, one Newton-Schulz step more or less (~35 %) or a flipped
 # Nesterov / LR scale (see the negative tests).
 RTOL = 0.02
+GRAM_RTOL = 0.05
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -146,14 +147,19 @@ def test_singular_values_in_band(name, shape):
         (True, "original", 0.1, 3),
     ],
 )
-def test_matches_torch_muon(nesterov, lr_scale, weight_decay, ns_steps):
+@pytest.mark.parametrize("ns_form", ["factored", "gram"])
+def test_matches_torch_muon(nesterov, lr_scale, weight_decay, ns_steps, ns_form):
+    """factored is torch's own arrangement of the iteration; gram (the default) the same
+    polynomials on the Gram matrix, which rounds differently in bf16 (measured ≤ 0.031)."""
     params, grads = random_problem()
     kw = {"lr": 0.02, "momentum": 0.9, "nesterov": nesterov, "weight_decay": weight_decay}
-    ours, _ = run_steps(Muon, params, grads, lr_scale=lr_scale, ns_steps=ns_steps, **kw)
+    ours, _ = run_steps(
+        Muon, params, grads, lr_scale=lr_scale, ns_steps=ns_steps, ns_form=ns_form, **kw
+    )
     ref, _ = run_steps(
         torch.optim.Muon, params, grads, adjust_lr_fn=lr_scale, ns_steps=ns_steps, **kw
     )
-    assert max_delta_err(ours, ref, params) < RTOL
+    assert max_delta_err(ours, ref, params) < (RTOL if ns_form == "factored" else GRAM_RTOL)
 
 
 def test_fp32_newton_schulz_matches_torch_muon():
@@ -193,7 +199,9 @@ def test_polar_express_step_uses_its_coefficients_and_norm_scale():
     """torch has no per-iteration coefficients, so check one step against zeropower itself."""
     torch.manual_seed(0)
     p0, g = torch.randn(24, 40), torch.randn(24, 40)
-    (p,), _ = run_steps(Muon, [p0], [[g]], lr=0.1, momentum=0.9, ns_coefficients="polar_express")
+    (p,), _ = run_steps(
+        Muon, [p0], [[g]], lr=0.1, momentum=0.9, ns_coefficients="polar_express", ns_form="factored"
+    )
     update = g.lerp(0.1 * g, 0.9)  # Nesterov lookahead on the first buffer, (1 - 0.9)·g
     coefficients = ns_coefficients("polar_express", 5)
     expected = p0.clone().add_(zeropower(update, coefficients, 1e-7, 1.02), alpha=-0.1)
