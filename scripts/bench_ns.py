@@ -19,7 +19,7 @@ torch.optim.Muon's own Newton–Schulz. Accuracy, on probe matrices of each shap
   decades, the slow decay real gradients show). Strategy and compile do not enter it.
 
     python scripts/bench_ns.py --quick                  # tiny shapes, well under a minute on CPU
-    python scripts/bench_ns.py --shapes 124m            # GPT-2 small (~10 min on 2 CPU cores)
+    python scripts/bench_ns.py --shapes 124m            # GPT-2 small (~8 min on 2 CPU cores)
     python scripts/bench_ns.py --shapes 124m --device cuda
     python scripts/bench_ns.py --tp                     # tensor-parallel NS vs gathering
 """
