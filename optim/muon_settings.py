@@ -41,9 +41,10 @@ class MuonConfig:
     lr_scale: str = field(default="original", metadata={"choices": LR_SCALES})
     # factored: a·X + (b·A + c·A²)·X | expanded: a·X + b·AX + c·A·AX | gram: factored on
     # near-square matrices, the iteration run on the m×m Gram matrix (restarted once) on
-    # elongated ones: as accurate, 20 % fewer FLOPs on GPT-2 small (optim/newton_schulz.py,
-    # scripts/bench_ns.py)
-    ns_form: str = field(default="gram", metadata={"choices": NS_FORMS})
+    # elongated ones: 20 % fewer FLOPs on GPT-2 small and as close to U·Vᵀ, but ~3× the bf16
+    # rounding of factored, enough to move 1- vs 2-rank curves apart by 2e-3 (optim/
+    # newton_schulz.py, scripts/bench_ns.py)
+    ns_form: str = field(default="factored", metadata={"choices": NS_FORMS})
     weight_decay: float = 0.0  # decoupled: p *= 1 - lr * weight_decay
     eps: float = 1e-7  # added to the Frobenius norm before normalising
     # Newton–Schulz precision: bf16 | fp32 | auto = bf16 on CUDA and on CPUs with native bf16,

@@ -157,9 +157,12 @@ def gram_polynomial(A: Tensor, coefficients: Sequence[Coefficients]) -> Tensor:
     for k, (a, b, c) in enumerate(coefficients):
         P = torch.baddbmm(A, A.mT, A, beta=b, alpha=c)
         P.diagonal(dim1=-2, dim2=-1).add_(a)
-        Q = P if Q is None else P @ Q
+        # baddbmm with beta=0 rather than `@`, as in quintic_step: on CPU `@` on small
+        # matrices rounded a matrix differently by how many shared its batch (a rank's batch
+        # is not one process's); baddbmm kept the bits on the shapes tests/test_muon.py tries.
+        Q = P if Q is None else torch.baddbmm(Q, P, Q, beta=0)
         if k < last:
-            A = P @ A @ P
+            A = torch.baddbmm(A, torch.baddbmm(A, P, A, beta=0), P, beta=0)
     assert Q is not None  # coefficients is never empty (ns_coefficients checks steps >= 1)
     return Q
 
@@ -206,7 +209,7 @@ def zeropower(
     X = X / (X.norm(dim=(-2, -1), keepdim=True) * norm_scale + eps)
     if form == "gram" and uses_gram(*X.shape[-2:]):
         for segment in gram_segments(coefficients):
-            X = gram_polynomial(X @ X.mT, segment) @ X
+            X = torch.baddbmm(X, gram_polynomial(X @ X.mT, segment), X, beta=0)
     else:
         for a, b, c in coefficients:
             X = quintic_step(X, X @ X.mT, a, b, c, form)

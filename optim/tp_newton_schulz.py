@@ -142,7 +142,9 @@ def tp_zeropower(
     k = Y.size(-2)
     if form == "gram" and k <= (s := int(split_size.item())) and uses_gram(k, s):
         for segment in gram_segments(coefficients):
-            Y = gram_polynomial(_summed_gram(Y, group, reduce_dtype), segment) @ Y
+            Y = torch.baddbmm(
+                Y, gram_polynomial(_summed_gram(Y, group, reduce_dtype), segment), Y, beta=0
+            )
     else:
         for a, b, c in coefficients:
             Y = quintic_step(Y, _summed_gram(Y, group, reduce_dtype), a, b, c, form)
