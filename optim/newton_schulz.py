@@ -100,7 +100,7 @@ def ns_coefficients(name: str, steps: int) -> list[Coefficients]:
     if steps < 1:
         raise ValueError(f"Newton-Schulz steps must be >= 1, got {steps}")
     iterations = coefficient_set(name).iterations
-    if len(iterations) > 1 and steps != len(iterations):
+    if name == "polar_express" and steps != len(iterations):
         return list(polar_express_schedule(steps))
     return [iterations[min(i, len(iterations) - 1)] for i in range(steps)]
 

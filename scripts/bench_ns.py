@@ -353,6 +353,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "the matrix, on 2 gloo ranks (scripts/bench_ns_tp.py)",
     )
     args = parser.parse_args(argv)
+    for name in ("rounds", "probes", "threads"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.tp:
         from scripts.bench_ns_tp import main as tp_main
 

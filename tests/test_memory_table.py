@@ -6,7 +6,10 @@ must equal the formula exactly: at W=2 (every dim-0 splits evenly) and at W=3, w
 128-row matrices split 43/43/42 and the fullest rank sets the figure.
 """
 
+from pathlib import Path
+
 import pytest
+import torch
 
 from model.config import ModelConfig
 from scripts.memory_table import (
@@ -20,25 +23,35 @@ from scripts.memory_table import (
 from tests.dist_utils import run_ranks
 
 
-def _check(rank: int, world: int, cfg: ModelConfig, setups: tuple[str, ...]) -> None:
-    """Runs on every rank; a failed assert here fails the test (run_ranks re-raises it)."""
-    want = computed(cfg, world)
-    for setup in setups:
-        got = max_over_ranks(measure_rank(cfg, setup, tokens=16))
+def _measure(rank: int, world: int, cfg: ModelConfig, setups: tuple, out: str) -> None:
+    """Runs on every rank: the per-rank maximum of each setup's measured bytes, to a file."""
+    got = {s: max_over_ranks(measure_rank(cfg, s, tokens=16)) for s in setups}
+    if rank == 0:
+        torch.save(got, out)
+
+
+def _assert_measured_equals_computed(
+    cfg: ModelConfig, world: int, setups: tuple, tmp_path: Path
+) -> None:
+    out = tmp_path / "measured.pt"
+    run_ranks(_measure, world, cfg, setups, str(out))
+    measured, want = torch.load(out), computed(cfg, world)
+    assert set(measured) == set(setups)
+    for setup, got in measured.items():
         assert {k: got[k] for k in PARTS} == want[setup], setup
         assert got["counters"] == 4 * 2  # AdamW's step counters: embedding and head
 
 
 @pytest.mark.timeout(120)
-def test_computed_equals_a_measured_step_on_two_ranks() -> None:
-    run_ranks(_check, 2, ModelConfig(), SETUPS)
+def test_computed_equals_a_measured_step_on_two_ranks(tmp_path: Path) -> None:
+    _assert_measured_equals_computed(ModelConfig(), 2, SETUPS, tmp_path)
 
 
 @pytest.mark.timeout(120)
-def test_uneven_shards_count_the_fullest_rank() -> None:
+def test_uneven_shards_count_the_fullest_rank(tmp_path: Path) -> None:
     cfg = ModelConfig(n_layer=1)
     assert computed(cfg, 3)["fsdp"]["params"] > computed(cfg, 1)["fsdp"]["params"] / 3
-    run_ranks(_check, 3, cfg, ("fsdp",))
+    _assert_measured_equals_computed(cfg, 3, ("fsdp",), tmp_path)
 
 
 def test_124m_is_gpt2_small_plus_an_untied_head() -> None:
