@@ -14,20 +14,21 @@ from pathlib import Path
 from typing import NoReturn
 
 import hydra
-import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed import ProcessGroup
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from data.build import build_data
 from model import GPT
+from model.flops import StepFlops
 from optim import build_optimizer
 from trainer.checkpoint_files import CHECKPOINTS_DIR
 from trainer.checkpointer import Checkpointer
+from trainer.compile import compile_model
 from trainer.config import Config, register_configs, to_config
 from trainer.dist import agree_on_config, local_main_first, main_decides, process_group, wrap_ddp
 from trainer.fault import Faults
-from trainer.flops import flops_per_token, peak_flops
+from trainer.flops import peak_flops
 from trainer.launch import spawn_ranks
 from trainer.loop import Loop
 from trainer.metrics import METRICS_FILE, MetricsSink, describe_run
@@ -71,6 +72,7 @@ def _train(conf: Config, rt: Runtime, group: ProcessGroup | None, accum_steps: i
             rank=rt.rank, world_size=rt.world_size, progress=rt.is_main,
         )  # fmt: skip
     model = GPT(conf.model).to(rt.device)
+    model.micro_steps = accum_steps
     fsdp = conf.dist.strategy == "fsdp"
     if fsdp:  # before the optimizer: its state is sharded like the parameters
         shard_model(model, rt, resolve_param_dtype(conf.dist.fsdp_param_dtype, rt.device))
@@ -86,7 +88,9 @@ def _train(conf: Config, rt: Runtime, group: ProcessGroup | None, accum_steps: i
             log.warning("an earlier run's metrics and checkpoints were moved to %s", moved)
     ddp = wrap_ddp(model, optimizer.self_reduced) if group is not None and not fsdp else None
     no_sync = ddp.no_sync if ddp is not None else fsdp_no_sync(model) if fsdp else None
-    fwd = torch.compile(ddp or model) if conf.model.compile else ddp or model
+    fwd = ddp or model
+    if conf.model.compile:
+        fwd = compile_model(fwd, conf.model.compile_backend)
     sink = MetricsSink.for_run(conf, rt, start, checkpoints.last)
     sink.info("%s", describe_run(conf, rt, model, optimizer.summary, accum_steps))
     with StopRequests() as stop, sink:
@@ -94,7 +98,7 @@ def _train(conf: Config, rt: Runtime, group: ProcessGroup | None, accum_steps: i
             fwd, optimizer, loader.next_batch, val_batches, t, rt, sink, checkpoints,
             accum_steps=accum_steps, no_sync=no_sync,
             stop=stop, hook=Faults(t.fault, rt.rank, run_dir, model) if t.fault.enabled else None,
-            flops_per_token=flops_per_token(model, conf.model.n_embd, t.seq_len),
+            flops=StepFlops.of(model),
             peak_flops=peak_flops(rt.device),
         )  # fmt: skip
         return loop.run(start)

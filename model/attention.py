@@ -16,6 +16,9 @@ QK-clip (`optim/qk_clip.py`) needs each head's largest logit scale·q·kᵀ over
 `track_max_logit` on, each training forward folds it into `max_logit` (see `max_logits`).
 """
 
+import functools
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -33,9 +36,30 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: float | No
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     if isinstance(mask, Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return _flex(q)(q, k, v, block_mask=mask, scale=scale)
+
+
+@functools.cache
+def _flex_compiled() -> Callable:
     from torch.nn.attention.flex_attention import flex_attention
 
-    return flex_attention(q, k, v, block_mask=mask, scale=scale)
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex(q: Tensor) -> Callable:
+    """FlexAttention as it should run here. Inside a compiled model it is traced with it. On
+    CUDA outside one it is compiled on its own: uncompiled, it materialises the whole score
+    matrix (~58 GB per layer at 49,152 tokens). Elsewhere (CPU tests) the plain function."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if q.device.type == "cuda" and not torch.compiler.is_compiling():
+        return _flex_compiled()
+    if q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad:
+        raise ValueError(
+            "model.attention_impl=flex can't train on a CPU (FlexAttention has no CPU backward "
+            "in this torch); use model.attention_impl=auto or sdpa there"
+        )
+    return flex_attention
 
 
 # Query rows per chunk are chosen so that one chunk's logits hold at most this many values

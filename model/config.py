@@ -14,6 +14,7 @@ ROPES = ("full", "half_truncated")
 VALUE_RESIDUALS = ("off", "fixed", "learned")
 SOFTCAP_FORMS = ("tanh", "sigmoid")
 LOSSES = ("auto", "fused", "plain")
+ATTENTION_IMPLS = ("auto", "sdpa", "flex")
 
 
 @dataclass
@@ -28,6 +29,9 @@ class ModelConfig:
     # logits; false feeds the raw projections to rotary (logits then grow with W_q, W_k)
     qk_norm: bool = True
     compile: bool = False  # torch.compile the model (worth it on GPU; slow warm-up on CPU)
+    # torch.compile backend (trainer/compile.py): inductor generates kernels; eager and
+    # aot_eager only trace (they count graph breaks and recompiles without a slow warm-up)
+    compile_backend: str = "inductor"
 
     # --- the records' options (RECORDS.md), each off by default ---------------------------
     # Rows of the token and value embedding tables; 0 = vocab_size. (The head always has
@@ -44,6 +48,9 @@ class ModelConfig:
     # first half of each half-head, 0 on the rest (fp32 tables)
     rope: str = field(default="full", metadata={"choices": ROPES})
     rope_bf16: bool = False  # round the cos/sin tables to bf16 and rotate in bf16 (2024-11)
+    # rope=full frequencies as 1 / base^(2i/d), the records' rounding (2024-11), instead of
+    # base^(-2i/d): one fp32 ulp apart on some frequencies
+    rope_reciprocal: bool = False
     merged_qkv: bool = False  # one 3 x d x d parameter for q, k, v (Muon per slice)
     attn_scale: float = 0.0  # softmax(scale · q·k); 0 = 1/√head_dim
     # v <- (1-λ)v + λ·v₁ with v₁ block 0's raw values: off | fixed (λ constant) | learned
@@ -62,6 +69,10 @@ class ModelConfig:
     window: str = ""
     window_block: int = 128  # the window moves in blocks of this many tokens
     document_mask: bool = False  # attend within a document only (documents start at EOT)
+    # The kernel behind document / window masks: sdpa (a dense boolean mask, small sequences)
+    # | flex (FlexAttention over block masks, where skipped tiles cost nothing) | auto: flex on
+    # CUDA, sdpa elsewhere. Plain causal attention is always SDPA's is_causal kernel.
+    attention_impl: str = field(default="auto", metadata={"choices": ATTENTION_IMPLS})
     fp8_head: bool = False  # LM head in FP8 while training (e4m3 forward, e5m2 gradients)
     # tanh: c·tanh(z/c) | sigmoid: c·σ(4z/c), the 2025-01 record's 30·σ(z/7.5)
     softcap_form: str = field(default="tanh", metadata={"choices": SOFTCAP_FORMS})
@@ -124,5 +135,14 @@ class ModelConfig:
                 )
         if self.attention_layers and "A" not in self.attention_layers:
             raise ValueError("model.attention_layers leaves no layer with attention")
+        if self.compile:
+            import torch._dynamo  # here, not at import: a config module stays light
+
+            backends = torch._dynamo.list_backends(exclude_tags=())
+            if self.compile_backend not in backends:
+                raise ValueError(
+                    f"model.compile_backend={self.compile_backend!r} is not a torch.compile "
+                    f"backend; use inductor, or eager / aot_eager to trace without kernels"
+                )
         if self.fp8_head and self.dtype != "bf16":
             raise ValueError("model.fp8_head=true needs model.dtype=bf16 (its inputs are bf16)")

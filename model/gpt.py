@@ -62,8 +62,13 @@ class GPT(nn.Module):
         if skips:
             self.skip_weights = nn.Parameter(torch.ones(len(skips)))
         self.lm_head = linear(cfg, cfg.n_embd, cfg.vocab_size)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_base, cfg.rope, cfg.rope_bf16)
+        self.rotary = Rotary(
+            cfg.head_dim, cfg.rope_base, cfg.rope, cfg.rope_bf16, cfg.rope_reciprocal
+        )
         self._windows = {s.window for s in self.plan if s.attention}
+        # Micro-steps per optimizer step, each backpropagating loss / micro_steps: the FP8
+        # head's gradient cast undoes that factor (model/head.py). Set by the trainer.
+        self.micro_steps = 1
         self.reset_parameters()
 
     @torch.no_grad()
@@ -109,7 +114,12 @@ class GPT(nn.Module):
             x0=x if cfg.x0_shortcut else None,
             value_embeds={int(t): ve(idx) for t, ve in getattr(self, "value_embeds", {}).items()},
             masks=build_masks(
-                idx, cfg.document_mask, self._windows, window_blocks, cfg.window_block
+                idx,
+                cfg.document_mask,
+                self._windows,
+                window_blocks,
+                cfg.window_block,
+                impl=cfg.attention_impl,
             ),
         )
         outputs: list[Tensor] = []
@@ -119,7 +129,7 @@ class GPT(nn.Module):
                 x = x + self.skip_weights[self._skip_index[i]] * outputs[skip]
             x = block(x, self.rotary, ctx)
             outputs.append(x)
-        logits = head_logits(self.lm_head, rms_norm(x), cfg.fp8_head)
+        logits = head_logits(self.lm_head, rms_norm(x), cfg.fp8_head, self.micro_steps)
         return self._loss(logits, targets)
 
     def _loss(self, logits: Tensor, targets: Tensor | None) -> Tensor:

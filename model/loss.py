@@ -59,9 +59,13 @@ class _SoftcapCrossEntropy(torch.autograd.Function):
 
 def softcap(logits: Tensor, cap: float, form: str = "tanh") -> Tensor:
     """tanh: cap·tanh(z/cap), in (−cap, cap) | sigmoid: cap·σ(4z/cap), in (0, cap) (the same
-    curve shifted up by cap/2 with half the cap: 30·σ(z/7.5) = 15·tanh(z/15) + 15)."""
+    curve shifted up by cap/2 with half the cap: 30·σ(z/7.5) = 15·tanh(z/15) + 15).
+
+    The sigmoid form divides by cap/4, as the 2025-01 record divides by 7.5, rather than
+    multiplying by 4/cap: 4/30 is not exact in binary, so the product would round differently
+    from the record's quotient on some logits."""
     if form == "sigmoid":
-        return cap * torch.sigmoid(logits * (4.0 / cap))
+        return cap * torch.sigmoid(logits / (cap / 4))
     return cap * torch.tanh(logits / cap)
 
 

@@ -8,6 +8,10 @@ depends only on the distance between the two positions. Two frequency sets:
   half of the pairs, ω_i = 1024^(−i/(d/4 − 1)), and 0 on the rest, which leaves those
   channels unrotated.
 
+With `reciprocal` the "full" frequencies are computed as 1 / base^(2i/d), the records' order of
+operations, instead of base^(−2i/d): the same numbers to one fp32 ulp (20 of 64 differ for
+d = 128), kept apart so that a record run can match the record's rotary tables bit for bit.
+
 Angles are computed in fp32. With `bf16` (the 2024-11 record) the cos/sin tables are rounded
 to bf16 and the rotation runs in the input's dtype; otherwise it runs in fp32 and the result
 is cast back. Positions are indices along the sequence (a packed sequence's, across documents).
@@ -19,7 +23,12 @@ from torch import Tensor, nn
 
 class Rotary(nn.Module):
     def __init__(
-        self, head_dim: int, base: float = 10000.0, mode: str = "full", bf16: bool = False
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        mode: str = "full",
+        bf16: bool = False,
+        reciprocal: bool = False,
     ) -> None:
         super().__init__()
         if mode == "half_truncated":
@@ -27,7 +36,8 @@ class Rotary(nn.Module):
             inv_freq = (1 / 1024) ** torch.linspace(0, 1, steps=quarter, dtype=torch.float32)
             inv_freq = torch.cat([inv_freq, inv_freq.new_zeros(quarter)])
         else:
-            inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+            exponent = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+            inv_freq = 1 / base**exponent if reciprocal else base ** (-exponent)
         self.bf16 = bf16
         # A buffer, not a parameter: it follows .to(device) but is never trained or saved.
         self.register_buffer("inv_freq", inv_freq, persistent=False)

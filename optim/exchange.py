@@ -37,9 +37,9 @@ EXCHANGES = ("all_reduce", "all_gather", "reduce_scatter")
 
 def ns_flops(shape: Sequence[int], steps: int, form: str = "factored") -> int:
     """FLOPs of `steps` Newton–Schulz iterations on one matrix (m ≤ n), in the arrangement
-    `form` (see NS_FORMS): factored steps·(4m²n + 2m³), expanded steps·6m²n, gram
-    4m²n + (8k − 6)·m³ per segment of k iterations where it applies; times the leading
-    dimensions of a stack of matrices."""
+    `form` (see NS_FORMS): factored and factored_unfused steps·(4m²n + 2m³), expanded
+    steps·6m²n, gram 4m²n + (8k − 6)·m³ per segment of k iterations where it applies; times
+    the leading dimensions of a stack of matrices."""
     m, n = sorted(shape[-2:])
     stack = 1
     for k in shape[:-2]:

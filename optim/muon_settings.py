@@ -39,11 +39,12 @@ class MuonConfig:
     ns_coefficients: str = field(default="classic", metadata={"choices": COEFFICIENT_SETS})
     # LR factor by shape: original = max(1, rows/cols)**0.5 | match_rms_adamw = 0.2*sqrt(max) | none
     lr_scale: str = field(default="original", metadata={"choices": LR_SCALES})
-    # factored: a·X + (b·A + c·A²)·X | expanded: a·X + b·AX + c·A·AX | gram: factored on
-    # near-square matrices, the iteration run on the m×m Gram matrix (restarted once) on
-    # elongated ones: 20 % fewer FLOPs on GPT-2 small and as close to U·Vᵀ, but ~3× the bf16
-    # rounding of factored, enough to move 1- vs 2-rank curves apart by 2e-3 (optim/
-    # newton_schulz.py, scripts/bench_ns.py)
+    # factored: a·X + (b·A + c·A²)·X, each sum fused into its product | factored_unfused: the
+    # same with every op separate, the 2025-01 record's order and rounding | expanded: a·X +
+    # b·AX + (c·A)·AX, the 2024-11 record's | gram: factored on near-square matrices, the
+    # iteration run on the m×m Gram matrix (restarted once) on elongated ones: 20 % fewer
+    # FLOPs on GPT-2 small and as close to U·Vᵀ, but ~3× the bf16 rounding of factored, enough
+    # to move 1- vs 2-rank curves apart by 2e-3 (optim/newton_schulz.py, scripts/bench_ns.py)
     ns_form: str = field(default="factored", metadata={"choices": NS_FORMS})
     weight_decay: float = 0.0  # decoupled: p *= 1 - lr * weight_decay
     eps: float = 1e-7  # added to the Frobenius norm before normalising

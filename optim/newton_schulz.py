@@ -57,13 +57,19 @@ COEFFICIENT_SETS: dict[str, CoefficientSet] = {
 }
 
 # `optim.muon.ns_form`: how each iteration evaluates a·X + b·A·X + c·A²·X (A = X·Xᵀ, m×m):
-# factored = a·X + (b·A + c·A·A)·X, three matmuls, 4m²n + 2m³ FLOPs |
-# expanded = a·X + b·P + c·A·P with P = A·X (the 2024-11 record's order), 6m²n |
+# factored = a·X + (b·A + c·A·A)·X, three matmuls, 4m²n + 2m³ FLOPs, each sum fused into its
+# product (two baddbmm) |
+# factored_unfused = the same products, each `@`, `*` and `+` a separate op rounded to the
+# working dtype, in the 2025-01 record's order: B = b·A + (c·A)·A, X = a·X + B·X; same FLOPs |
+# expanded = a·X + b·P + (c·A)·P with P = A·X (the 2024-11 record's order), 6m²n |
 # gram = the iterations carried out on the m×m Gram matrix (`gram_polynomial`), restarted from
 # X every GRAM_SEGMENT iterations; used where that costs fewer FLOPs (n ≥ GRAM_MIN_ASPECT·m:
 # a 768×3072 needs 33 % fewer), factored on the other shapes.
-# All three are equal in exact arithmetic; they round differently (scripts/bench_ns.py).
-NS_FORMS = ("factored", "expanded", "gram")
+# All four are equal in exact arithmetic; they round differently (scripts/bench_ns.py).
+NS_FORMS = ("factored", "factored_unfused", "expanded", "gram")
+# The records' forms, which `zeropower` and `orthogonalise` run on each matrix as the records'
+# scripts hand it over: in its own shape and memory layout (see `zeropower`).
+RECORD_FORMS = ("factored_unfused", "expanded")
 # Without a restart, bf16 rounding in the Gram iteration is never corrected (X is not re-read)
 # and Polar Express's first, steep polynomial amplifies it: 5 steps on a random 768×768 reached
 # singular values up to 2.5. Rebuilding the Gram matrix from X after 3 iterations brings the
@@ -134,9 +140,15 @@ def quintic_step(X: Tensor, A: Tensor, a: float, b: float, c: float, form: str) 
     A is passed in, not computed, so that a caller holding X in pieces can supply the whole
     Gram matrix (tensor-parallel Newton–Schulz sums it across ranks first).
     """
+    # The two records' forms are written out op by op, each rounded to X's dtype, in the order
+    # their scripts evaluate them (Python reads `c * A @ P` as (c·A)·P), so that a record run
+    # reproduces the record's Newton–Schulz bit for bit.
     if form == "expanded":  # a·X + b·(A·X) + c·A·(A·X), as the 2024-11 record evaluates it
         P = A @ X
-        return a * X + b * P + c * (A @ P)
+        return a * X + b * P + (c * A) @ P
+    if form == "factored_unfused":  # a·X + (b·A + c·A·A)·X, as the 2025-01 record does
+        B = b * A + (c * A) @ A
+        return a * X + B @ X
     # A and B are symmetric, so A.mT and B.mT are the same matrices as A and B. Passing them
     # transposed hands BLAS a column-major left operand: on a CPU without native bf16 (AVX2)
     # that made the whole iteration ~8x faster; the product differs only in summation order.
@@ -202,6 +214,15 @@ def zeropower(
     X = G.to(dtype)
     if tall:
         X = X.mT  # iterate on the wide side: the Gram matrix X Xᵀ is then the smaller one
+    if form in RECORD_FORMS:
+        # As the records' scripts do: on X in its own shape (a single matrix stays 2-D) and
+        # layout (a tall matrix as a column-major view of its transpose). Matmul kernels are
+        # picked by layout and batch, and a contiguous copy would round differently (on a CPU
+        # a 3072×768 differs in a fraction of its entries), so a record's bits need its layout.
+        X = X / (X.norm(dim=(-2, -1), keepdim=True) * norm_scale + eps)
+        for a, b, c in coefficients:
+            X = quintic_step(X, X @ X.mT, a, b, c, form)
+        return X.mT if tall else X
     out_shape = X.shape
     # One contiguous batch: baddbmm takes exactly one batch dimension, and a transposed view
     # would otherwise carry its column-major layout through every product below.
@@ -229,13 +250,18 @@ def orthogonalise(
 
     A tensor with leading dimensions (a merged 3×d×d q/k/v weight) is that many matrices, each
     normalised and orthogonalised on its own. Tall matrices join the batch of their
-    transposed shape (a 3072×768 with the 768×3072s). Returns `dtype` tensors in each input's
-    own shape, under the same keys. The inputs are only read (one may be a momentum buffer).
+    transposed shape (a 3072×768 with the 768×3072s), except in RECORD_FORMS, which batch them
+    on their own and iterate on them as the records do (`zeropower`). Returns `dtype` tensors
+    in each input's own shape, under the same keys. The inputs are only read (one may be a
+    momentum buffer).
     """
     by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}
     mats = {i: u.reshape(-1, *u.shape[-2:]) for i, u in updates.items()}
+    # The records' forms batch tall matrices tall, for `zeropower` to iterate on in their own
+    # layout, as the records' scripts do; the others copy them wide and contiguous.
+    as_given = form in RECORD_FORMS
     for i, u in mats.items():
-        m, n = sorted(u.shape[-2:])
+        m, n = u.shape[-2:] if as_given else sorted(u.shape[-2:])
         by_shape.setdefault((m, n), []).extend((i, j) for j in range(u.size(0)))
     chosen = coefficient_set(coefficients)
     iterations = ns_coefficients(coefficients, steps)
@@ -248,10 +274,14 @@ def orthogonalise(
         # Copying into one stack casts each update without writing to it.
         X = torch.empty((len(batch), m, n), dtype=dtype, device=updates[batch[0][0]].device)
         for k, (i, j) in enumerate(batch):
-            X[k].copy_(_wide(mats[i][j]))
-        Y = zeropower(X, iterations, eps, chosen.norm_scale, dtype, form)
+            X[k].copy_(mats[i][j] if as_given else _wide(mats[i][j]))
+        # A lone matrix goes in 2-D, as a record's script passes a 2-D weight: a transposed
+        # stack of one runs other CPU matmul kernels than the matrix itself.
+        lone = as_given and len(batch) == 1
+        Y = zeropower(X[0] if lone else X, iterations, eps, chosen.norm_scale, dtype, form)
+        Y = Y.reshape(len(batch), m, n)
         for k, (i, j) in enumerate(batch):
-            y = Y[k].mT if _is_tall(mats[i][j]) else Y[k]
+            y = Y[k].mT if not as_given and _is_tall(mats[i][j]) else Y[k]
             if i in out:
                 out[i].view(-1, *out[i].shape[-2:])[j] = y
             else:

@@ -12,7 +12,14 @@ pure function here, one more field of `StepValues`, and one line in `Schedules.a
 in the model or the loop computes anything from a step counter.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+# `optim.schedule.cooldown_form`: how the cooldown line is drawn. steps: over a whole number of
+# steps, C = round(cooldown_frac · total_steps), (steps left) / C of the way down (the 2024-11
+# record's (3200 − s) / 914) | fraction: continuously in the fraction of training left,
+# t = 1 − s/S, w = min(t / cooldown_frac, 1), evaluated as the 2025-01 record writes it.
+# The two agree where cooldown_frac · total_steps is a whole number, up to rounding.
+COOLDOWN_FORMS = ("steps", "fraction")
 
 
 @dataclass
@@ -22,6 +29,9 @@ class ScheduleConfig:
     warmup_steps: int = 0  # linear warmup from 0 to the full LR
     cooldown_frac: float = 0.4  # last fraction of steps: linear decay to min_lr_frac
     min_lr_frac: float = 0.0  # LR floor at the end, as a fraction of each group's LR
+    # steps: decay over round(cooldown_frac · steps) whole steps | fraction: over the exact
+    # fraction of training, the 2025-01 record's formula (COOLDOWN_FORMS)
+    cooldown_form: str = field(default="steps", metadata={"choices": COOLDOWN_FORMS})
     # Sliding attention window at the last step, in tokens (model.window layers): it grows
     # linearly from 1 token (rounded up to whole blocks by the model) | 0 = no window
     window_tokens: int = 0
@@ -36,6 +46,11 @@ class ScheduleConfig:
                 raise ValueError(
                     f"optim.schedule.{key} must be in [0, 1], got {getattr(self, key)}"
                 )
+        if self.cooldown_form not in COOLDOWN_FORMS:
+            raise ValueError(
+                f"optim.schedule.cooldown_form must be one of {list(COOLDOWN_FORMS)}, "
+                f"got {self.cooldown_form!r}"
+            )
         cooldown = cooldown_steps(self.cooldown_frac, total_steps)
         if self.warmup_steps + cooldown > total_steps:
             raise ValueError(
@@ -50,7 +65,12 @@ def cooldown_steps(cooldown_frac: float, total_steps: int) -> int:
 
 
 def lr_multiplier(
-    step: int, total_steps: int, warmup_steps: int, cooldown_frac: float, min_lr_frac: float
+    step: int,
+    total_steps: int,
+    warmup_steps: int,
+    cooldown_frac: float,
+    min_lr_frac: float,
+    cooldown_form: str = "steps",
 ) -> float:
     """The factor on every group's LR at `step` (0-based, of `total_steps`).
 
@@ -60,7 +80,18 @@ def lr_multiplier(
     the way from `min_lr_frac` to 1, so the final step runs at min_lr_frac + (1 - min_lr_frac)/C
     and the floor is where the line ends, after it: with a floor of 0 no step is wasted at
     LR 0. In between it is 1.
+
+    cooldown_form="fraction" draws the cooldown in the fraction of training left instead, as
+    the 2025-01 record does: t = 1 − step/total_steps, w = min(t / cooldown_frac, 1), factor
+    w·1 + (1 − w)·min_lr_frac, the same operations in the same order as its script, so that
+    the factors are its bits. The steps form equals it up to rounding where
+    cooldown_frac · total_steps is whole; elsewhere its line starts at the rounded step.
+    Warmup applies first in both.
     """
+    if cooldown_form not in COOLDOWN_FORMS:
+        raise ValueError(
+            f"cooldown_form must be one of {list(COOLDOWN_FORMS)}, got {cooldown_form!r}"
+        )
     if not 0 <= step < total_steps:
         raise ValueError(f"step must be in [0, {total_steps}), got {step}")
     cooldown = cooldown_steps(cooldown_frac, total_steps)
@@ -70,6 +101,12 @@ def lr_multiplier(
         )
     if step < warmup_steps:
         return (step + 1) / warmup_steps
+    if cooldown_form == "fraction":
+        if cooldown_frac == 0:
+            return 1.0  # no cooldown (t / 0 would be +inf, and w = 1)
+        t = 1 - step / total_steps
+        w = min(t / cooldown_frac, 1.0)
+        return w * 1.0 + (1 - w) * min_lr_frac
     steps_left = total_steps - step  # 1 at the final step
     if steps_left < cooldown:
         return min_lr_frac + steps_left / cooldown * (1.0 - min_lr_frac)
@@ -117,7 +154,12 @@ class Schedules:
         s = self.lr
         return StepValues(
             lr_mult=lr_multiplier(
-                step, self.total_steps, s.warmup_steps, s.cooldown_frac, s.min_lr_frac
+                step,
+                self.total_steps,
+                s.warmup_steps,
+                s.cooldown_frac,
+                s.min_lr_frac,
+                s.cooldown_form,
             ),
             muon_momentum=muon_momentum(
                 step, self.momentum_warmup_steps, self.momentum_start, self.momentum

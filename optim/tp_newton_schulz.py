@@ -66,6 +66,7 @@ from torch import Tensor
 
 from optim.newton_schulz import (
     GRAM_SEGMENT,
+    NS_FORMS,
     Coefficients,
     check_form,
     coefficient_set,
@@ -80,6 +81,11 @@ from optim.newton_schulz import (
 # How the ranks split each matrix: "row" = a block of rows each (FSDP2's dim-0 shards),
 # "col" = a block of columns each.
 SPLITS = ("row", "col")
+# The forms TP runs. Not "factored_unfused": it exists to reproduce one process's rounding in
+# the 2025-01 record, which a Gram matrix summed across ranks cannot, and on the long side
+# its extra bf16 roundings are amplified (measured 0.10 from exact on a 1×16 split by rows,
+# Polar Express, where one process's `zeropower` is at 0.014).
+TP_FORMS = tuple(f for f in NS_FORMS if f != "factored_unfused")
 
 
 def tp_zeropower(
@@ -112,7 +118,7 @@ def tp_zeropower(
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
-    check_form(form)
+    check_tp_form(form)
     if X_local.ndim < 2:
         raise ValueError(
             f"tp_zeropower needs matrices (..., m, n), got shape {tuple(X_local.shape)}"
@@ -150,6 +156,18 @@ def tp_zeropower(
             Y = quintic_step(Y, _summed_gram(Y, group, reduce_dtype), a, b, c, form)
     Y = Y.reshape(out_shape)
     return Y.mT if split == "row" else Y
+
+
+def check_tp_form(form: str) -> str:
+    """`form` if TP runs it (TP_FORMS); a ValueError naming the alternative otherwise."""
+    check_form(form)
+    if form not in TP_FORMS:
+        raise ValueError(
+            f"ns_form={form!r} is not run tensor-parallel (sharded_ns=tp): it reproduces one "
+            f"process's rounding, which a Gram matrix summed across ranks cannot; use "
+            f"ns_form=factored, or sharded_ns=gather"
+        )
+    return form
 
 
 def _norms(Y: Tensor, group: dist.ProcessGroup) -> tuple[Tensor, Tensor]:
@@ -190,6 +208,7 @@ def orthogonalise_row_shards(
     holds whole matrices: those are orthogonalised locally, with no communication. Every rank
     must pass the same keys and shapes; the shards are only read.
     """
+    check_tp_form(form)
     by_shape: dict[tuple[int, ...], list[int]] = {}
     stacked: dict[int, Tensor] = {}
     for i, shard in shards.items():

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from model import GPT, ModelConfig
 from model.head import FP8Matmul
-from model.masks import EOT, dense_mask, document_ids, flex_mask
+from model.masks import EOT, block_mask, dense_mask, document_ids, tile_structure
 from model.plan import layer_plan, resample
 from optim import partition_params
 from optim.schedule import window_tokens
@@ -216,7 +216,7 @@ def test_flex_attention_block_mask_equals_the_dense_mask() -> None:
     docs = document_ids(idx)
     for n in (1, 2, 3):
         dense = dense_mask(docs, 256, torch.tensor(n), 64, idx.device)
-        flex = flex_mask(docs, 2, 256, torch.tensor(n), 64, idx.device)
+        flex = block_mask(tile_structure(docs, 256, 64, idx.device), 256, torch.tensor(n), 64)
         torch.testing.assert_close(attend(q, k, v, flex, 0.12), attend(q, k, v, dense, 0.12),
                                    rtol=1e-5, atol=1e-5)  # fmt: skip
 

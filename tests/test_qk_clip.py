@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from model import GPT, ModelConfig, attention
-from model.masks import EOT, dense_mask, document_ids, flex_mask
+from model.masks import EOT, block_mask, dense_mask, document_ids, tile_structure
 from optim.qk_clip import QKClip
 from tests.dist_utils import run_ranks
 
@@ -109,7 +109,7 @@ def test_block_mask_is_tracked_as_its_dense_mask(monkeypatch: pytest.MonkeyPatch
     q, k = (torch.randn(2, 3, 64, 16, generator=gen) for _ in range(2))
     docs, n = document_ids(idx), torch.tensor(2)
     dense = dense_mask(docs, 64, n, 16, idx.device)
-    flex = flex_mask(docs, 2, 64, n, 16, idx.device)
+    flex = block_mask(tile_structure(docs, 64, 16, idx.device), 64, n, 16)
     want = direct_max(q, k, dense, 0.12).float()
     monkeypatch.setattr(attention, "TRACK_CHUNK", 2 * 3 * 64 * 5)
     torch.testing.assert_close(attention.max_logits(q, k, flex, 0.12), want)
@@ -130,7 +130,7 @@ def test_every_allowed_pair_counts_and_no_other(kind: str, monkeypatch: pytest.M
         q[0, h, i, 0], k[0, h, j, 0] = 1.0, 1.0
     docs, n = document_ids(idx), torch.tensor(2)
     masks = {"causal": None, "dense": dense_mask(docs, T, n, 4, idx.device),
-             "block": flex_mask(docs, 1, T, n, 4, idx.device)}  # fmt: skip
+             "block": block_mask(tile_structure(docs, T, 4, idx.device), T, n, 4)}  # fmt: skip
     ok = torch.ones(T, T).tril() if kind == "causal" else masks["dense"][0, 0].float()
     monkeypatch.setattr(attention, "TRACK_CHUNK", len(pairs) * T * 3)
     got = attention.max_logits(q, k, masks[kind], 1.0)

@@ -116,9 +116,22 @@ def test_the_readme_toy_command_runs_as_written(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_gpu_benchmark_runs_at_toy_size_on_cpu() -> None:
-    """Smoke only (timings are the benchmark's business, never a test's)."""
-    cmd = [sys.executable, "scripts/bench_gpu.py", "--toy", "--device", "cpu", "--steps", "2"]
+    """Smoke only (timings are the benchmark's business, never a test's): both records run
+    through the compiled step, record B at its three windows, and once warm nothing breaks
+    the graph or recompiles (the toy traces with the eager backend)."""
+    cmd = [sys.executable, "scripts/bench_gpu.py", "--experiment", "record_2025_01_26",
+           "record_2024_11_06", "--toy", "--device", "cpu", "--steps", "2"]  # fmt: skip
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = [line for line in out.stdout.splitlines() if line.startswith("| record_")]
-    assert [r.split(" | ")[0] for r in rows] == ["| record_2024_11_06", "| record_2025_01_26"]
+    header = next(line for line in out.stdout.splitlines() if line.startswith("| preset"))
+    names = [c.strip() for c in header.strip("|").split("|")]
+    rows = [
+        dict(zip(names, (c.strip() for c in line.strip("|").split("|")), strict=True))
+        for line in out.stdout.splitlines()
+        if line.startswith("| record_")
+    ]
+    assert [r["preset"] for r in rows] == ["record_2025_01_26"] * 3 + ["record_2024_11_06"]
+    assert len({r["window (blocks, long/short)"] for r in rows[:3]}) == 3  # first, middle, last
+    for r in rows:
+        assert int(r["graphs"]) >= 1, r  # the counters see the compile
+        assert (r["graph breaks"], r["recompiles"]) == ("0", "0"), r

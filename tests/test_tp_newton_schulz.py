@@ -36,9 +36,9 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import optim.tp_newton_schulz as tpns
 from optim.muon_settings import MuonConfig
-from optim.newton_schulz import COEFFICIENT_SETS, NS_FORMS, ns_coefficients, zeropower
+from optim.newton_schulz import COEFFICIENT_SETS, ns_coefficients, zeropower
 from optim.sharded_muon import ShardedMuon
-from optim.tp_newton_schulz import ns_traffic, tp_zeropower
+from optim.tp_newton_schulz import TP_FORMS, ns_traffic, tp_zeropower
 from tests.dist_utils import run_ranks
 from tests.test_sharded_muon import SETTINGS, SHAPES, _reference, _sharded
 
@@ -105,7 +105,7 @@ def _tp_cases(rank: int) -> list[tuple]:
             iterations = ns_coefficients(coeffs, STEPS)
             scale = COEFFICIENT_SETS[coeffs].norm_scale
             exact = _block(zeropower(full, iterations, EPS, scale, torch.float64), split, rank)
-            for form in NS_FORMS:
+            for form in TP_FORMS:
                 for name, dtype in DTYPES.items():
                     case = (split, shape, coeffs, form, name)
                     want = _block(zeropower(full, iterations, EPS, scale, dtype, form), split, rank)
@@ -135,7 +135,7 @@ def _special_cases(rank: int) -> dict[str, object]:
     # One rank holding the whole wide matrix as its column block: zeropower's own side, no sum.
     alone = []
     for dtype in DTYPES.values():
-        for form in NS_FORMS:
+        for form in TP_FORMS:
             full = _matrix((16, 48), 100)
             want = zeropower(full, iterations, EPS, 1.0, dtype, form)
             got = tp_zeropower(full, "col", singles[rank], iterations, EPS, 1.0, dtype, form)
@@ -144,7 +144,7 @@ def _special_cases(rank: int) -> dict[str, object]:
     same = []
     for split, shape in CASES:
         mine = _block(_matrix(shape, 200), split, rank)
-        for form in NS_FORMS:
+        for form in TP_FORMS:
             args = (mine, split, dist.group.WORLD, iterations, EPS, 1.0, torch.bfloat16, form)
             fp32 = tp_zeropower(*args, reduce_dtype=torch.float32)
             bf16 = tp_zeropower(*args, reduce_dtype=torch.bfloat16)
@@ -245,6 +245,8 @@ def test_arguments_are_checked() -> None:
         tp_zeropower(X, "diagonal", group, it, EPS)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="ns_form must be one of"):
         tp_zeropower(X, "row", group, it, EPS, form="sextic")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not run tensor-parallel"):
+        tp_zeropower(X, "row", group, it, EPS, form="factored_unfused")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"needs matrices \(\.\.\., m, n\), got shape \(6,\)"):
         tp_zeropower(X[0], "row", group, it, EPS)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="explicit process group"):

@@ -166,6 +166,11 @@ class Config:
             raise ValueError(f"dist.timeout_s must be > 0, got {d.timeout_s}")
         if d.backend == "nccl" and t.device == "cpu":
             raise ValueError("dist.backend=nccl needs train.device=cuda (or auto on a GPU)")
+        if self.model.attention_impl == "flex" and t.device == "cpu":
+            raise ValueError(
+                "model.attention_impl=flex can't train on a CPU (FlexAttention has no CPU "
+                "backward in this torch); use model.attention_impl=auto or sdpa there"
+            )
 
 
 def check_choices(node: Any, prefix: str = "") -> None:

@@ -2,8 +2,9 @@
 
 One step is: the optimizer object's schedule for the step, forward/backward over the
 micro-batches, the step hook (test faults), the update, and one all-reduce that brings every
-rank the mean loss, whether any gradient is non-finite and whether any rank was asked to stop.
-Then, when due: evaluation (and the target check), the log line, a checkpoint.
+rank the mean loss, whether any gradient is non-finite, whether any rank was asked to stop and
+the step's FLOPs over all ranks (for MFU): the step's one host sync, which everything the step
+reads back shares. Then, when due: evaluation (and the target check), the log line, a checkpoint.
 
 Train time is wall-clock time spent in training steps only; evaluation and checkpointing are
 excluded, the way public speedrun records are timed. Losses are reduced over all ranks, so the
@@ -14,7 +15,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -23,6 +24,7 @@ from optim import CombinedOptimizer
 from trainer.checkpointer import Checkpointer
 from trainer.config import TrainConfig
 from trainer.dist import all_reduce_sum
+from trainer.flops import mfu
 from trainer.metrics import MetricsSink, format_step
 from trainer.nonfinite import NonFiniteStep, nonfinite_grads, stop_message
 from trainer.progress import Progress
@@ -100,8 +102,14 @@ class Loop:
     no_sync: Callable[[], AbstractContextManager] | None = None  # DDP's; None in one process
     stop: StopRequests | None = None
     hook: StepHook | None = None
-    flops_per_token: float = 0.0  # for MFU (trainer/flops.py)
+    # A batch's training FLOPs as a device scalar, from its tokens and the forward's step
+    # arguments (model/flops.py); with `peak_flops` it gives the step's MFU (trainer/flops.py)
+    flops: Callable[..., Tensor] | None = None
     peak_flops: float | None = None  # one GPU's bf16 peak; None: no MFU (CPU, unknown GPU)
+    # The forward's step arguments as device tensors, kept while their value holds
+    _arg_tensors: dict[str, tuple[float, Tensor]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def run(self, start: Progress | None = None) -> float:
         """Train from `start` (default: step 0) to `train.steps`; return the final val loss.
@@ -137,17 +145,17 @@ class Loop:
         self.rt.synchronize()
         t0 = time.perf_counter()
         values = self.optimizer.schedule(step - 1)
-        loss_t = forward_backward(
-            self.model, self.next_batch(), self.rt, self.accum_steps, self.no_sync,
-            self._model_args(step - 1),
-        )  # fmt: skip
+        batch = tuple(t.to(self.rt.device, non_blocking=True) for t in self.next_batch())
+        args = self._model_args(step - 1)
+        flops = self._count_flops(batch[0], args)
+        loss_t = forward_backward(self.model, batch, self.rt, self.accum_steps, self.no_sync, args)
         if self.hook is not None:
             loss_t = self.hook(step, loss_t)
         bad_grads = nonfinite_grads(self.optimizer.params())
         skip_mode = self.cfg.on_nonfinite == "skip"
         if not skip_mode:  # update first: no host sync between backward and the update
             self.optimizer.step()
-        loss, grads_finite, stop_now = self._reduce(loss_t, bad_grads)
+        loss, grads_finite, stop_now, flops_all = self._reduce(loss_t, bad_grads, flops)
         finite = math.isfinite(loss) and grads_finite
         if skip_mode and finite:
             self.optimizer.step()
@@ -169,31 +177,46 @@ class Loop:
             "step_ms": dt * 1000,
             "tokens_per_s": tokens / dt,
         }
-        rec.update(self._rates(p, tokens / dt))
+        rec.update(self._rates(p, dt, flops_all))
         if not finite:
             self._on_nonfinite(p, rec, loss, grads_finite)
         return rec, stop_now
 
-    def _rates(self, p: Progress, tokens_per_s: float) -> dict[str, float]:
-        """ETA from the mean timed step so far; MFU and peak memory on a GPU."""
+    def _count_flops(self, x: Tensor, args: dict[str, Tensor]) -> Tensor | None:
+        """The step's FLOPs on this rank, a device scalar (None when there is no MFU to give).
+        Counted over the rank's whole batch at once: micro-batches split it by rows, and a
+        row's count does not depend on the others, so this is their sum."""
+        if self.flops is None or not self.peak_flops:
+            return None
+        return self.flops(x, **args)
+
+    def _rates(self, p: Progress, dt: float, flops: float) -> dict[str, float]:
+        """ETA from the mean timed step so far; MFU (from the FLOPs of every rank's batch) and
+        peak memory on a GPU."""
         out = {}
         timed = p.step - self.cfg.untimed_steps
         if timed > 0 and p.train_time_s > 0:
             out["eta_s"] = p.train_time_s / timed * (self.cfg.steps - p.step)
-        if self.peak_flops:
-            total = self.peak_flops * self.rt.world_size
-            out["mfu"] = tokens_per_s * self.flops_per_token / total
+        if self.flops is not None and self.peak_flops:
+            out["mfu"] = mfu(flops, dt, self.peak_flops, self.rt.world_size)
         if self.rt.device.type == "cuda":
             out["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.rt.device) / 2**30
         return out
 
-    def _reduce(self, loss: Tensor, bad_grads: Tensor) -> tuple[float, bool, bool]:
-        """The mean loss over ranks, whether every rank's gradients are finite, and whether
-        any rank was asked to stop: one all-reduce, the step's one host sync."""
+    def _reduce(
+        self, loss: Tensor, bad_grads: Tensor, flops: Tensor | None
+    ) -> tuple[float, bool, bool, float]:
+        """The mean loss over ranks, whether every rank's gradients are finite, whether any
+        rank was asked to stop, and the step's FLOPs summed over ranks: one all-reduce, the
+        step's one host sync. The flag and a missing count are filled in on the device (a
+        host-to-device copy would wait for the queued step first)."""
         asked = float(self.stop is not None and self.stop.requested is not None)
-        flags = torch.stack([loss.float(), bad_grads, torch.tensor(asked, device=self.rt.device)])
-        loss_sum, bad, stops = all_reduce_sum(flags).tolist()
-        return loss_sum / self.rt.world_size, bad == 0, stops > 0
+        flags = torch.stack([
+            loss.float(), bad_grads, torch.full_like(bad_grads, asked),
+            flops.float() if flops is not None else torch.zeros_like(bad_grads),
+        ])  # fmt: skip
+        loss_sum, bad, stops, flops_sum = all_reduce_sum(flags).tolist()
+        return loss_sum / self.rt.world_size, bad == 0, stops > 0, flops_sum
 
     def _on_nonfinite(self, p: Progress, rec: dict, loss: float, grads_finite: bool) -> None:
         """A NaN/inf loss or gradient: stop (raise, saving nothing) or count the skipped step."""
@@ -215,11 +238,16 @@ class Loop:
 
     def _model_args(self, step: int) -> dict[str, Tensor]:
         """The schedule's forward arguments for `step`, as device tensors (a changing Python
-        number would make a compiled model recompile)."""
+        number would make a compiled model recompile). Each is filled in on the device, not
+        copied from the host (a copy waits for the queued work), and reused while its value
+        holds."""
         args = self.optimizer.schedules.model_args(step)
-        return {
-            k: torch.tensor(v, dtype=torch.float64, device=self.rt.device) for k, v in args.items()
-        }
+        for key, value in args.items():
+            held = self._arg_tensors.get(key)
+            if held is None or held[0] != value:
+                full = torch.full((), value, dtype=torch.float64, device=self.rt.device)
+                self._arg_tensors[key] = (value, full)
+        return {key: self._arg_tensors[key][1] for key in args}
 
     def _target_reached(self, p: Progress) -> bool:
         target = self.cfg.target_val_loss

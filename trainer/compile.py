@@ -1,0 +1,50 @@
+"""How the model is compiled, once for the training loop and the GPU benchmark alike.
+
+The records compile with static shapes (`dynamic=False`): every kernel, the attention masks
+and the rotary tables are specialised to the one training length. With torch's default
+(`dynamic=None`) a second input length, such as the step-0 validation's 262,144-token
+sequence, makes the next compile mark the sequence length symbolic, and the training graph
+is then compiled for any length. Static, each length gets its own graph (training, and
+validation in eval mode) and neither changes the other. Values that change during a run (the
+attention window, document boundaries) reach the graph as tensors, so they never recompile.
+
+`CompileCounts` reads torch's own counters, so a benchmark or a test can show that a graph
+has no breaks and that nothing recompiles after warm-up.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+
+
+def compile_model(module: nn.Module, backend: str | Callable = "inductor") -> nn.Module:
+    """`module` compiled as the records compile it: static shapes, one graph per shape.
+    `backend`: a torch.compile backend name (model.compile_backend), or a backend function."""
+    return torch.compile(module, dynamic=False, backend=backend)
+
+
+@dataclass(frozen=True)
+class CompileCounts:
+    """torch.compile's running totals: graphs compiled and graph breaks seen."""
+
+    graphs: int
+    graph_breaks: int
+
+    @classmethod
+    def now(cls) -> "CompileCounts":
+        return cls(
+            graphs=counters["stats"]["unique_graphs"],
+            graph_breaks=sum(counters["graph_break"].values()),
+        )
+
+    def __sub__(self, earlier: "CompileCounts") -> "CompileCounts":
+        return CompileCounts(self.graphs - earlier.graphs, self.graph_breaks - earlier.graph_breaks)
+
+
+def reset_compile_state() -> None:
+    """Forget every compiled graph and counter (between presets in one process)."""
+    torch._dynamo.reset()
+    counters.clear()
