@@ -1,6 +1,7 @@
 # Two commands from a fresh machine (Python >= 3.10 with venv):
 #   make train   -> builds .venv, the sample corpus, and trains the default model
-#   make test    -> builds .venv and runs the test suite
+#   make test    -> builds .venv and runs the test suite (both tiers, on 2 cores)
+# make test-unit runs the fast tier alone (tests/unit), for the edit-test loop.
 # Extra Hydra overrides for train: make train ARGS="optim=adamw train.steps=100"
 # TORCH picks the torch build installed first; the default is the CPU-or-local 2.13.0 wheel.
 # On a GPU machine use e.g. TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128".
@@ -13,7 +14,7 @@ ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test lint bench clean-venv
+.PHONY: train test test-unit lint bench clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,13 +26,16 @@ train: $(STAMP)
 	$(BIN)/python train.py $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 tests/unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 bench: $(STAMP)
-	$(BIN)/python scripts/bench_optim.py
+	$(BIN)/python scripts/bench/muon_step.py
 
 clean-venv:
 	rm -rf $(VENV)

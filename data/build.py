@@ -1,63 +1,17 @@
-"""The `data` config group, and from it this rank's train batches and fixed val batches."""
+"""From the `data` config (data/config.py): this rank's train batches and fixed val batches."""
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from torch import Tensor
-
+from data.config import DataConfig
 from data.loader import (
-    ALIGNS,
+    Batch,
     SyntheticLoader,
     TokenLoader,
     synthetic_val_batches,
     val_batches,
 )
 from data.shards import CorpusFiles
-
-Batch = tuple[Tensor, Tensor]
-
-# `data.source`: where the tokens come from (each is one branch of `build_data`).
-SOURCES = ("sample", "synthetic", "shards")
-
-
-@dataclass
-class DataConfig:
-    # sample: embedded Wikipedia corpus | synthetic: random tokens | shards: a directory of
-    # token shards (FineWeb's, or what `python -m data.corpus.prepare` wrote)
-    source: str = field(default="sample", metadata={"choices": SOURCES})
-    cache_dir: str = "~/.cache/gpt-speedrun"  # where built shards are cached ("~" expands)
-    val_fraction: float = 0.1  # sample corpus: share of documents held out for validation
-    dir: str = ""  # shards: the directory holding them ("~" expands)
-    train_files: str = "*_train_*.bin"  # shards: glob of the training shards, read in name order
-    val_files: str = "*_val_*.bin"  # shards: glob of the validation shards
-    # How training rows are cut from the token stream. stream: consecutive seq_len windows,
-    # documents cut anywhere | bos: every row starts at a document's <|endoftext|> (the rest of
-    # a document that overflows a row is skipped). Validation is always the plain stream.
-    align: str = field(default="stream", metadata={"choices": ALIGNS})
-    # The validation budget this data's curves are usually reported on, in tokens;
-    # train.val_tokens takes it unless set itself.
-    val_tokens: int = 49152
-
-    def validate(self) -> None:
-        """Raise ValueError naming the `data.*` key that is wrong (choices are checked by the
-        config root, from each field's metadata)."""
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}")
-        if not self.cache_dir:
-            raise ValueError("data.cache_dir must be a directory path")
-        if self.val_tokens <= 0:
-            raise ValueError(f"data.val_tokens must be positive, got {self.val_tokens}")
-        if self.source == "shards":
-            if not self.dir:
-                raise ValueError(
-                    "data.dir must name the directory of token shards for data.source=shards "
-                    "(e.g. data.dir=/path/to/shards, written by python -m data.corpus.prepare)"
-                )
-            if not self.train_files or not self.val_files:
-                raise ValueError("data.train_files and data.val_files must be glob patterns")
-        if self.align == "bos" and self.source == "synthetic":
-            raise ValueError("data.align=bos needs documents; data.source=synthetic has none")
 
 
 def find_shards(cfg: DataConfig) -> CorpusFiles:

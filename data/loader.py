@@ -11,11 +11,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data.config import ALIGNS
 from data.shards import check_token_ids, load_shard, read_header
 from data.tokenizer import EOT, GPT2_VOCAB_SIZE
-
-# `data.align`: how `TokenLoader` cuts training rows (see its docstring).
-ALIGNS = ("stream", "bos")
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -129,7 +129,7 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
         self.scale = cfg.attn_scale or None  # None: SDPA's own 1/√D
         self.qk_norm = cfg.qk_norm
-        self.track_max_logit = False  # QK-clip's switch: fold max logits into max_logit
+        self._fold: Callable | None = None  # set while QK-clip tracks (`track_max_logit`)
         # A plain attribute, not a buffer: DDP broadcasts buffers from rank 0 before every
         # forward, which would overwrite each rank's maxima between micro-batches.
         self.max_logit: Tensor | None = None  # (n_head,) fp32, the running max per head
@@ -148,6 +148,24 @@ class CausalSelfAttention(nn.Module):
         self.fixed_lambda = cfg.value_residual_lambda
         if cfg.value_embeds:
             self.value_mix = nn.Parameter(torch.tensor([0.5, 0.5]))  # (α, β)
+
+    def reset_max_logit(self) -> None:
+        """Forget the tracked maxima (QK-clip's interface, optim/qk_clip.py)."""
+        device = next(self.parameters()).device
+        self.max_logit = torch.full(
+            (self.n_head,), float("-inf"), dtype=torch.float32, device=device
+        )
+
+    @torch.no_grad()
+    def scale_qk(self, factors: Tensor) -> None:
+        """Multiply head h's rows of W_q and of W_k by factors[h] (QK-clip's interface), in
+        the rows this rank holds."""
+        per_row = factors.repeat_interleave(self.head_dim)[:, None]  # (d, 1): one per row
+        if hasattr(self, "qkv"):  # dim 0 is the q/k/v slice; v's rows stay as they are
+            scale_rows(self.qkv, torch.stack([per_row, per_row, torch.ones_like(per_row)]))
+        else:
+            scale_rows(self.q.weight, per_row)
+            scale_rows(self.k.weight, per_row)
 
     def qkv_weights(self) -> list[Tensor]:
         """The three hidden matrices, for initialisation."""
@@ -169,12 +187,22 @@ class CausalSelfAttention(nn.Module):
             q, k = rms_norm(q), rms_norm(k)
         q, k, v = rotary(q).transpose(1, 2), rotary(k).transpose(1, 2), v.transpose(1, 2)
         mask = ctx.masks[self.window] if ctx.masks is not None else None
-        if self.track_max_logit and self.training:  # evaluation passes are no part of a step
-            self._fold_max_logit(q, k, mask)
+        if self._fold is not None and self.training:  # evaluation is no part of a step
+            self._fold(q, k, mask)
         y = attend(q, k, v, mask, self.scale)
         return self.o(y.transpose(1, 2).reshape(B, T, C))
 
-    @torch.compiler.disable  # a loop of chunks with host-side bounds: eager, never traced
+    @property
+    def track_max_logit(self) -> bool:
+        """QK-clip's switch: fold each training forward's max logits into `max_logit`."""
+        return self._fold is not None
+
+    @track_max_logit.setter
+    def track_max_logit(self, on: bool) -> None:
+        # A loop of chunks with host-side bounds: eager, never traced by torch.compile. The
+        # wrapper is made here, not at import: it imports torch._dynamo (half a second).
+        self._fold = torch.compiler.disable(self._fold_max_logit) if on else None
+
     def _fold_max_logit(self, q: Tensor, k: Tensor, mask: Mask | None) -> None:
         m = max_logits(q.detach(), k.detach(), mask, self.scale)
         self.max_logit = m if self.max_logit is None else torch.maximum(self.max_logit, m)
@@ -205,6 +233,19 @@ class Context:
     ) -> None:
         self.x0, self.value_embeds, self.masks = x0, value_embeds, masks
         self.v1: Tensor | None = None
+
+
+def scale_rows(w: Tensor, factors: Tensor) -> None:
+    """w[r] *= factors[r] for the dim-0 rows of `w` this rank holds: all of them, or an FSDP2
+    DTensor's local shard, which FSDP2 cuts as `torch.chunk` cuts dim 0."""
+    from torch.distributed.tensor import DTensor  # here: QK-clip only (a costly import)
+
+    if isinstance(w, DTensor):
+        pieces = factors.chunk(w.device_mesh.size())
+        rank = w.device_mesh.get_local_rank()
+        w.to_local().mul_((pieces[rank] if rank < len(pieces) else factors[:0]).to(w.dtype))
+    else:
+        w.mul_(factors.to(w.dtype))
 
 
 def init_bound(cfg: ModelConfig, fan_in: int) -> float:

@@ -15,70 +15,94 @@ VALUE_RESIDUALS = ("off", "fixed", "learned")
 SOFTCAP_FORMS = ("tanh", "sigmoid")
 LOSSES = ("auto", "fused", "plain")
 ATTENTION_IMPLS = ("auto", "sdpa", "flex")
+OPERATIONAL = {"resume": "operational"}  # how a checkpoint treats a field (trainer/config.py)
 
 
 @dataclass
 class ModelConfig:
-    n_layer: int = 4  # transformer blocks
-    n_head: int = 2  # attention heads per block
-    n_embd: int = 128  # residual stream width; head_dim = n_embd // n_head
-    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 128 for fast matmuls
-    rope_base: float = 10000.0  # rotary embedding base (wavelength scale), rope=full
-    logit_softcap: float = 30.0  # the cap c of the softcap below; 0 disables the cap
-    # QK-norm: RMS-normalise each head's q and k before rotary, which bounds the attention
-    # logits; false feeds the raw projections to rotary (logits then grow with W_q, W_k)
-    qk_norm: bool = True
-    compile: bool = False  # torch.compile the model (worth it on GPU; slow warm-up on CPU)
-    # torch.compile backend (trainer/compile.py): inductor generates kernels; eager and
-    # aot_eager only trace (they count graph breaks and recompiles without a slow warm-up)
-    compile_backend: str = "inductor"
+    """The `model` group. Every field must match on resume (it decides which tensors exist),
+    except those marked operational."""
 
-    # --- the records' options (RECORDS.md), each off by default ---------------------------
-    # Rows of the token and value embedding tables; 0 = vocab_size. (The head always has
-    # vocab_size outputs.)
+    n_layer: int = 4
+    """Transformer blocks."""
+    n_head: int = 2
+    """Attention heads per block."""
+    n_embd: int = 128
+    """Residual stream width; head_dim = n_embd // n_head."""
+    vocab_size: int = 50304
+    """Logits of the head: GPT-2's 50257 padded to a multiple of 128 for fast matmuls."""
+    rope_base: float = 10000.0
+    """Rotary base (wavelength scale), rope=full."""
+    logit_softcap: float = 30.0
+    """The cap c of the softcap (`softcap_form`); 0 disables it."""
+    qk_norm: bool = True
+    """RMS-normalise each head's q and k before rotary, which bounds the attention logits."""
+    compile: bool = field(default=False, metadata=OPERATIONAL)
+    """torch.compile the model, with static shapes (trainer/compile.py)."""
+    compile_backend: str = field(default="inductor", metadata=OPERATIONAL)
+    """torch.compile backend: inductor generates kernels; eager and aot_eager only trace."""
+
+    # --- the speedrun records' options, each off by default ---------------------------------
     embed_rows: int = 0
-    # Hidden linear weights ~ U(±√3·init_std/√fan_in), std init_std/√fan_in. 1/√3 ≈ 0.577 is
-    # PyTorch's default U(±1/√fan_in) (the 2024-11 record), 0.5 the 2025-01 record's.
+    """Rows of the token and value embedding tables; 0 = vocab_size."""
     init_std: float = 1.0
-    # bf16: embedding tables stored in bf16, every linear casts its fp32 weight to bf16 in
-    # forward (CastedLinear), so the residual stream is bf16 (the 2025-01 record; pair with
-    # train.autocast=none) | fp32: fp32 weights and stream (under autocast if enabled)
+    """Hidden linear weights ~ U(±√3·init_std/√fan_in): 1/√3 is PyTorch's default (the
+    2024-11 record), 0.5 the 2025-01 record's."""
     dtype: str = field(default="fp32", metadata={"choices": DTYPES})
-    # full: base rope_base on every dim | half_truncated: 32 frequencies 1 ... 1/1024 on the
-    # first half of each half-head, 0 on the rest (fp32 tables)
+    """bf16: bf16 embedding tables, every linear casts its fp32 weight to bf16, a bf16
+    residual stream (the 2025-01 record; pair with train.autocast=none) | fp32."""
     rope: str = field(default="full", metadata={"choices": ROPES})
-    rope_bf16: bool = False  # round the cos/sin tables to bf16 and rotate in bf16 (2024-11)
-    # rope=full frequencies as 1 / base^(2i/d), the records' rounding (2024-11), instead of
-    # base^(-2i/d): one fp32 ulp apart on some frequencies
+    """full: base rope_base on every dim | half_truncated: 32 frequencies 1 … 1/1024 on the
+    first half of each half-head, 0 on the rest."""
+    rope_bf16: bool = False
+    """Round the cos/sin tables to bf16 and rotate in bf16 (2024-11)."""
     rope_reciprocal: bool = False
-    merged_qkv: bool = False  # one 3 x d x d parameter for q, k, v (Muon per slice)
-    attn_scale: float = 0.0  # softmax(scale · q·k); 0 = 1/√head_dim
-    # v <- (1-λ)v + λ·v₁ with v₁ block 0's raw values: off | fixed (λ constant) | learned
-    # (one λ per block)
+    """rope=full frequencies as 1 / base^(2i/d), the records' rounding, not base^(−2i/d)."""
+    merged_qkv: bool = False
+    """One 3 × d × d parameter for q, k, v (Muon per slice)."""
+    attn_scale: float = 0.0
+    """softmax(scale · q·kᵀ); 0 = 1/√head_dim."""
     value_residual: str = field(default="off", metadata={"choices": VALUE_RESIDUALS})
-    value_residual_lambda: float = 0.5  # λ, or its initial value when learned
-    x0_shortcut: bool = False  # x <- a·x + b·x0 before each block, (a, b) learned from (1, 0)
-    unet: bool = False  # decoder layers add encoder outputs (last-in, first-out), weights init 1
-    # Value embeddings: per-layer pattern, a digit = the table added to that layer's values
-    # (v <- α·v + β·ve, (α, β) learned from (0.5, 0.5)), "." = none; "" = no tables.
-    # The 2025-01 record: "012......012".
+    """v ← (1−λ)·v + λ·v₁ with v₁ block 0's raw values: off | fixed λ | learned λ per block."""
+    value_residual_lambda: float = 0.5
+    """λ, or its initial value when learned."""
+    x0_shortcut: bool = False
+    """x ← a·x + b·x0 before each block, (a, b) learned from (1, 0)."""
+    unet: bool = False
+    """Decoder layers add encoder outputs (last in, first out), weights from 1."""
     value_embeds: str = ""
-    attention_layers: str = ""  # per-layer pattern, "A" attention, "." MLP only; "" = all
-    # Sliding-window attention: per-layer pattern, "L" long window, "S" short (half); the
-    # window size follows optim.schedule.window_tokens; "" = no window (all of the past)
+    """Per-layer pattern: a digit = the value-embedding table added to that layer's values
+    (v ← α·v + β·ve), "." = none; "" = no tables. The 2025-01 record: "012......012"."""
+    attention_layers: str = ""
+    """Per-layer pattern: "A" attention, "." MLP only; "" = all attention."""
     window: str = ""
-    window_block: int = 128  # the window moves in blocks of this many tokens
-    document_mask: bool = False  # attend within a document only (documents start at EOT)
-    # The kernel behind document / window masks: sdpa (a dense boolean mask, small sequences)
-    # | flex (FlexAttention over block masks, where skipped tiles cost nothing) | auto: flex on
-    # CUDA, sdpa elsewhere. Plain causal attention is always SDPA's is_causal kernel.
+    """Sliding-window attention, per-layer pattern: "L" long window, "S" short (half);
+    "" = no window (all of the past)."""
+    window_block: int = 128
+    """The window moves in blocks of this many tokens."""
+    window_tokens: int = 0
+    """The long window at the last step, in tokens, growing linearly from 1 token with the
+    step (`step_args`), rounded up to whole blocks; 0 = no window."""
+    document_mask: bool = False
+    """Attend within a document only (documents start at EOT)."""
     attention_impl: str = field(default="auto", metadata={"choices": ATTENTION_IMPLS})
-    fp8_head: bool = False  # LM head in FP8 while training (e4m3 forward, e5m2 gradients)
-    # tanh: c·tanh(z/c) | sigmoid: c·σ(4z/c), the 2025-01 record's 30·σ(z/7.5)
+    """The kernel behind document / window masks: sdpa (a dense mask) | flex (FlexAttention
+    over block masks) | auto: flex on CUDA, sdpa elsewhere."""
+    fp8_head: bool = False
+    """The LM head in FP8 while training (e4m3 forward, e5m2 gradients)."""
     softcap_form: str = field(default="tanh", metadata={"choices": SOFTCAP_FORMS})
-    # Softcapped cross-entropy: fused (chunked, for CPU caches) | plain (the formula, which
-    # torch.compile fuses on GPU) | auto: fused on CPU, plain elsewhere (scripts/bench_loss.py)
+    """tanh: c·tanh(z/c) | sigmoid: c·σ(4z/c), the 2025-01 record's 30·σ(z/7.5)."""
     loss: str = field(default="auto", metadata={"choices": LOSSES})
+    """Softcapped cross-entropy: fused (chunked, for CPU caches) | plain (the formula, which
+    torch.compile fuses on GPU) | auto: fused on CPU, plain elsewhere."""
+
+    def step_args(self, step: int, total_steps: int) -> dict[str, float]:
+        """The forward's step-dependent arguments for `step` (0 ... total_steps: the training
+        update `step`, or an evaluation after `step` updates); the run's schedule
+        (trainer/schedule.py) asks for them once per step."""
+        if not self.window_tokens:
+            return {}
+        return {"window_tokens": window_at(step, total_steps, self.window_tokens)}
 
     @property
     def differs_per_layer(self) -> bool:
@@ -125,6 +149,14 @@ class ModelConfig:
             raise ValueError(f"model.init_std must be positive, got {self.init_std}")
         if self.window_block <= 0:
             raise ValueError(f"model.window_block must be positive, got {self.window_block}")
+        if self.window_tokens < 0:
+            raise ValueError(f"model.window_tokens must be >= 0, got {self.window_tokens}")
+        if bool(self.window) != bool(self.window_tokens):
+            raise ValueError(
+                "model.window (which layers have sliding windows) and model.window_tokens (how "
+                "wide the window grows) go together: set both or neither (got "
+                f"{self.window!r} and {self.window_tokens})"
+            )
         for key, allowed in (("window", "LS"), ("attention_layers", "A."),
                              ("value_embeds", "0123456789.")):  # fmt: skip
             bad = set(getattr(self, key)) - set(allowed)
@@ -146,3 +178,13 @@ class ModelConfig:
                 )
         if self.fp8_head and self.dtype != "bf16":
             raise ValueError("model.fp8_head=true needs model.dtype=bf16 (its inputs are bf16)")
+
+
+def window_at(step: int, total_steps: int, final: int) -> float:
+    """The attention window for `step` (0 ... total_steps, so evaluation after the last update
+    has one too): max(final · step / total_steps, 1) tokens. The model rounds it up to whole
+    blocks, which for the 2025-01 record (final 1728, blocks of 128, 1770 steps) is
+    N(s) = max(1, ⌈9s/1180⌉): 1 block at step 0, 2 from step 132, ..., 14 at step 1770."""
+    if not 0 <= step <= total_steps:
+        raise ValueError(f"step must be in [0, {total_steps}], got {step}")
+    return max(final * step / total_steps, 1.0)

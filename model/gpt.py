@@ -16,11 +16,12 @@ from torch import Tensor, nn
 
 from model.attention import CausalSelfAttention, Context, init_bound
 from model.config import ModelConfig
+from model.flops import StepFlops
 from model.head import head_logits
 from model.layers import MLP, linear, rms_norm
 from model.loss import softcap, softcap_cross_entropy
 from model.masks import build_masks
-from model.plan import LayerSpec, layer_plan
+from model.plan import LayerSpec, describe_plan, layer_plan
 from model.rotary import Rotary
 
 
@@ -69,7 +70,26 @@ class GPT(nn.Module):
         # Micro-steps per optimizer step, each backpropagating loss / micro_steps: the FP8
         # head's gradient cast undoes that factor (model/head.py). Set by the trainer.
         self.micro_steps = 1
+        self._flops: StepFlops | None = None  # counted on first use (N needs the parameters)
         self.reset_parameters()
+
+    def fsdp_units(self) -> list[nn.Module]:
+        """The modules FSDP2 shards as units of their own: every embedding table and every
+        block. The rest (the LM head and the scalars) stays in the root unit: the FP8 head
+        reads its weight directly, not through its forward, so it must be gathered when the
+        model's own forward starts."""
+        return [self.embed, *getattr(self, "value_embeds", {}).values(), *self.blocks]
+
+    def count_flops(self, idx: Tensor, window_tokens: Tensor | float | None = None) -> Tensor:
+        """Training FLOPs of one forward and backward over `idx` (model/flops.py), a 0-d
+        tensor on its device; the forward's step arguments as it takes them."""
+        if self._flops is None:
+            self._flops = StepFlops.of(self)
+        return self._flops(idx, window_tokens)
+
+    def plan_summary(self) -> str:
+        """The layer plan in one line, "" when every layer is alike."""
+        return describe_plan(self.plan) if self.cfg.differs_per_layer else ""
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

@@ -1,10 +1,11 @@
-"""One optimizer object for a whole model: Muon and AdamW parts, their schedules, their state.
+"""One optimizer object for a whole model: its Muon and AdamW parts and their state.
 
-The loop sees only this object: `schedule(step)` sets every step-dependent value (each
-group's LR from its base LR, Muon's momentum), `step()` and `zero_grad()` act on every part,
-`lrs()` names each group's current LR for logging, and `state_dict()` / `load_state_dict()`
-carry every part's state through a checkpoint. Which parts exist and what they hold is
-`optim/build.py`'s business; nothing outside `optim/` needs to know.
+The loop sees only this object: `set_step(values)` takes the step's values from the run's
+schedule (each group's LR from its base LR, the momentum of the groups that take the
+scheduled one), `step()` and `zero_grad()` act on every part, `lrs()` names each group's
+current LR for logging, and `state_dict()` / `load_state_dict()` carry every part's state
+through a checkpoint. Which parts exist and what they hold is `optim/build.py`'s business
+(the table in optim/groups.py); nothing outside `optim/` needs to know.
 """
 
 from collections.abc import Iterator
@@ -14,34 +15,34 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from optim import flat_state as flat
-from optim.muon import Muon
+import optim.flat_state as flat
 from optim.offload import StateOffload
 from optim.qk_clip import QKClip
-from optim.schedule import Schedules, StepValues
-from optim.sharded_muon import ShardedMuon
+from optim.schedule import OptimValues
 
 
 class CombinedOptimizer:
     def __init__(
         self,
         parts: list[torch.optim.Optimizer],
-        schedules: Schedules,
         summary: str,
+        groups_table: str = "",
         self_reduced: list[str] | None = None,
         offload: StateOffload | None = None,
         clip: QKClip | None = None,
     ) -> None:
         """`parts` in a fixed order (a checkpoint lists their states in it); every param
-        group carries a unique "name", its parameters' "param_names" and its base LR as
-        "initial_lr". `self_reduced`: names of the parameters whose gradients a part averages
-        across ranks itself. `offload`: keeps the parts' state in CPU memory between steps.
-        `clip`: QK-clip, applied after every step (its numbers in `stats`)."""
+        group carries a unique "name", its parameters' "param_names", its base LR as
+        "initial_lr" and, if it takes the scheduled momentum, "scheduled_momentum".
+        `groups_table`: the groups as printed at startup. `self_reduced`: names of the
+        parameters whose gradients a part averages across ranks itself. `offload`: keeps the
+        parts' state in CPU memory between steps. `clip`: QK-clip, applied after every step
+        (its numbers in `stats`)."""
         if not parts:
             raise ValueError("the model has no trainable parameters to optimize")
         self.parts = parts
-        self.schedules = schedules
         self.summary = summary
+        self.groups_table = groups_table
         self.self_reduced = list(self_reduced or [])
         self.offload = offload
         self._resident_depth = 0
@@ -53,19 +54,17 @@ class CombinedOptimizer:
         if len(set(names)) != len(names):
             raise ValueError(f"param group names must be unique, got {names}")
 
-    def schedule(self, step: int) -> StepValues:
-        """Set every value that depends on the step for update `step` (0-based); return them.
+    def set_step(self, values: OptimValues) -> None:
+        """Take the schedule's values for the coming update.
 
         Each LR is set from the group's base LR, never from the previous step's, so the LR at
         a step does not depend on the run's history (a resumed run follows the same curve).
         """
-        values = self.schedules.at(step)
         for opt in self.parts:
             for group in opt.param_groups:
                 group["lr"] = group["initial_lr"] * values.lr_mult
-                if isinstance(opt, (Muon, ShardedMuon)):
+                if group.get("scheduled_momentum"):
                     group["momentum"] = values.muon_momentum
-        return values
 
     def step(self) -> None:
         if self.offload is None:
@@ -133,7 +132,7 @@ class CombinedOptimizer:
                 for key, target in live.items():
                     flat.copy_global(target, values[key])
                 return
-            if any(isinstance(opt, ShardedMuon) for opt in self.parts):
+            if any(getattr(opt, "sharded", False) for opt in self.parts):
                 differ = sorted(live.keys() ^ values.keys())[:3]
                 raise ValueError(f"the saved optimizer state differs in {differ} (and maybe more)")
             self.load_state_dict(flat.to_positional(self.parts, values))

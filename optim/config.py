@@ -1,25 +1,115 @@
 """The `optim` config group: which optimizers, their settings, and the LR schedule.
 
-Each part is defined next to the code that implements it (`MuonConfig` in muon_settings.py,
-`ScheduleConfig` in schedule.py, the optimizer names in partition.py); this module adds
-AdamW's settings and puts the group together.
+Every schema of `optim.*` is here, with the vocabulary of its choices, so that this module
+imports nothing else of `optim/` and every implementation imports its settings from it.
+A field's `resume` metadata says how a checkpoint treats it: "must_match" (the resumed run
+must have the saved value), "operational" (how a run executes, never its numbers: changing it
+is silent); unmarked fields may change on resume, with a warning.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
-from optim.muon_settings import MuonConfig
-from optim.partition import MATRIX_GROUP
-from optim.schedule import ScheduleConfig
+MUST_MATCH = {"resume": "must_match"}
+OPERATIONAL = {"resume": "operational"}
+
+# `optim.name` -> the group that takes the hidden matrices.
+MATRIX_GROUP = {"muon_adamw": "muon", "adamw": "hidden"}
+MOMENTUM_FORMS = ("ema", "accumulate")
+NS_COEFFICIENTS = ("classic", "polar_express")
+# How each Newton–Schulz iteration is evaluated (optim/muon/newton_schulz.py: NS forms).
+NS_FORMS = ("factored", "factored_unfused", "expanded", "gram")
+NS_DTYPES = ("auto", "bf16", "fp32")
+LR_SCALES = ("original", "match_rms_adamw", "none")
+# How ranks share Muon's Newton–Schulz work (optim/muon/exchange.py).
+EXCHANGES = ("all_reduce", "all_gather", "reduce_scatter")
+# How Muon orthogonalises FSDP2 dim-0 shards (optim/muon/sharded.py).
+SHARDED_NS = ("gather", "tp")
+# How the LR cooldown is drawn (optim/schedule.py: `lr_multiplier`).
+COOLDOWN_FORMS = ("steps", "fraction")
+
+
+@dataclass
+class MuonConfig:
+    """Muon's settings (`optim.muon`), one object from the config to the update arithmetic:
+    `optim/muon/optimizer.py` takes it whole, so a new setting is a field here and its use
+    there."""
+
+    lr: float = 0.02
+    """Base LR, before the shape scale (`lr_scale`) and the schedule's multiplier."""
+    momentum: float = 0.95
+    """Momentum after its warmup."""
+    momentum_warmup_start: float = 0.85
+    """Momentum at step 0, raised linearly to `momentum`."""
+    momentum_warmup_steps: int = 300
+    """Steps of that warmup; 0 = constant momentum."""
+    nesterov: bool = True
+    """Nesterov-style look-ahead on the momentum buffer."""
+    momentum_form: str = field(default="ema", metadata={"choices": MOMENTUM_FORMS})
+    """ema: buf ← μ·buf + (1−μ)·g, u = (1−μ)·g + μ·buf | accumulate: buf ← μ·buf + g,
+    u = g + μ·buf (the 2024-11 record's)."""
+    ns_steps: int = 5
+    """Newton–Schulz iterations (Polar Express is retuned for each count)."""
+    ns_coefficients: str = field(default="classic", metadata={"choices": NS_COEFFICIENTS})
+    """classic: the fixed quintic | polar_express: per-iteration quintics."""
+    lr_scale: str = field(default="original", metadata={"choices": LR_SCALES})
+    """LR factor by shape: original √max(1, rows/cols) | match_rms_adamw 0.2·√max(rows, cols)
+    | none."""
+    ns_form: str = field(default="factored", metadata={"choices": NS_FORMS})
+    """How an iteration is evaluated: factored (fused sums) | factored_unfused (the 2025-01
+    record's order) | expanded (the 2024-11 record's) | gram (the Gram iteration on
+    elongated matrices: fewer FLOPs, more bf16 rounding)."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay: p ← p·(1 − lr·weight_decay)."""
+    eps: float = 1e-7
+    """Added to the Frobenius norm before normalising."""
+    ns_dtype: str = field(default="auto", metadata={"choices": NS_DTYPES})
+    """Newton–Schulz precision: bf16 | fp32 | auto = bf16 where bf16 matmuls are native."""
+    exchange: str = field(default="all_gather", metadata={"choices": EXCHANGES, **OPERATIONAL})
+    """How ranks share the Newton–Schulz work: all_gather | all_reduce | reduce_scatter (Muon
+    gradients skip DDP and go to their owners)."""
+    sharded_ns: str = field(default="gather", metadata={"choices": SHARDED_NS})
+    """Under dist.strategy=fsdp: gather (each matrix to an owner) | tp (tensor-parallel on
+    the row shards, in place)."""
+    qk_clip: float = 0.0
+    """QK-clip τ: after each step, heads whose max logit exceeded τ get W_q, W_k scaled by
+    √(τ/max); 0 = off. Acts only with model.qk_norm=false."""
+
+    def validate(self) -> None:
+        """Raise ValueError naming the `optim.muon.*` key that is wrong (a standalone `Muon`
+        validates its settings here too, so the choices are checked here as well)."""
+        for f in fields(self):
+            allowed = f.metadata.get("choices")
+            if allowed is not None and getattr(self, f.name) not in allowed:
+                raise ValueError(
+                    f"optim.muon.{f.name} must be one of {' | '.join(allowed)}, "
+                    f"got {getattr(self, f.name)!r}"
+                )
+        if not self.lr >= 0:
+            raise ValueError(f"optim.muon.lr must be >= 0, got {self.lr}")
+        for key in ("momentum", "momentum_warmup_start"):
+            if not 0 <= getattr(self, key) < 1:
+                raise ValueError(f"optim.muon.{key} must be in [0, 1), got {getattr(self, key)}")
+        if not (isinstance(self.ns_steps, int) and self.ns_steps >= 1):
+            raise ValueError(f"optim.muon.ns_steps must be an integer >= 1, got {self.ns_steps!r}")
+        for key in ("momentum_warmup_steps", "weight_decay", "qk_clip"):
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"optim.muon.{key} must be >= 0, got {getattr(self, key)}")
+        if not self.eps > 0:
+            raise ValueError(f"optim.muon.eps must be > 0, got {self.eps}")
 
 
 @dataclass
 class AdamWConfig:
-    """torch's AdamW with one param group (and LR) per role of parameter."""
+    """torch's AdamW (`optim.adamw`), one param group and LR per role of parameter."""
 
-    embed_lr: float = 0.3  # token embedding
-    head_lr: float = 0.008  # untied LM head
-    scalar_lr: float = 0.04  # every 0-D / 1-D parameter (gains, biases, lambdas)
-    hidden_lr: float = 0.002  # hidden 2-D matrices, used only when optim.name=adamw
+    embed_lr: float = 0.3
+    """Token (and value) embedding tables."""
+    head_lr: float = 0.008
+    """The untied LM head."""
+    scalar_lr: float = 0.04
+    """Every 0-D / 1-D parameter (gains, biases, lambdas)."""
+    hidden_lr: float = 0.002
+    """The hidden matrices, with optim.name=adamw only."""
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-10
@@ -38,15 +128,48 @@ class AdamWConfig:
 
 
 @dataclass
+class ScheduleConfig:
+    """The LR multiplier every param group shares (`optim.schedule`): warmup, constant,
+    cooldown to a floor."""
+
+    warmup_steps: int = 0
+    """Linear warmup from 0 to the full LR."""
+    cooldown_frac: float = 0.4
+    """The last fraction of the steps: linear decay to `min_lr_frac`."""
+    min_lr_frac: float = 0.0
+    """The LR floor at the end, as a fraction of each group's LR."""
+    cooldown_form: str = field(default="steps", metadata={"choices": COOLDOWN_FORMS})
+    """steps: over round(cooldown_frac · steps) whole steps | fraction: continuously in the
+    fraction of training left (the 2025-01 record's formula)."""
+
+    def validate(self, total_steps: int) -> None:
+        """Raise ValueError naming the `optim.schedule.*` key that is wrong."""
+        if self.warmup_steps < 0:
+            raise ValueError(f"optim.schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
+        for key in ("cooldown_frac", "min_lr_frac"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ValueError(
+                    f"optim.schedule.{key} must be in [0, 1], got {getattr(self, key)}"
+                )
+        cooldown = round(self.cooldown_frac * total_steps)
+        if self.warmup_steps + cooldown > total_steps:
+            raise ValueError(
+                f"optim.schedule.warmup_steps ({self.warmup_steps}) + cooldown "
+                f"({cooldown} = cooldown_frac * train.steps) exceed train.steps ({total_steps})"
+            )
+
+
+@dataclass
 class OptimConfig:
-    # muon_adamw: Muon on hidden matrices + AdamW on the rest | adamw: AdamW only
-    name: str = field(default="muon_adamw", metadata={"choices": MATRIX_GROUP})
+    """The `optim` group: the optimizers, their settings, the schedule, state offload."""
+
+    name: str = field(default="muon_adamw", metadata={"choices": MATRIX_GROUP, **MUST_MATCH})
+    """muon_adamw: Muon on the hidden matrices + AdamW on the rest | adamw: AdamW only."""
     muon: MuonConfig = field(default_factory=MuonConfig)
     adamw: AdamWConfig = field(default_factory=AdamWConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    # Keep Muon's momentum and AdamW's moments in CPU memory between steps, on the device only
-    # for the update (optim/offload.py): saves their device memory, costs two copies a step
-    offload: bool = False
+    offload: bool = field(default=False, metadata=OPERATIONAL)
+    """Keep optimizer state in CPU memory between steps (optim/offload.py)."""
 
     def validate(self, total_steps: int) -> None:
         """Raise ValueError naming the `optim.*` key that is wrong."""

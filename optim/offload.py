@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from optim.shards import local
+from optim.row_shards import local
 
 
 class StateOffload:

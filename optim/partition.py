@@ -1,4 +1,4 @@
-"""Which optimizer group each parameter of a model belongs to.
+"""The role of each parameter of a model, which decides its param group (optim/groups.py).
 
 Muon is meant for the hidden weight matrices only; the token embedding, the LM head and the
 small 0-D/1-D parameters (norm gains, biases, scalar lambdas) train better with AdamW at their
@@ -10,7 +10,7 @@ trainable parameter through the module that registers it:
 - "scalar": every 0-D or 1-D parameter, wherever it lives (biases of the head included);
 - "embed":  2-D parameters of an `nn.Embedding`;
 - "head":   2-D parameters of the module named `lm_head` (last component of its qualified name);
-- "muon" (optimizer "muon_adamw") or "hidden" (optimizer "adamw"): every other 2-D parameter.
+- "matrix": every other 2-D parameter (Muon's with optim.name=muon_adamw).
 
 Anything else (a 3-D parameter without a declared role, say) fits no group, and a parameter
 registered by two modules (weights tied between embedding and head) would fit two; both are
@@ -22,22 +22,14 @@ from torch import nn
 
 Named = list[tuple[str, nn.Parameter]]
 
-# `optim.name` -> the group that takes the hidden matrices.
-MATRIX_GROUP = {"muon_adamw": "muon", "adamw": "hidden"}
+ROLES = ("matrix", "embed", "head", "scalar")
 
 
-def partition_params(model: nn.Module, optimizer_name: str) -> dict[str, Named]:
-    """Split the trainable parameters of `model` into named groups (see the module docstring).
-
-    Returns {"muon" or "hidden", "embed", "head", "scalar"} → [(qualified name, parameter)], in
-    the model's registration order; groups may be empty.
-    """
-    if optimizer_name not in MATRIX_GROUP:
-        raise ValueError(
-            f"optimizer_name must be one of {sorted(MATRIX_GROUP)}, got {optimizer_name!r}"
-        )
-    matrix_group = MATRIX_GROUP[optimizer_name]
-    groups: dict[str, Named] = {matrix_group: [], "embed": [], "head": [], "scalar": []}
+def param_roles(model: nn.Module) -> dict[str, Named]:
+    """The trainable parameters of `model` by role (see the module docstring): {role:
+    [(qualified name, parameter)]} for every role of ROLES, in the model's registration
+    order; roles may be empty."""
+    roles: dict[str, Named] = {role: [] for role in ROLES}
     seen: dict[int, str] = {}  # id(param) -> the name it was first found under
     uncovered = []
     for module_name, module in model.named_modules():
@@ -51,30 +43,25 @@ def partition_params(model: nn.Module, optimizer_name: str) -> dict[str, Named]:
                     "each parameter must belong to exactly one optimizer group, so untie them"
                 )
             seen[id(p)] = name
-            group = _group_of(module_name, module, p, matrix_group)
-            if group is None:
+            role = _role_of(module_name, module, p)
+            if role is None:
                 uncovered.append(f"{name} (shape {tuple(p.shape)})")
             else:
-                groups[group].append((name, p))
+                roles[role].append((name, p))
     if uncovered:
         raise ValueError(
             "no optimizer group takes these parameters (only 0-D/1-D and 2-D parameters are "
             f"handled): {', '.join(uncovered)}"
         )
-    return groups
+    return roles
 
 
-ROLES = ("matrix", "embed", "head", "scalar")
-
-
-def _group_of(
-    module_name: str, module: nn.Module, p: nn.Parameter, matrix_group: str
-) -> str | None:
+def _role_of(module_name: str, module: nn.Module, p: nn.Parameter) -> str | None:
     role = getattr(p, "role", None)
     if role is not None:
         if role not in ROLES:
             raise ValueError(f"parameter role must be one of {ROLES}, got {role!r}")
-        return matrix_group if role == "matrix" else role
+        return role
     if p.ndim <= 1:
         return "scalar"
     if p.ndim != 2:
@@ -83,4 +70,4 @@ def _group_of(
         return "embed"
     if module_name.rsplit(".", 1)[-1] == "lm_head":
         return "head"
-    return matrix_group
+    return "matrix"

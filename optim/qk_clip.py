@@ -21,29 +21,32 @@ Usage, on every rank alike (apply() is a collective when a process group is give
     ... forward/backward over the step's micro-batches; optimizer.step() ...
     stats = clip.apply()            # after every step: clip, reset, numbers to log
 
-Weights may be separate q, k linears or the merged 3×d×d q/k/v parameter, plain or FSDP2
-shards (`optim/shards.py`): each rank scales the rows it holds, nothing is gathered.
+QK-clip reaches the attention layers through a small interface, so that it needs nothing of
+the model but this: a module of `model` that has `scale_qk` is an attention layer, with
+
+    track_max_logit: bool           # the switch: fold each training forward's maxima in
+    max_logit: Tensor | None        # (n_head,) fp32, the running max per head
+    reset_max_logit() -> None       # max_logit <- -inf for every head
+    scale_qk(factors) -> None       # head h's rows of W_q and W_k *= factors[h], in the rows
+                                    # this rank holds (FSDP2 shards scale their own)
 """
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
-
-from model.attention import CausalSelfAttention
-from optim.shards import local, row_range
+from torch import nn
 
 
 class QKClip:
-    """Clips every `CausalSelfAttention` of `model` at max logit `tau` (see the module doc)."""
+    """Clips every attention layer of `model` at max logit `tau` (see the module doc)."""
 
     def __init__(
         self, model: nn.Module, tau: float, process_group: dist.ProcessGroup | None = None
     ) -> None:
         if tau <= 0:
             raise ValueError(f"qk_clip: tau must be positive, got {tau}")
-        self.layers = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
+        self.layers = [m for m in model.modules() if hasattr(m, "scale_qk")]
         if not self.layers:
-            raise ValueError("qk_clip: the model has no CausalSelfAttention layer to clip")
+            raise ValueError("qk_clip: the model has no attention layer to clip (scale_qk)")
         self.tau = float(tau)
         self.group = process_group
 
@@ -61,10 +64,7 @@ class QKClip:
     def reset(self) -> None:
         """Forget the maxima recorded so far (e.g. after a step that was skipped)."""
         for attn in self.layers:
-            device = local(next(attn.parameters())).device
-            attn.max_logit = torch.full(
-                (attn.n_head,), float("-inf"), dtype=torch.float32, device=device
-            )
+            attn.reset_max_logit()
 
     @torch.no_grad()
     def apply(self) -> dict[str, float | int]:
@@ -78,24 +78,7 @@ class QKClip:
         over = maxima > self.tau
         factors = torch.where(over, (self.tau / maxima).sqrt(), torch.ones_like(maxima))
         for attn, f in zip(self.layers, factors, strict=True):
-            scale_heads(attn, f)
+            attn.scale_qk(f)
         self.reset()
         top, clipped = torch.stack([maxima.max(), over.sum().float()]).tolist()
         return {"qk_clip/max_logit": top, "qk_clip/clipped_heads": int(clipped)}
-
-
-def scale_heads(attn: CausalSelfAttention, factors: Tensor) -> None:
-    """Multiply head h's rows of W_q and of W_k by factors[h], in the rows held here."""
-    per_row = factors.repeat_interleave(attn.head_dim)[:, None]  # (d, 1): one per output row
-    if hasattr(attn, "qkv"):
-        # Dim 0 is the q/k/v slice: a shard holds whole slices, so scale q's and k's if here.
-        start, stop = row_range(attn.qkv)
-        shard = local(attn.qkv)
-        for which in (0, 1):
-            if start <= which < stop:
-                shard[which - start].mul_(per_row.to(shard.dtype))
-        return
-    for weight in (attn.q.weight, attn.k.weight):
-        start, stop = row_range(weight)
-        shard = local(weight)
-        shard.mul_(per_row[start:stop].to(shard.dtype))

@@ -16,9 +16,9 @@ shards; the default empty prompt starts a fresh document. Each new token is draw
 `torch.multinomial` (a generator seeded with --seed) from softmax(logits / temperature), kept
 to the --top-k most likely tokens (0: all) of GPT-2's 50257 real tokens: the head's padding
 rows up to model.vocab_size were never trained targets. The context is cropped to the last
-train.seq_len tokens, the length the model was trained on. A sliding-window model
-(model.window) gets the window of its schedule's last step (optim.schedule.window_tokens),
-the one its final evaluation used. Samples print to stdout, each followed by a `---` line.
+train.seq_len tokens, the length the model was trained on. The model's step-dependent
+arguments (a sliding window) are those of the final evaluation, from the run's schedule
+(trainer/schedule.py). Samples print to stdout, each followed by a `---` line.
 
 bf16 autocast on CUDA, fp32 on CPU. Not supported: a KV cache (each token reruns the whole
 cropped context: simple, and quick enough for these model sizes), batched or multi-GPU
@@ -37,10 +37,11 @@ from torch import Tensor
 
 from data.tokenizer import GPT2_VOCAB_SIZE, encode_document, gpt2_encoding
 from model import GPT, ModelConfig
-from optim.schedule import window_tokens
+from optim.config import OptimConfig
 from trainer import checkpoint_files as files
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, upgrade_saved
 from trainer.dcp_state import read_whole
+from trainer.schedule import Schedule
 
 SEPARATOR = "---"
 
@@ -80,9 +81,11 @@ def read_state(path: Path, layout: str) -> dict[str, Tensor]:
 
 
 def load_model(path: Path, device: torch.device) -> tuple[GPT, dict[str, Any]]:
-    """The checkpoint's model in eval mode on `device`, and the checkpoint's metadata."""
+    """The checkpoint's model in eval mode on `device`, and the checkpoint's metadata (its
+    config in today's key names)."""
     meta = files.validate(path)
-    model = GPT(model_config(meta.get("config", {}).get("model", {}), path))
+    meta["config"] = upgrade_saved(meta.get("config", {}))
+    model = GPT(model_config(meta["config"].get("model", {}), path))
     try:
         model.load_state_dict(read_state(path, meta.get("layout", "torch_save")))
     except RuntimeError as e:
@@ -93,13 +96,12 @@ def load_model(path: Path, device: torch.device) -> tuple[GPT, dict[str, Any]]:
     return model.to(device).eval(), meta
 
 
-def forward_args(config: dict[str, Any], device: torch.device) -> dict[str, Tensor]:
-    """The model's step-dependent forward arguments at the end of training."""
-    if not config.get("model", {}).get("window"):
-        return {}
+def forward_args(model: GPT, config: dict[str, Any], device: torch.device) -> dict[str, Tensor]:
+    """The model's step-dependent forward arguments at the end of training: the final
+    evaluation's, from the run's schedule (the optimizer's part of it is not used here)."""
     steps = config.get("train", {}).get("steps", TrainConfig.steps)
-    final = config.get("optim", {}).get("schedule", {}).get("window_tokens", 0)
-    return {"window_tokens": torch.tensor(window_tokens(steps, steps, final), device=device)}
+    schedule = Schedule(steps, OptimConfig(), model.cfg)
+    return {k: torch.tensor(v, device=device) for k, v in schedule.model_args(steps).items()}
 
 
 @torch.no_grad()
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
           file=sys.stderr)  # fmt: skip
     prompt = torch.tensor([encode_document(args.prompt)], device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    model_args = forward_args(config, device)
+    model_args = forward_args(model, config, device)
     enc = gpt2_encoding()
     for _ in range(args.num_samples):
         out = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k,

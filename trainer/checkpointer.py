@@ -29,33 +29,14 @@ from torch import nn
 from optim import CombinedOptimizer
 from trainer import checkpoint_files as files
 from trainer.checkpoint_files import CheckpointError, Loaded
-from trainer.config import Config, flatten
+from trainer.config import Config, flatten, resume_rule, upgrade_saved
 from trainer.dcp_state import load_sharded, load_whole_into_sharded, read_whole, save_sharded
 from trainer.dist import main_decides, raise_together
 from trainer.progress import Progress
+from trainer.provenance import code_version
 from trainer.runtime import Runtime, rng_state, set_rng_state
 
 log = logging.getLogger("train")
-
-# Keys whose values must equal the checkpoint's: they decide which tensors exist and what the
-# loader position means.
-MUST_MATCH_PREFIXES = ("model.", "optim.name", "data.source")
-# Keys that change how a run executes or reports, never its numbers: no warning when they differ.
-OPERATIONAL = (
-    "run_dir",
-    "model.compile",
-    "dist.",
-    "data.cache_dir",
-    "train.device",
-    "train.micro_batch_size",
-    "train.log_every",
-    "train.val_every",
-    "train.checkpoint_",
-    "train.resume",
-    "train.on_nonfinite",
-    "train.fault.",
-    "logging.",
-)
 
 
 class Loader(Protocol):
@@ -132,6 +113,8 @@ class Checkpointer:
             "val_loss": progress.val_loss,
             "config": asdict(self.conf),
         }
+        if (code := code_version()) is not None:
+            meta["code"] = code
         if self.sharded:
             path = self._save_sharded(progress.step, trainer, meta)
         else:
@@ -192,14 +175,15 @@ class Checkpointer:
         )
 
     def _check_config(self, loaded: Loaded) -> None:
-        saved = flatten(loaded.meta.get("config", {}))
+        saved = flatten(upgrade_saved(loaded.meta.get("config", {})))
         current = flatten(asdict(self.conf))
         # A key the saved config lacks is a setting added since that save: the code that wrote
         # it behaved as the setting's default does (every new option is off by default).
         defaults = flatten(OmegaConf.to_container(OmegaConf.structured(Config)))
         saved |= {k: defaults[k] for k in current.keys() - saved.keys() if k in defaults}
         differ = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
-        fatal = [k for k in differ if k.startswith(MUST_MATCH_PREFIXES) and k != "model.compile"]
+        # Each key's rule is its field's `resume` metadata (trainer/config.py).
+        fatal = [k for k in differ if resume_rule(k) == "must_match"]
         if fatal:
             shown = "; ".join(f"{k}: {saved.get(k)!r} saved, {current.get(k)!r} now" for k in fatal)
             raise CheckpointError(
@@ -207,7 +191,7 @@ class Checkpointer:
                 f"Resume with the checkpoint's values (all in {loaded.path / files.META}) "
                 "or start fresh with train.resume=never"
             )
-        changed = [k for k in differ if not k.startswith(OPERATIONAL)]
+        changed = [k for k in differ if resume_rule(k) is None]
         if changed and self.rt.is_main:
             log.warning(
                 "resuming with values that differ from the checkpoint's; the run continues "

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch._dynamo.utils import counters
 
 
 def compile_model(module: nn.Module, backend: str | Callable = "inductor") -> nn.Module:
@@ -35,6 +34,8 @@ class CompileCounts:
 
     @classmethod
     def now(cls) -> "CompileCounts":
+        from torch._dynamo.utils import counters  # here: importing dynamo takes ~0.5 s
+
         return cls(
             graphs=counters["stats"]["unique_graphs"],
             graph_breaks=sum(counters["graph_break"].values()),
@@ -46,5 +47,7 @@ class CompileCounts:
 
 def reset_compile_state() -> None:
     """Forget every compiled graph and counter (between presets in one process)."""
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
     counters.clear()

@@ -1,12 +1,17 @@
-"""The root config schema: one dataclass per group, registered in Hydra's ConfigStore.
+"""The root config schema and the `train`, `dist` and `logging` groups, registered in Hydra.
 
-Every default lives here, in the dataclasses (each group's own next to the code that
-implements it: `MuonConfig` in optim/muon.py, `DataConfig` in data/build.py, ...); the YAML
-presets under `conf/` hold only what a preset changes. Hydra validates the YAML against these
-dataclasses when it composes them, so an unknown key or a value of the wrong type fails at
-startup with the key named. `validate()` then checks the values: each field's allowed values
-from its metadata (`check_choices`, the one "must be one of"), ranges, divisibility and
-cross-group constraints.
+Every default lives in the dataclasses, each package's in its own config.py (model/,
+optim/, data/, and here the trainer's); the YAML presets under `conf/` hold only what a
+preset changes. Hydra validates the YAML against these dataclasses when it composes them, so
+an unknown key or a value of the wrong type fails at startup with the key named.
+`Config.validate()` then checks every group's values (each group's `validate()`), the
+choices each field's metadata names (`check_choices`) and cross-group constraints.
+
+A field's `resume` metadata says how a checkpoint treats it (`resume_rule`): "must_match"
+(a resumed run must have the saved value: it decides which tensors exist or what the loader
+position means), "operational" (how a run executes or reports, never its numbers: a change
+passes silently); every other change is allowed with a warning. A group's rule covers its
+fields unless a field says otherwise.
 """
 
 import difflib
@@ -16,61 +21,94 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, DictConfig, OmegaConf
 
-from data.build import DataConfig
+from data.config import DataConfig
 from model.config import ModelConfig
 from optim.config import OptimConfig
-from trainer.fault import FaultConfig
-from trainer.nonfinite import ACTIONS
 from trainer.run_dir import register_resolvers
-from trainer.runtime import AUTOCASTS, BACKENDS, DEVICES
-from trainer.strategy import FSDP_PARAM_DTYPES, STRATEGIES
-from trainer.wandb_log import WandbConfig
+
+MUST_MATCH = {"resume": "must_match"}
+OPERATIONAL = {"resume": "operational"}
+
+DEVICES = ("auto", "cpu", "cuda")
+AUTOCASTS = ("auto", "bf16", "none")
+NONFINITE_ACTIONS = ("stop", "skip")
+BACKENDS = ("auto", "nccl", "gloo")
+STRATEGIES = ("ddp", "fsdp")
+FSDP_PARAM_DTYPES = ("auto", "bf16", "fp32")
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+@dataclass
+class FaultConfig:
+    """Test-only fault injection (trainer/fault.py); all off (0) in every real run."""
+
+    kill_at_step: int = 0
+    """SIGKILL rank `rank` during this step, once per run directory."""
+    signal_at_step: int = 0
+    """Send rank `rank` a SIGTERM during this step, once."""
+    rank: int = 0
+    nonfinite_at_step: int = 0
+    """Make this step's training loss NaN on every rank."""
+    nonfinite_grad_at_step: int = 0
+    """Make a gradient NaN (the loss stays finite) on every rank."""
+
+    @property
+    def enabled(self) -> bool:
+        return any(getattr(self, f.name) for f in fields(self) if f.name != "rank")
+
+    def validate(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) < 0:
+                raise ValueError(f"train.fault.{f.name} must be >= 0, got {getattr(self, f.name)}")
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 200  # optimizer steps
-    batch_size: int = 8  # global sequences per step (all ranks, all micro-steps)
-    # sequences per rank per forward/backward; 0 = batch_size / world size (no accumulation).
-    # Gradient-accumulation steps = batch_size / (world size x micro_batch_size).
-    micro_batch_size: int = 0
-    seq_len: int = 256  # tokens per sequence (one packed sequence per rank: batch = world size)
-    # tokens per validation sequence; 0 = seq_len. Each rank evaluates as many of them at a
-    # time as fit in its training micro-batch's tokens (at least one).
-    val_seq_len: int = 0
-    val_every: int = 50  # evaluate every this many steps (and always at the end); 0 = end only
-    # fixed validation budget in tokens, the same at every evaluation; the data preset's
-    val_tokens: int = II("data.val_tokens")
-    log_every: int = 1  # console line every this many steps
-    # auto (cuda when available, else cpu) | cpu | cuda
-    device: str = field(default="auto", metadata={"choices": DEVICES})
-    # bf16: matmuls in bfloat16 with fp32 master weights | none: fp32 | auto: bf16 on CUDA and on
-    # CPUs with native bf16 matmul (AVX-512 BF16 / AMX), fp32 elsewhere (bf16 is ~10x slower
-    # than fp32 on an AVX2-only CPU)
-    autocast: str = field(default="auto", metadata={"choices": AUTOCASTS})
-    # Checkpoints go to <run_dir>/checkpoints/step_NNNNNN (see trainer/checkpoint_files.py).
-    checkpoint_every: int = 50  # save every this many steps; 0 = no periodic saves
-    checkpoint_at_end: bool = True  # save after the last step
-    # keep this many newest checkpoints, delete older ones. 1 is safe: a save is complete
-    # (renamed into place) before the previous one is deleted; each save of the tiny default
-    # model is ~160 MB, mostly the 50304-wide embedding and head with their AdamW moments
-    checkpoint_keep: int = 1
-    # auto: continue from <run_dir>/checkpoints if it holds one, else start fresh | never |
-    # a path: a checkpoint directory, a checkpoints/ directory or a run directory
-    resume: str = "auto"
-    # A non-finite training loss or gradient: stop (name the step and the last good checkpoint)
-    # | skip (drop that step's update and go on; its host sync then precedes the update)
-    on_nonfinite: str = field(default="stop", metadata={"choices": ACTIONS})
-    # Stop at the first evaluation whose val loss is at or below this (0 = train all steps);
-    # the log and metrics.jsonl give the train time to reach it (evaluation excluded).
-    target_val_loss: float = 0.0
-    # Steps whose time does not count as train time (the records reset their clock at step
-    # 10, after compilation warm-up): the first this many steps are run but not timed
-    untimed_steps: int = 0
-    fault: FaultConfig = field(default_factory=FaultConfig)
+    """The `train` group: steps, batch shape, evaluation, precision, checkpoints."""
 
-    def accumulation_steps(self, world_size: int) -> int:
-        """Micro-steps per optimizer step on `world_size` ranks; raises if they don't divide."""
+    steps: int = 200
+    """Optimizer steps."""
+    batch_size: int = 8
+    """Global sequences per step (all ranks, all micro-steps)."""
+    micro_batch_size: int = field(default=0, metadata=OPERATIONAL)
+    """Sequences per rank per forward; 0 = batch_size / world size (no accumulation)."""
+    seq_len: int = 256
+    """Tokens per sequence (a packed sequence per rank when batch_size = world size)."""
+    val_seq_len: int = 0
+    """Tokens per validation sequence; 0 = seq_len."""
+    val_every: int = field(default=50, metadata=OPERATIONAL)
+    """Evaluate every this many steps (and always at the end); 0 = at the end only."""
+    val_tokens: int = II("data.val_tokens")
+    """The fixed validation budget in tokens, the same at every evaluation."""
+    log_every: int = field(default=1, metadata=OPERATIONAL)
+    """A console line every this many steps."""
+    device: str = field(default="auto", metadata={"choices": DEVICES, **OPERATIONAL})
+    """auto (cuda when available, else cpu) | cpu | cuda."""
+    autocast: str = field(default="auto", metadata={"choices": AUTOCASTS})
+    """bf16: matmuls in bf16, fp32 master weights | none: fp32 | auto: bf16 on CUDA and on
+    CPUs with native bf16 matmuls, fp32 elsewhere."""
+    checkpoint_every: int = field(default=50, metadata=OPERATIONAL)
+    """Save every this many steps to <run_dir>/checkpoints/; 0 = no periodic saves."""
+    checkpoint_at_end: bool = field(default=True, metadata=OPERATIONAL)
+    """Save after the last step."""
+    checkpoint_keep: int = field(default=1, metadata=OPERATIONAL)
+    """Keep this many newest checkpoints (a save is complete before an older one goes)."""
+    resume: str = field(default="auto", metadata=OPERATIONAL)
+    """auto: continue from the run directory's newest checkpoint, if any | never | a path (a
+    checkpoint, a checkpoints/ directory or a run directory)."""
+    on_nonfinite: str = field(
+        default="stop", metadata={"choices": NONFINITE_ACTIONS, **OPERATIONAL}
+    )
+    """A non-finite loss or gradient: stop (naming the last good checkpoint) | skip the
+    step's update and go on."""
+    target_val_loss: float = 0.0
+    """Stop at the first evaluation at or below this val loss; 0 = train every step."""
+    untimed_steps: int = 0
+    """The first this many steps run but do not count as train time (warm-up)."""
+    fault: FaultConfig = field(default_factory=FaultConfig, metadata=OPERATIONAL)
+
+    def micro_batch(self, world_size: int) -> int:
+        """Sequences per rank per forward on `world_size` ranks; raises if they don't divide."""
         micro = self.micro_batch_size or self.batch_size // world_size
         if micro < 1 or self.batch_size % (world_size * micro):
             shown = self.micro_batch_size or "0, i.e. batch_size / world size"
@@ -79,94 +117,121 @@ class TrainConfig:
                 f"({world_size}) x train.micro_batch_size ({shown}); change train.batch_size, "
                 "train.micro_batch_size or the number of ranks"
             )
-        return self.batch_size // (world_size * micro)
+        return micro
+
+    def accumulation_steps(self, world_size: int) -> int:
+        """Micro-steps per optimizer step on `world_size` ranks; raises if they don't divide."""
+        return self.batch_size // (world_size * self.micro_batch(world_size))
+
+    def val_rows(self, world_size: int) -> int:
+        """Validation sequences per rank per forward: as many as a training micro-batch's
+        tokens hold, at least one."""
+        val_seq = self.val_seq_len or self.seq_len
+        return max(1, self.micro_batch(world_size) * self.seq_len // val_seq)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the `train.*` key that is wrong."""
+        for key in ("steps", "batch_size", "seq_len", "val_tokens", "log_every"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"train.{key} must be positive, got {getattr(self, key)}")
+        for key in ("val_seq_len", "micro_batch_size", "val_every", "checkpoint_every",
+                    "untimed_steps", "target_val_loss"):  # fmt: skip
+            if getattr(self, key) < 0:
+                raise ValueError(f"train.{key} must be >= 0, got {getattr(self, key)}")
+        val_seq = self.val_seq_len or self.seq_len
+        if self.val_tokens < val_seq:
+            raise ValueError(
+                f"train.val_tokens ({self.val_tokens}) must cover at least one validation "
+                f"sequence of {val_seq} tokens (train.val_seq_len, or train.seq_len when it is 0)"
+            )
+        if self.checkpoint_keep < 1:
+            raise ValueError(f"train.checkpoint_keep must be >= 1, got {self.checkpoint_keep}")
+        if not self.resume:
+            raise ValueError("train.resume must be auto, never or a checkpoint path")
+        self.fault.validate()
 
 
 @dataclass
 class DistConfig:
-    # Ranks that `python train.py` starts itself through torch's elastic launcher (one node,
-    # so a Hydra multirun job can be multi-process); 1 = this process alone. Under torchrun
-    # leave it at 1: torchrun starts the ranks.
+    """The `dist` group: ranks and how the model spreads over them."""
+
     nproc: int = 1
-    max_restarts: int = 0  # with nproc > 1: relaunch all ranks this often after a failure
-    # auto: nccl on CUDA, gloo on CPU | nccl | gloo
+    """Ranks `python train.py` starts itself (one node; leave 1 under torchrun)."""
+    max_restarts: int = 0
+    """With nproc > 1: relaunch all ranks this often after a failure."""
     backend: str = field(default="auto", metadata={"choices": BACKENDS})
-    timeout_s: float = 600.0  # a collective waiting longer fails instead of hanging
-    # ddp: every rank holds the whole model and optimizer state | fsdp: FSDP2 shards
-    # parameters, gradients and optimizer state over the ranks (sharded Muon, DCP
-    # checkpoints; trainer/strategy.py says when to use which)
+    """auto: nccl on CUDA, gloo on CPU | nccl | gloo."""
+    timeout_s: float = 600.0
+    """A collective waiting longer fails instead of hanging."""
     strategy: str = field(default="ddp", metadata={"choices": STRATEGIES})
-    # fsdp only: dtype parameters are all-gathered and computed in (gradients are always
-    # reduced in fp32) | auto: bf16 on CUDA, fp32 on CPU
+    """ddp: every rank holds the whole model and optimizer state | fsdp: FSDP2 shards them
+    over the ranks (trainer/strategy.py)."""
     fsdp_param_dtype: str = field(default="auto", metadata={"choices": FSDP_PARAM_DTYPES})
+    """fsdp: the dtype parameters are gathered and computed in; auto = bf16 on CUDA, fp32 on
+    CPU (gradients are always reduced in fp32)."""
+
+    def validate(self, train: TrainConfig) -> None:
+        """Raise ValueError naming the `dist.*` key that is wrong."""
+        if self.nproc < 1:
+            raise ValueError(f"dist.nproc must be >= 1, got {self.nproc}")
+        train.accumulation_steps(self.nproc)  # dist.nproc ranks must split the batch
+        if self.max_restarts < 0:
+            raise ValueError(f"dist.max_restarts must be >= 0, got {self.max_restarts}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"dist.timeout_s must be > 0, got {self.timeout_s}")
+        if self.backend == "nccl" and train.device == "cpu":
+            raise ValueError("dist.backend=nccl needs train.device=cuda (or auto on a GPU)")
+
+
+@dataclass
+class WandbConfig:
+    """Weights & Biases (`logging.wandb`; trainer/wandb_log.py)."""
+
+    enabled: bool = False
+    """logging=wandb turns it on; rank 0 only."""
+    project: str = "gpt-speedrun"
+    entity: str | None = None
+    """Team or user; None: the account's default."""
+    name: str | None = None
+    """The run's name; None: the run directory's path under outputs/."""
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+    mode: str = field(default="online", metadata={"choices": WANDB_MODES})
+    """online: needs an account | offline: writes <run_dir>/wandb, `wandb sync` later |
+    disabled: calls succeed and do nothing."""
 
 
 @dataclass
 class LoggingConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
+    def validate(self) -> None:
+        """Nothing to check beyond the choices."""
+
 
 @dataclass
 class Config:
-    seed: int = 0  # seeds torch, numpy and python; same seed -> same run
-    run_dir: str = "."  # where metrics.jsonl goes; Hydra sets it to its run directory
-    model: ModelConfig = field(default_factory=ModelConfig)
+    seed: int = 0
+    """Seeds torch, numpy and python: the same seed gives the same run."""
+    run_dir: str = field(default=".", metadata=OPERATIONAL)
+    """Where metrics and checkpoints go; Hydra sets it to its run directory."""
+    model: ModelConfig = field(default_factory=ModelConfig, metadata=MUST_MATCH)
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    dist: DistConfig = field(default_factory=DistConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    dist: DistConfig = field(default_factory=DistConfig, metadata=OPERATIONAL)
+    logging: LoggingConfig = field(default_factory=LoggingConfig, metadata=OPERATIONAL)
 
     def validate(self) -> None:
         """Check every value once, before any work; raise ValueError naming the key."""
         check_choices(self)
         self.model.validate()
         self.data.validate()
-        t = self.train
-        for key in ("steps", "batch_size", "seq_len", "val_tokens", "log_every"):
-            if getattr(t, key) <= 0:
-                raise ValueError(f"train.{key} must be positive, got {getattr(t, key)}")
-        if t.val_seq_len < 0:
-            raise ValueError(f"train.val_seq_len must be >= 0, got {t.val_seq_len}")
-        if t.micro_batch_size < 0:
-            raise ValueError(f"train.micro_batch_size must be >= 0, got {t.micro_batch_size}")
-        if t.val_every < 0:
-            raise ValueError(f"train.val_every must be >= 0, got {t.val_every}")
-        val_seq = t.val_seq_len or t.seq_len
-        if t.val_tokens < val_seq:
-            raise ValueError(
-                f"train.val_tokens ({t.val_tokens}) must cover at least one validation sequence "
-                f"of {val_seq} tokens (train.val_seq_len, or train.seq_len when it is 0)"
-            )
-        if t.checkpoint_every < 0:
-            raise ValueError(f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}")
-        if t.checkpoint_keep < 1:
-            raise ValueError(f"train.checkpoint_keep must be >= 1, got {t.checkpoint_keep}")
-        if not t.resume:
-            raise ValueError("train.resume must be auto, never or a checkpoint path")
-        if t.untimed_steps < 0:
-            raise ValueError(f"train.untimed_steps must be >= 0, got {t.untimed_steps}")
-        if t.target_val_loss < 0:
-            raise ValueError(f"train.target_val_loss must be >= 0, got {t.target_val_loss}")
-        t.fault.validate()
-        self.optim.validate(t.steps)
-        if bool(self.model.window) != bool(self.optim.schedule.window_tokens):
-            raise ValueError(
-                "model.window (which layers have sliding windows) and "
-                "optim.schedule.window_tokens (how wide the window grows) go together: set both "
-                f"or neither (got {self.model.window!r} and {self.optim.schedule.window_tokens})"
-            )
-        d = self.dist
-        if d.nproc < 1:
-            raise ValueError(f"dist.nproc must be >= 1, got {d.nproc}")
-        t.accumulation_steps(d.nproc)  # dist.nproc ranks must split the batch: fail before any
-        if d.max_restarts < 0:
-            raise ValueError(f"dist.max_restarts must be >= 0, got {d.max_restarts}")
-        if d.timeout_s <= 0:
-            raise ValueError(f"dist.timeout_s must be > 0, got {d.timeout_s}")
-        if d.backend == "nccl" and t.device == "cpu":
-            raise ValueError("dist.backend=nccl needs train.device=cuda (or auto on a GPU)")
-        if self.model.attention_impl == "flex" and t.device == "cpu":
+        self.train.validate()
+        self.optim.validate(self.train.steps)
+        self.dist.validate(self.train)
+        self.logging.validate()
+        if self.model.attention_impl == "flex" and self.train.device == "cpu":
             raise ValueError(
                 "model.attention_impl=flex can't train on a CPU (FlexAttention has no CPU "
                 "backward in this torch); use model.attention_impl=auto or sdpa there"
@@ -183,6 +248,37 @@ def check_choices(node: Any, prefix: str = "") -> None:
         elif "choices" in f.metadata and value not in f.metadata["choices"]:
             allowed = " | ".join(f.metadata["choices"])
             raise ValueError(f"{prefix}{f.name} must be one of {allowed}, got {value!r}")
+
+
+def resume_rule(key: str, schema: Any = Config) -> str | None:
+    """How a checkpoint treats dotted `key`: "must_match", "operational" or None (may change,
+    with a warning), from the `resume` metadata of the field or of its nearest group."""
+    rule, node = None, schema
+    for name in key.split("."):
+        found = {f.name: f for f in fields(node)}.get(name) if is_dataclass(node) else None
+        if found is None:
+            return rule  # a key the schema lacks (an older save's) keeps its group's rule
+        rule = found.metadata.get("resume", rule)
+        node = found.default_factory if found.default_factory is not MISSING else None
+    return rule
+
+
+# Keys moved since a checkpoint may have been saved: old dotted key -> today's.
+RENAMED = {"optim.schedule.window_tokens": "model.window_tokens"}
+
+
+def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
+    """A saved config (nested dict) with its keys under today's names (RENAMED)."""
+    out = OmegaConf.create(config)
+    for old, new in RENAMED.items():
+        value = OmegaConf.select(out, old)
+        if value is None:
+            continue
+        parent, _, leaf = old.rpartition(".")
+        node = OmegaConf.select(out, parent) if parent else out
+        node.pop(leaf)
+        OmegaConf.update(out, new, value, force_add=True)
+    return OmegaConf.to_container(out)
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -19,9 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from optim import CombinedOptimizer
 from optim.flat_state import copy_global, from_positional
@@ -38,12 +36,16 @@ def live_state(model: nn.Module, optimizer: CombinedOptimizer) -> dict[str, Tens
 
 def save_sharded(directory: Path, model: nn.Module, optimizer: CombinedOptimizer) -> None:
     """Write this rank's shards of the model and optimizer state (a collective)."""
+    import torch.distributed.checkpoint as dcp  # ~0.5 s of imports, for fsdp runs only
+
     with optimizer.resident():
         dcp.save(live_state(model, optimizer), checkpoint_id=directory)
 
 
 def load_sharded(directory: Path, model: nn.Module, optimizer: CombinedOptimizer) -> None:
     """Load a dcp save into this run's tensors in place, whatever world size wrote it."""
+    import torch.distributed.checkpoint as dcp  # ~0.5 s of imports, for fsdp runs only
+
     with optimizer.resident():
         target = live_state(model, optimizer)
         _check_keys(directory, target.keys())
@@ -55,6 +57,9 @@ def read_whole(directory: Path) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
 
     Each process reads on its own (no collective), as DDP ranks read a torch_save file.
     """
+    import torch.distributed.checkpoint as dcp  # ~0.5 s of imports, for fsdp runs only
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     metadata = dcp.FileSystemReader(str(directory)).read_metadata()
     target = {
         key: torch.empty(m.size, dtype=m.properties.dtype)
@@ -87,6 +92,8 @@ def load_whole_into_sharded(
 def _check_keys(directory: Path, wanted: Any) -> None:
     """Name the tensors this run needs that the save lacks (DCP's own error is a KeyError
     deep in its planner)."""
+    import torch.distributed.checkpoint as dcp  # ~0.5 s of imports, for fsdp runs only
+
     saved = dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata
     missing = sorted(set(wanted) - saved.keys())
     if missing:

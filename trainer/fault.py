@@ -13,35 +13,15 @@ makes one gradient NaN under a finite loss.
 
 import os
 import signal
-from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from optim.shards import local
+from optim.row_shards import local
+from trainer.config import FaultConfig
 
 MARKER = ".fault-{}-fired"
-
-
-@dataclass
-class FaultConfig:
-    """Test-only fault injection; all off (0) in every real run."""
-
-    kill_at_step: int = 0  # SIGKILL rank `rank` during this step, once per run directory
-    signal_at_step: int = 0  # send rank `rank` a SIGTERM during this step, once
-    rank: int = 0
-    nonfinite_at_step: int = 0  # make this step's training loss NaN on every rank
-    nonfinite_grad_at_step: int = 0  # make a gradient NaN (the loss stays finite) on every rank
-
-    def validate(self) -> None:
-        for f in fields(self):
-            if getattr(self, f.name) < 0:
-                raise ValueError(f"train.fault.{f.name} must be >= 0, got {getattr(self, f.name)}")
-
-    @property
-    def enabled(self) -> bool:
-        return any(getattr(self, f.name) for f in fields(self) if f.name != "rank")
 
 
 class Faults:

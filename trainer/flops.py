@@ -2,7 +2,7 @@
 
 The FLOPs of a batch are counted by `model/flops.py` (PaLM's convention, attention over the
 context each layer's mask lets through); this module holds what turns them into MFU: the
-GPU's peak and the division. The training loop and `scripts/bench_gpu.py` both use the two,
+GPU's peak and the division. The training loop and `scripts/bench/gpu.py` both use the two,
 so the step line and the benchmark print the same number for the same step.
 
 The peak is the dense bf16 tensor-core rate of the GPU, from its name; an unknown GPU or a

@@ -1,10 +1,11 @@
 """The training loop: step, schedule, evaluate on a fixed token budget, log, checkpoint.
 
-One step is: the optimizer object's schedule for the step, forward/backward over the
-micro-batches, the step hook (test faults), the update, and one all-reduce that brings every
-rank the mean loss, whether any gradient is non-finite, whether any rank was asked to stop and
-the step's FLOPs over all ranks (for MFU): the step's one host sync, which everything the step
-reads back shares. Then, when due: evaluation (and the target check), the log line, a checkpoint.
+One step is: the run's schedule for the step (trainer/schedule.py: the optimizer's values
+and the model's forward arguments), forward/backward over the micro-batches, the step hook
+(test faults), the update, and one all-reduce that brings every rank the mean loss, whether
+any gradient is non-finite, whether any rank was asked to stop and the step's FLOPs over all
+ranks (for MFU): the step's one host sync, which everything the step reads back shares.
+Then, when due: evaluation (and the target check), the log line, a checkpoint.
 
 Train time is wall-clock time spent in training steps only; evaluation and checkpointing are
 excluded, the way public speedrun records are timed. Losses are reduced over all ranks, so the
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from data.loader import Batch
 from optim import CombinedOptimizer
 from trainer.checkpointer import Checkpointer
 from trainer.config import TrainConfig
@@ -29,9 +31,9 @@ from trainer.metrics import MetricsSink, format_step
 from trainer.nonfinite import NonFiniteStep, nonfinite_grads, stop_message
 from trainer.progress import Progress
 from trainer.runtime import Runtime
+from trainer.schedule import Schedule
 from trainer.signals import Stopped, StopRequests
 
-Batch = tuple[Tensor, Tensor]
 # Called once per step after forward/backward, before the update, with the step (1-based)
 # and its loss; returns the loss to use. The seam for test-only faults (trainer/fault.py).
 StepHook = Callable[[int, Tensor], Tensor]
@@ -92,6 +94,7 @@ class Loop:
 
     model: nn.Module  # what runs forward: the model, or its DDP / compiled wrapper
     optimizer: CombinedOptimizer
+    schedule: Schedule
     next_batch: Callable[[], Batch]  # this rank's share of the next global batch
     val_batches: Callable[[], Iterable[Batch]]  # the same validation batches every call
     cfg: TrainConfig
@@ -106,6 +109,7 @@ class Loop:
     # arguments (model/flops.py); with `peak_flops` it gives the step's MFU (trainer/flops.py)
     flops: Callable[..., Tensor] | None = None
     peak_flops: float | None = None  # one GPU's bf16 peak; None: no MFU (CPU, unknown GPU)
+    code: dict | None = None  # the code's commit and dirty flag, in the first metrics line
     # The forward's step arguments as device tensors, kept while their value holds
     _arg_tensors: dict[str, tuple[float, Tensor]] = field(
         default_factory=dict, init=False, repr=False
@@ -119,7 +123,10 @@ class Loop:
         """
         p = start or Progress()
         if p.step == 0:
-            self._log(self._evaluate(p, {"step": 0, "tokens": 0, "train_time_ms": 0.0}))
+            first = {"step": 0, "tokens": 0, "train_time_ms": 0.0}
+            if self.code is not None:
+                first["code"] = self.code
+            self._log(self._evaluate(p, first))
         self.model.train()
         while p.step < self.cfg.steps and not self._target_reached(p):
             rec, stop_now = self._train_step(p)
@@ -130,7 +137,7 @@ class Loop:
             self._log(rec)
             self._checkpoint(p, stop_now)
         if p.val_loss is None:  # resumed from a save without a val loss, nothing left to do
-            p.val_loss = evaluate(self.model, self.val_batches(), self.rt, self._model_args(p.step))
+            p.val_loss = self._val_loss(p.step)
         skipped = f", {p.skipped_steps} steps skipped (non-finite)" if p.skipped_steps else ""
         self.sink.info(
             "done: %d steps, %d tokens, final val loss %.4f, train time %.1fs (%.0f ms/step)%s",
@@ -144,9 +151,10 @@ class Loop:
         step = p.step + 1
         self.rt.synchronize()
         t0 = time.perf_counter()
-        values = self.optimizer.schedule(step - 1)
+        values = self.schedule.at(step - 1)
+        self.optimizer.set_step(values.optim)
         batch = tuple(t.to(self.rt.device, non_blocking=True) for t in self.next_batch())
-        args = self._model_args(step - 1)
+        args = self._on_device(values.model_args)
         flops = self._count_flops(batch[0], args)
         loss_t = forward_backward(self.model, batch, self.rt, self.accum_steps, self.no_sync, args)
         if self.hook is not None:
@@ -169,7 +177,7 @@ class Loop:
         rec = {
             "step": step,
             "train_loss": loss if math.isfinite(loss) else None,
-            "lr_mult": values.lr_mult,
+            "lr_mult": values.optim.lr_mult,
             **{f"lr/{name}": lr for name, lr in self.optimizer.lrs().items()},
             **self.optimizer.stats,
             "tokens": p.tokens,
@@ -230,18 +238,21 @@ class Loop:
 
     def _evaluate(self, p: Progress, rec: dict) -> dict:
         """Validation loss into `p` and `rec`, and whether it reached the target."""
-        p.val_loss = evaluate(self.model, self.val_batches(), self.rt, self._model_args(p.step))
+        p.val_loss = self._val_loss(p.step)
         rec["val_loss"] = p.val_loss
         if self._target_reached(p):
             rec["target_reached"] = True
         return rec
 
-    def _model_args(self, step: int) -> dict[str, Tensor]:
-        """The schedule's forward arguments for `step`, as device tensors (a changing Python
-        number would make a compiled model recompile). Each is filled in on the device, not
-        copied from the host (a copy waits for the queued work), and reused while its value
-        holds."""
-        args = self.optimizer.schedules.model_args(step)
+    def _val_loss(self, step: int) -> float:
+        """The validation loss after `step` updates, with the schedule's forward arguments."""
+        args = self._on_device(self.schedule.model_args(step))
+        return evaluate(self.model, self.val_batches(), self.rt, args)
+
+    def _on_device(self, args: dict[str, float]) -> dict[str, Tensor]:
+        """The schedule's forward arguments as device tensors (a changing Python number would
+        make a compiled model recompile). Each is filled in on the device, not copied from
+        the host (a copy waits for the queued work), and reused while its value holds."""
         for key, value in args.items():
             held = self._arg_tensors.get(key)
             if held is None or held[0] != value:

@@ -13,7 +13,6 @@ from typing import Any
 
 from torch import nn
 
-from model.plan import describe_plan, layer_plan
 from trainer.config import Config
 from trainer.progress import Progress
 from trainer.runtime import Runtime
@@ -152,7 +151,7 @@ def describe_run(
     """The startup line: model, optimizer, ranks, precision and how a step's tokens split."""
     m, t = conf.model, conf.train
     n_params = sum(p.numel() for p in model.parameters())
-    micro = t.batch_size // (rt.world_size * accum_steps)
+    micro = t.micro_batch(rt.world_size)
     precision = "bf16 autocast" if rt.autocast_dtype else "fp32"
     if m.dtype == "bf16":
         precision = f"bf16 model ({precision} for the rest)"
@@ -165,4 +164,4 @@ def describe_run(
         f"{t.batch_size * t.seq_len} tokens/step = {count} x {accum_steps} micro-step"
         f"{'s' if accum_steps > 1 else ''} "
         f"x {micro} x {t.seq_len}"
-    ) + (f"\nlayers: {describe_plan(layer_plan(m))}" if m.differs_per_layer else "")
+    ) + (f"\nlayers: {plan}" if (plan := model.plan_summary()) else "")

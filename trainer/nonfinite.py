@@ -15,10 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from optim.shards import local
-
-# `train.on_nonfinite`
-ACTIONS = ("stop", "skip")
+from optim.row_shards import local
 
 
 class NonFiniteStep(FloatingPointError):

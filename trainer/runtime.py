@@ -13,14 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from optim.newton_schulz import bf16_matmul_is_fast
-
-# `train.device`: auto = cuda when available, else cpu.
-DEVICES = ("auto", "cpu", "cuda")
-# `train.autocast`: bf16 autocast, plain fp32 (none), or auto = bf16 where bf16 matmuls are fast.
-AUTOCASTS = ("auto", "bf16", "none")
-# `dist.backend`: auto = nccl on CUDA, gloo on CPU.
-BACKENDS = ("auto", "nccl", "gloo")
+from optim.muon.newton_schulz import bf16_matmul_is_fast
 
 
 @dataclass(frozen=True)

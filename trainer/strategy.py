@@ -6,8 +6,9 @@ gradients. Right while model + optimizer state fit one GPU comfortably (GPT-2 sm
 fsdp: PyTorch FSDP2 (`fully_shard`) shards every parameter, gradient and optimizer state
 over the ranks by dim-0 rows; each unit's parameters are all-gathered just before its forward
 and backward and freed after, and gradients are reduce-scattered (averaged) to their shards.
-The units: every embedding table, every block, and the root (the LM head and the scalars).
-Muon then runs sharded (`optim/sharded_muon.py`) and checkpoints are DCP (see
+The units: those the model declares (`fsdp_units`: for the GPT every embedding table and
+every block), and the root (the LM head and the scalars).
+Muon then runs sharded (`optim/muon/sharded.py`) and checkpoints are DCP (see
 `trainer/checkpointer.py`). Parameters are all-gathered in `dist.fsdp_param_dtype` (bf16 by
 default on GPU, halving the traffic; fp32 on CPU) and gradients always reduced in fp32.
 """
@@ -17,43 +18,41 @@ from contextlib import AbstractContextManager, contextmanager
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from trainer.runtime import Runtime
 
-# `dist.strategy`
-STRATEGIES = ("ddp", "fsdp")
 # `dist.fsdp_param_dtype`: the dtype parameters are all-gathered and computed in under fsdp
-FSDP_PARAM_DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
+PARAM_DTYPE_OF = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def resolve_param_dtype(setting: str, device: torch.device) -> torch.dtype:
     """`dist.fsdp_param_dtype` for `device`: auto = bf16 on CUDA, fp32 elsewhere (a CPU
     gains nothing from halving loopback traffic, and fp32 keeps CPU runs comparable)."""
-    if setting not in FSDP_PARAM_DTYPES:
-        raise ValueError(f"dist.fsdp_param_dtype must be one of {sorted(FSDP_PARAM_DTYPES)}")
-    dtype = FSDP_PARAM_DTYPES[setting]
+    if setting not in PARAM_DTYPE_OF:
+        raise ValueError(f"dist.fsdp_param_dtype must be one of {sorted(PARAM_DTYPE_OF)}")
+    dtype = PARAM_DTYPE_OF[setting]
     if dtype is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return dtype
 
 
 def shard_model(model: nn.Module, rt: Runtime, param_dtype: torch.dtype) -> nn.Module:
-    """Apply FSDP2 to `model` in place (its class becomes an FSDP subclass; names unchanged).
+    """Apply FSDP2 to `model` in place (its class becomes an FSDP subclass; names unchanged):
+    each of `model.fsdp_units()` a unit, the rest the root unit.
 
     Needs the default process group (a one-rank group for a single process). The `role` a
     module declared on a parameter (`optim/partition.py`) is carried over to the sharded
     parameter that replaces it, so the optimizer groups are the same as unsharded.
     """
+    # FSDP is imported here, when used: it takes ~0.5 s that a DDP run need not pay.
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     mesh = init_device_mesh(rt.device.type, (rt.world_size,))
     roles = {n: p.role for n, p in model.named_parameters() if hasattr(p, "role")}
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    tables = [m for m in model.modules() if isinstance(m, nn.Embedding)]
-    for unit in [*tables, *getattr(model, "blocks", [])]:
+    for unit in model.fsdp_units():  # the model declares its units; the rest is the root's
         fully_shard(unit, mesh=mesh, mp_policy=policy)
-    # The head's weight is read directly (FP8 path), not through its forward: it belongs to
-    # the root unit, whose parameters are gathered when the model's own forward starts.
     fully_shard(model, mesh=mesh, mp_policy=policy)
     for name, p in model.named_parameters():
         if name in roles:
@@ -64,6 +63,8 @@ def shard_model(model: nn.Module, rt: Runtime, param_dtype: torch.dtype) -> nn.M
 def fsdp_no_sync(model: nn.Module) -> Callable[[], AbstractContextManager]:
     """The `no_sync` of an FSDP2 model: micro-steps inside it keep their gradients unsharded
     and unreduced; the last micro-step, outside it, reduce-scatters the accumulated sum once."""
+    from torch.distributed.fsdp import FSDPModule
+
     assert isinstance(model, FSDPModule)
 
     @contextmanager

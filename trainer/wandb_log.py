@@ -6,27 +6,12 @@ a second one. wandb is imported only when enabled: the default logging needs no 
 """
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer.config import WandbConfig
+
 log = logging.getLogger("train")
-
-# `logging.wandb.mode`
-MODES = ("online", "offline", "disabled")
-
-
-@dataclass
-class WandbConfig:
-    enabled: bool = False  # logging=wandb turns it on; rank 0 only
-    project: str = "gpt-speedrun"
-    entity: str | None = None  # team or user; None: the account's default
-    name: str | None = None  # run name; None: the run directory's path under outputs/
-    group: str | None = None  # e.g. one sweep's runs
-    tags: list[str] = field(default_factory=list)
-    # online: needs an account (WANDB_API_KEY) | offline: writes <run_dir>/wandb, sync later
-    # with `wandb sync` | disabled: calls succeed and do nothing
-    mode: str = field(default="online", metadata={"choices": MODES})
 
 
 class WandbRun:

@@ -1,0 +1,190 @@
+"""Muon: momentum, then orthogonalise the update of each hidden weight matrix.
+
+For every 2-D parameter W with gradient g (Keller Jordan's Muon, 2024; the same update as
+`torch.optim.Muon`), in the notation of optim/muon/update.py:
+
+    buf  <- lerp(buf, g, 1 - momentum)                  # EMA momentum
+    u    <- lerp(g, buf, momentum) if nesterov else buf
+    O    <- NewtonSchulz(u)                             # ≈ U Vᵀ of u = U S Vᵀ
+    W    <- W · (1 - lr · weight_decay) - lr · scale(shape) · O
+
+What differs from `torch.optim.Muon` is speed: Newton–Schulz runs once per *shape*, batched over
+all matrices of that shape (tall ones transposed to their wide side first, so a 3072×768 and a
+768×3072 share a batch), instead of once per matrix, and with the operand layout that CPU bf16
+matmuls are fastest with (see `zeropower`). `scripts/bench/muon_step.py` measures the difference.
+
+Every setting comes in one `MuonConfig` (`settings`, or keyword overrides of its fields); the
+param groups carry what a schedule may change per step or per group: "lr", "momentum" and
+"weight_decay" (and a loaded state dict restores them, as torch's optimizers do). One step
+skeleton serves every distributed arrangement: per param group, a `Strategy`
+(optim/muon/strategies.py, optim/muon/sharded.py) says which gradients this rank's momentum
+takes and how orthogonalised updates reach the ranks that apply them:
+
+- one process (no `process_group`, or one rank): everything here;
+- `process_group` with exchange=all_gather | all_reduce: matrix i orthogonalised by its owner
+  rank, finished updates exchanged; momentum replicated, so checkpoints do not depend on the
+  world size;
+- exchange=reduce_scatter: gradients reduced to owners, momentum on the owner only,
+  parameters all-gathered; `state_dict()` gathers the momentum (a collective);
+- `sharded=True` (FSDP2 DTensor shards; the group is their mesh's): sharded_ns=gather sends
+  shards to owners and rows back, sharded_ns=tp runs Newton–Schulz tensor-parallel.
+"""
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.optim.optimizer import ParamsT
+
+from optim.config import MuonConfig
+from optim.muon.newton_schulz import orthogonalise
+from optim.muon.sharded import ShardedOwners, ShardedTP
+from optim.muon.strategies import OwnerOnly, Replicated, Strategy
+from optim.muon.update import advance_momentum, apply_update, momentum_update
+from optim.row_shards import local
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for matrices (2-D, or stacks of them); see the module docstring."""
+
+    def __init__(
+        self,
+        params: ParamsT,
+        settings: MuonConfig | None = None,
+        *,
+        ns_dtype: torch.dtype = torch.bfloat16,
+        process_group: dist.ProcessGroup | None = None,
+        sharded: bool = False,
+        **overrides: Any,
+    ) -> None:
+        """`overrides`: `MuonConfig` fields to change from `settings` (default: the config's
+        defaults). `process_group` is passed explicitly, never a silent fallback to the world
+        group; it is not used when `sharded` (the parameters' mesh decides)."""
+        self.hp = replace(settings or MuonConfig(), **overrides)
+        self.hp.validate()
+        self.ns_dtype = ns_dtype  # the hardware's choice, not a param-group setting
+        self.strategy = self._strategy(process_group, sharded)
+        hp = self.hp
+        super().__init__(
+            params, {"lr": hp.lr, "momentum": hp.momentum, "weight_decay": hp.weight_decay}
+        )
+        self.strategy.setup(self.param_groups, ns_dtype)
+
+    def _strategy(self, group: dist.ProcessGroup | None, sharded: bool) -> Strategy:
+        ns, hp = self.newton_schulz, self.hp
+        if sharded:
+            if hp.sharded_ns == "tp":
+                return ShardedTP(ns, self.ns_dtype, hp)
+            return ShardedOwners(ns, self.ns_dtype)
+        if group is None or dist.get_world_size(group) == 1:
+            return Strategy(ns)
+        if hp.exchange == "reduce_scatter":
+            return OwnerOnly(ns, group)
+        return Replicated(ns, group, hp.exchange, self.ns_dtype)
+
+    @property
+    def sharded(self) -> bool:
+        """True when the parameters are FSDP2 shards (their state is sharded too)."""
+        return self.strategy.sharded
+
+    @property
+    def owner_only(self) -> bool:
+        """True when each rank keeps the momentum of the matrices it owns only."""
+        return self.strategy.owner_only
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group (the constructor adds its groups this way too), validating it first."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            per_group = {k: group[k] for k in ("lr", "momentum", "weight_decay")}
+            replace(self.hp, **per_group).validate()
+            for p in group["params"]:
+                if p.ndim < 2:
+                    raise ValueError(
+                        f"Muon only takes matrices (2-D, or stacks of them), got a parameter "
+                        f"of shape {tuple(p.shape)}; give embeddings, gains and biases to AdamW"
+                    )
+                self.strategy.check_param(p)
+        except ValueError:
+            self.param_groups.pop()  # leave the optimizer as it was
+            raise
+        if self.strategy.eager_state:
+            for p in group["params"]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+
+    def newton_schulz(self, updates: dict[int, Tensor]) -> dict[int, Tensor]:
+        """Newton–Schulz of each update, batched by shape, in `ns_dtype`."""
+        hp = self.hp
+        return orthogonalise(
+            updates, hp.ns_coefficients, hp.ns_steps, hp.eps, self.ns_dtype, hp.ns_form
+        )
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        """One Muon step; `closure`, if given, recomputes and returns the loss (with grads)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for index, group in enumerate(self.param_groups):
+            params = group["params"]
+            work = self.strategy.gradients(index, group)
+            if work is None:
+                continue
+            grads, mine = work  # a rank may hold none (it owns no matrix) and still takes part
+            updates = {}
+            for i, g in grads.items():
+                state = self.state[params[i]]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(params[i])
+                buf = local(state["momentum_buffer"])
+                advance_momentum(buf, g, group, self.hp)
+                if i in mine:
+                    updates[i] = momentum_update(buf, g, group, self.hp)
+            ortho = self.strategy.orthogonalise(index, group, updates)
+            for i, update in ortho.items():
+                apply_update(local(params[i]), update, group, self.hp, params[i].shape)
+            self.strategy.finish(index, group)
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer state, with every momentum buffer, whatever the strategy and world
+        size. Owner-only (exchange=reduce_scatter on several ranks) gathers the owners'
+        buffers, so every rank must call it (a rank-0-only call would wait forever)."""
+        sd = super().state_dict()
+        strategy = self.strategy
+        if not isinstance(strategy, OwnerOnly):
+            return sd
+        device = next(p.device for g in self.param_groups for p in g["params"])
+        has = any("momentum_buffer" in s for s in self.state.values())
+        if not strategy.any_rank(has, device):
+            return sd
+        for index, group in enumerate(self.param_groups):
+            params = group["params"]
+            mine = {
+                i: self.state[p]["momentum_buffer"]
+                for i, p in enumerate(params)
+                if "momentum_buffer" in self.state[p]
+            }
+            buffers = strategy.gather_buffers(index, params, mine)
+            # state_dict() numbers the parameters of all groups in order: group `index` holds
+            # the numbers listed in its packed "params".
+            numbers = sd["param_groups"][index]["params"]
+            for number, buf in zip(numbers, buffers, strict=True):
+                sd["state"].setdefault(number, {})["momentum_buffer"] = buf
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state saved by any strategy on any world size; owner-only keeps its share."""
+        super().load_state_dict(state_dict)
+        if not isinstance(self.strategy, OwnerOnly):
+            return
+        for index, group in enumerate(self.param_groups):
+            owned = self.strategy.owned(index, group["params"])
+            for p, mine in zip(group["params"], owned, strict=True):
+                if not mine:
+                    self.state[p].pop("momentum_buffer", None)

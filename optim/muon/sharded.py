@@ -1,0 +1,238 @@
+"""Muon's strategies for FSDP2-sharded matrices: `ShardedOwners` and `ShardedTP`.
+
+Under `dist.strategy=fsdp` a rank holds only a dim-0 shard of each matrix and of its gradient
+(`optim/row_shards.py`), but Newton–Schulz needs the whole matrix. A step, per param group:
+
+(a) momentum on the local shards, in fp32 (elementwise: shards of the whole result);
+(b) one packed `all_to_all_single` per bucket sends every shard of matrix i, cast to the
+    Newton–Schulz dtype, to the rank that owns i (`assign_owners`: cost-balanced, the same
+    on every rank); the owner concatenates the shards in rank order and runs the same
+    batched Newton–Schulz as one process (`orthogonalise`);
+(c) the inverse `all_to_all_single` returns to every rank its rows of each result, and each
+    rank applies weight decay and the update to its shard, with the LR scale of the *global*
+    shape.
+
+That is `sharded_ns="gather"` (`ShardedOwners`), the default. `sharded_ns="tp"` (`ShardedTP`)
+replaces (b) and (c) with
+tensor-parallel Newton–Schulz on the row shards in place (`orthogonalise_row_shards`: per
+iteration one all_reduce of the cols×cols Gram matrices of all 2-D matrices of a shape; the
+dim-0 shards of a stacked weight are whole matrices, orthogonalised locally). No rank holds a
+whole matrix; the results equal one process's up to rounding, bitwise only for stacked
+weights. It suits tall matrices; a wide one needs the Gram matrix of its long side.
+
+A bucket is one Newton–Schulz shape class (a 768×3072 and a 3072×768 share one), so each
+bucket is one batched Newton–Schulz. Every bucket's exchange is started at once (async), and
+the owners orthogonalise bucket k while later buckets are still in flight; each result goes
+back (async) as soon as it is ready. No rank ever materialises a whole parameter: owners see
+whole *updates*, of the matrices they own only.
+
+A rank holds P/W values and sends the (W-1)/W of them that other ranks own, then receives as
+many back: 2·(W-1)/W²·P·b bytes per rank per step (b: the Newton–Schulz dtype's size). For
+W=2 that equals the replicated all_gather exchange, (W-1)/W·P·b; for more ranks it is
+about 2/W of it. Because every cast, concatenation and Newton–Schulz runs on the same values
+in the same order as in one process, the parameters stay bitwise equal to single-process
+Muon given the same averaged gradients (tests/e2e/test_sharded_muon.py). Momentum buffers are
+DTensors sharded like their parameters, created with the optimizer, so every rank has its
+state from the start.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from optim.config import MuonConfig
+from optim.muon.exchange import assign_owners
+from optim.muon.strategies import Group, NewtonSchulz, Strategy
+from optim.muon.tp_newton_schulz import check_tp_form, orthogonalise_row_shards
+from optim.row_shards import check_layout, is_dtensor, local, numel_of_rows, row_counts
+
+
+@dataclass
+class Bucket:
+    """One shape class of a group: its matrices and what this rank sends and receives."""
+
+    indices: list[int]  # the group's matrices in this bucket, in index order
+    mine: list[int]  # those this rank owns
+    send: list[int]  # values sent to each rank: my shards of the matrices it owns
+    recv: list[int]  # values received from each rank: its shards of the matrices I own
+
+
+class ExchangePlan:
+    """Who owns which matrix of a group, and the split sizes of every bucket's exchange."""
+
+    def __init__(self, shapes: Sequence[torch.Size], world: int, rank: int) -> None:
+        self.shapes, self.world, self.rank = list(shapes), world, rank
+        self.owners = assign_owners(self.shapes, world)
+        self.rows = [row_counts(s[0], world) for s in self.shapes]  # per matrix, per rank
+        self.starts = [[sum(r[:k]) for k in range(world)] for r in self.rows]
+        classes: dict[tuple[int, ...], list[int]] = {}
+        for i, s in enumerate(self.shapes):
+            classes.setdefault((*s[:-2], *sorted(s[-2:])), []).append(i)
+        self.buckets = [self._bucket(idx) for idx in classes.values()]
+
+    def _bucket(self, indices: list[int]) -> Bucket:
+        mine = [i for i in indices if self.owners[i] == self.rank]
+        send = [
+            sum(self.numel(i, self.rank) for i in indices if self.owners[i] == dest)
+            for dest in range(self.world)
+        ]
+        recv = [sum(self.numel(i, src) for i in mine) for src in range(self.world)]
+        return Bucket(indices, mine, send, recv)
+
+    def numel(self, i: int, rank: int) -> int:
+        """Values of matrix i that `rank` holds."""
+        return numel_of_rows(self.shapes[i], self.rows[i][rank])
+
+    def owned_by(self, bucket: Bucket, rank: int) -> list[int]:
+        return [i for i in bucket.indices if self.owners[i] == rank]
+
+
+class ShardedOwners(Strategy):
+    """sharded_ns="gather": each matrix's shards go to its owner, which orthogonalises the
+    whole matrix; its rows come back (the module docstring)."""
+
+    sharded = True
+    eager_state = True
+
+    def __init__(self, newton_schulz: NewtonSchulz, ns_dtype: torch.dtype) -> None:
+        super().__init__(newton_schulz)
+        self.ns_dtype = ns_dtype
+        self.group: dist.ProcessGroup | None = None
+        self._has_params = False
+        self._plans: dict[int, ExchangePlan] = {}
+
+    def check_param(self, p: Tensor) -> None:
+        group = None
+        if is_dtensor(p):
+            check_layout(p)
+            group = p.device_mesh.get_group()
+        if self._has_params and group is not self.group:
+            raise ValueError("every parameter of a sharded Muon must be sharded on the same mesh")
+        self.group, self._has_params = group, True
+
+    @property
+    def world(self) -> int:
+        return dist.get_world_size(self.group) if self.group is not None else 1
+
+    def gradients(self, index: int, group: Group) -> tuple[dict[int, Tensor], set[int]]:
+        params = group["params"]
+        missing = [i for i, p in enumerate(params) if p.grad is None]
+        if missing:
+            # Ownership covers the whole group: a rank skipping a matrix would desynchronise
+            # every exchange, so a parameter without a gradient is an error, not a skip.
+            raise RuntimeError(
+                f"sharded Muon needs a gradient for every parameter; parameters {missing} of "
+                f"group {group.get('name', index)!r} have none"
+            )
+        return {i: local(p.grad) for i, p in enumerate(params)}, set(range(len(params)))
+
+    def orthogonalise(
+        self, index: int, group: Group, updates: dict[int, Tensor]
+    ) -> dict[int, Tensor]:
+        """Shards to owners, whole-matrix Newton–Schulz, rows back: this rank's rows of each
+        orthogonalised matrix."""
+        params = group["params"]
+        plan = self._plan(index, params)
+        shards = [updates[i] for i in range(len(params))]
+        outgoing = [self._to_owners(plan, b, shards) for b in plan.buckets]
+        returning = []
+        for bucket, (work, received) in zip(plan.buckets, outgoing, strict=True):
+            _wait(work)
+            ortho = self.newton_schulz(self._assemble(plan, bucket, received))
+            returning.append(self._to_shards(plan, bucket, ortho, shards[0].device))
+        out = {}
+        for bucket, (work, received) in zip(plan.buckets, returning, strict=True):
+            _wait(work)
+            offset = 0
+            for owner in range(plan.world):
+                for i in plan.owned_by(bucket, owner):
+                    n = plan.numel(i, plan.rank)
+                    out[i] = received[offset : offset + n].view(local(params[i]).shape)
+                    offset += n
+        return out
+
+    def _plan(self, index: int, params: list[Tensor]) -> ExchangePlan:
+        if index not in self._plans:
+            rank = dist.get_rank(self.group) if self.group is not None else 0
+            self._plans[index] = ExchangePlan([p.shape for p in params], self.world, rank)
+        return self._plans[index]
+
+    def _to_owners(self, plan: ExchangePlan, bucket: Bucket, updates: list[Tensor]) -> tuple:
+        """Start sending my shard of each matrix in `bucket` to its owner, packed by owner."""
+        device = updates[bucket.indices[0]].device
+        send = torch.empty(sum(bucket.send), dtype=self.ns_dtype, device=device)
+        offset = 0
+        for dest in range(plan.world):
+            for i in plan.owned_by(bucket, dest):
+                n = updates[i].numel()
+                send[offset : offset + n].view_as(updates[i]).copy_(updates[i])
+                offset += n
+        return self._all_to_all(send, bucket.recv, bucket.send)
+
+    def _assemble(self, plan: ExchangePlan, bucket: Bucket, received: Tensor) -> dict:
+        """The whole update of each matrix I own: the shards from every rank, in rank order."""
+        whole = {
+            i: torch.empty(plan.shapes[i], dtype=self.ns_dtype, device=received.device)
+            for i in bucket.mine
+        }
+        offset = 0
+        for src in range(plan.world):
+            for i in bucket.mine:
+                n, start = plan.numel(i, src), numel_of_rows(plan.shapes[i], plan.starts[i][src])
+                whole[i].view(-1)[start : start + n].copy_(received[offset : offset + n])
+                offset += n
+        return whole
+
+    def _to_shards(
+        self, plan: ExchangePlan, bucket: Bucket, ortho: dict[int, Tensor], device: torch.device
+    ) -> tuple:
+        """Start sending every rank its rows of each orthogonalised matrix I own."""
+        send = torch.empty(sum(bucket.recv), dtype=self.ns_dtype, device=device)
+        offset = 0
+        for dest in range(plan.world):
+            for i in bucket.mine:
+                rows, start = plan.rows[i][dest], plan.starts[i][dest]
+                n = plan.numel(i, dest)
+                piece = send[offset : offset + n].view(rows, *plan.shapes[i][1:])
+                piece.copy_(ortho[i][start : start + rows])
+                offset += n
+        return self._all_to_all(send, bucket.send, bucket.recv)
+
+    def _all_to_all(self, send: Tensor, recv_splits: list[int], send_splits: list[int]) -> tuple:
+        if self.group is None:
+            return None, send
+        received = torch.empty(sum(recv_splits), dtype=send.dtype, device=send.device)
+        work = dist.all_to_all_single(
+            received, send, recv_splits, send_splits, group=self.group, async_op=True
+        )
+        return work, received
+
+
+class ShardedTP(ShardedOwners):
+    """sharded_ns="tp": tensor-parallel Newton–Schulz of the row shards, in place
+    (`orthogonalise_row_shards`); no rank holds a whole matrix."""
+
+    def __init__(self, newton_schulz: NewtonSchulz, ns_dtype: torch.dtype, hp: MuonConfig) -> None:
+        super().__init__(newton_schulz, ns_dtype)
+        check_tp_form(hp.ns_form)
+        self.hp = hp
+
+    def orthogonalise(
+        self, index: int, group: Group, updates: dict[int, Tensor]
+    ) -> dict[int, Tensor]:
+        if self.group is None:
+            return self.newton_schulz(updates)
+        hp = self.hp
+        shapes = [p.shape for p in group["params"]]
+        return orthogonalise_row_shards(
+            updates, shapes, self.group, hp.ns_coefficients, hp.ns_steps, hp.eps, self.ns_dtype,
+            hp.ns_form,
+        )  # fmt: skip
+
+
+def _wait(work: dist.Work | None) -> None:
+    if work is not None:
+        work.wait()

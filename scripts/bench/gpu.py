@@ -1,0 +1,328 @@
+"""What train.py's step costs on one GPU: ms/step, tokens/s, MFU, warm-up, graph breaks.
+
+    python scripts/bench/gpu.py                  # both records, a dense GPT-2 small, the head
+    python scripts/bench/gpu.py --experiment record_2025_01_26 --set model.fp8_head=false
+    python scripts/bench/gpu.py --head           # the LM head alone: FP8 against bf16
+    python scripts/bench/gpu.py --experiment record_2025_01_26 --toy --device cpu --steps 2
+
+Each preset runs one GPU's share of its global batch on the records' 8 GPUs (64 × 1024 tokens
+for the 2024-11 record, one packed 49,152-token sequence for the 2025-01 one, micro-batches as
+train.micro_batch_size says) the way train.py runs it: the same model, optimizer object,
+`compile_model` and FP8-head accumulation, and per step the schedule, `forward_backward`, the
+update and zero_grad (no DDP: one GPU). Random tokens carry an EOT every ~1000 tokens, so
+document masking has documents to mask. `--set key=value` adds Hydra overrides to every preset.
+
+A preset with a window schedule is measured at its first, middle and last window (steps 0,
+S/2 and S−1), one row each: the window changes what attention costs, and it reaches the
+compiled graph as a tensor, so it should never recompile. Compile state is reset between
+presets; every window is warmed up (the first warm-up includes the compile), then evaluation
+once (eval mode, the validation shape); then `--steps` steps per window are timed, each with a
+device synchronise, and their median is the row's step. Graphs and graph breaks count what the
+preset's compile made and met so far; recompiles count graphs compiled during the row's timed
+steps. Graph breaks and recompiles 0 and 0: one graph per mode (training, evaluation),
+compiled once during warm-up.
+
+MFU is `model/flops.py`'s count of the timed batches (attention over the context each layer's
+mask lets through) over the step time and the GPU's bf16 peak (`trainer/flops.py`): the number
+train.py's step line shows. The records' own per-GPU steps are beside them: 154.78 ms (2024-11)
+and 100.0 ms (2025-01, the mean over its growing windows), from their logs.
+
+`--head` (part of the default run on CUDA): the LM head alone, forward and backward at 49,152
+tokens × 768 → 50,304 logits, compiled, in FP8 (`model.head.FP8Matmul`) and as the bf16 matmul.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere
+
+from model import GPT, ModelConfig
+from model.head import head_logits
+from model.layers import linear
+from model.masks import EOT
+from optim import CombinedOptimizer, build_optimizer
+from trainer.compile import CompileCounts, compile_model, reset_compile_state
+from trainer.config import Config, register_configs, to_config
+from trainer.flops import mfu, peak_flops
+from trainer.loop import evaluate, forward_backward
+from trainer.runtime import Runtime, init_runtime
+from trainer.schedule import Schedule
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+GPUS = 8  # the records' world: each GPU runs batch_size / 8 sequences per step
+RECORD_STEP_MS = {"record_2024_11_06": 154.78, "record_2025_01_26": 100.0}
+PRESETS = {
+    "record_2024_11_06": ["experiment=record_2024_11_06"],
+    "record_2025_01_26": ["experiment=record_2025_01_26"],
+    "dense_124m": [  # GPT-2 small as it comes, compiled, 64 x 1024 tokens per GPU
+        "model=gpt2_124m", "model.compile=true", "train.autocast=bf16", "train.seq_len=1024",
+        f"train.batch_size={64 * GPUS}", "train.micro_batch_size=64",
+    ],
+}  # fmt: skip
+TOY = [  # 3 layers (long, short, long windows in the 2025-01 layout), 16 blocks of 16 tokens
+    "model.n_layer=3", "model.n_embd=64", "model.n_head=1", "model.window_block=16",
+    "train.seq_len=256", f"train.batch_size={GPUS}", "train.micro_batch_size=1",
+    "train.val_seq_len=512",
+]  # fmt: skip
+TOY_WINDOW = "model.window_tokens=192"  # 1 -> 12 of the 16 blocks, where windows grow
+# On a CPU: trace (graph breaks and recompiles are counted) without inductor's kernel builds.
+# Masks stay dense (attention_impl auto = sdpa here): FlexAttention has no backward on a CPU.
+TOY_CPU = ["model.compile=true", "model.compile_backend=eager"]
+HEAD_SHAPE, HEAD_TOY_SHAPE = (49152, 768, 50304), (512, 128, 50304)  # tokens, d, vocab
+DOC_TOKENS = 1000  # mean document length of the random tokens
+Batch = tuple[Tensor, Tensor]
+
+
+@dataclass
+class Bench:
+    """One preset, built as train.py builds it."""
+
+    conf: Config
+    rt: Runtime
+    fwd: nn.Module  # what runs forward: the compiled model
+    opt: CombinedOptimizer
+    schedule: Schedule
+    count: Callable[..., Tensor]  # the model's FLOP count (GPT.count_flops)
+    rows: int  # sequences per GPU per step
+    accum: int  # micro-steps they are split into
+
+
+def compose(name: str, device: str, toy: bool, sets: list[str]) -> Config:
+    """The preset's config: its overrides, then the toy's, then `--set`'s."""
+    overrides = [*PRESETS.get(name, [f"experiment={name}"]), "run_dir=.", f"train.device={device}"]
+    if toy:
+        overrides += [*TOY, *(TOY_CPU if device == "cpu" else [])]
+        if hydra_config([*overrides, *sets]).model.window:
+            overrides.append(TOY_WINDOW)
+    return hydra_config([*overrides, *sets])
+
+
+def hydra_config(overrides: list[str]) -> Config:
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return to_config(compose(config_name="config", overrides=overrides))
+
+
+def build(conf: Config) -> Bench:
+    """Model, optimizer object and compile as in train.py, for one GPU of `GPUS`."""
+    t = conf.train
+    rt = init_runtime(t.device, t.autocast)
+    accum = t.accumulation_steps(GPUS)
+    torch.manual_seed(0)
+    model = GPT(conf.model).to(rt.device)
+    model.micro_steps = accum
+    opt = build_optimizer(model, conf.optim, device=rt.device)
+    fwd = compile_model(model, conf.model.compile_backend) if conf.model.compile else model
+    schedule = Schedule(t.steps, conf.optim, conf.model)
+    return Bench(conf, rt, fwd, opt, schedule, model.count_flops, t.batch_size // GPUS, accum)
+
+
+def random_batch(rows: int, seq_len: int, rng: np.random.Generator) -> Batch:
+    """Random tokens with an EOT every ~DOC_TOKENS: (inputs, targets), shifted by one."""
+    tokens = rng.integers(0, EOT, rows * seq_len + 1)
+    tokens[rng.random(tokens.size) < 1 / DOC_TOKENS] = EOT
+    t = torch.from_numpy(tokens)
+    return t[:-1].view(rows, seq_len), t[1:].view(rows, seq_len)
+
+
+def window_steps(b: Bench) -> list[int]:
+    """The steps whose windows stand for the schedule: first, middle, last (or just one)."""
+    steps = b.conf.train.steps
+    if not b.schedule.model_args(0):
+        return [0]
+    return sorted({0, steps // 2, steps - 1})
+
+
+def model_args(b: Bench, step: int) -> dict[str, Tensor]:
+    """The forward's step arguments as device tensors, as the training loop gives them."""
+    args = b.schedule.model_args(step)
+    return {k: torch.full((), v, dtype=torch.float64, device=b.rt.device) for k, v in args.items()}
+
+
+def train_step(b: Bench, step: int, batch: Batch, args: dict[str, Tensor]) -> None:
+    b.opt.set_step(b.schedule.at(step).optim)
+    forward_backward(b.fwd, batch, b.rt, b.accum, None, args)
+    b.opt.step()
+    b.opt.zero_grad(set_to_none=True)
+
+
+def timed(rt: Runtime, fn: Callable[..., object], *args: object) -> float:
+    """Seconds `fn(*args)` takes, queued device work included."""
+    rt.synchronize()
+    t0 = time.perf_counter()
+    fn(*args)
+    rt.synchronize()
+    return time.perf_counter() - t0
+
+
+def window_label(b: Bench, step: int) -> str:
+    """The window at `step` in blocks, long/short ("-": no window)."""
+    args = b.schedule.model_args(step)
+    if "window_tokens" not in args:
+        return "-"
+    long = max(1, int(np.ceil(args["window_tokens"] / b.conf.model.window_block)))
+    return f"{long}/{max(1, long // 2)}"
+
+
+def warm_up(b: Bench, windows: list[int], steps: int, rng: np.random.Generator) -> dict:
+    """Seconds of warm-up: `steps` training steps at each window, then one evaluation pass
+    (eval mode, the validation shape train.py gives it) at the last window."""
+    t, warm = b.conf.train, {}
+    for s in windows:
+        batches = [random_batch(b.rows, t.seq_len, rng) for _ in range(steps)]
+        args = model_args(b, s)
+        warm[s] = sum(timed(b.rt, train_step, b, s, batch, args) for batch in batches)
+    val = [random_batch(t.val_rows(GPUS), t.val_seq_len or t.seq_len, rng)]  # as train.py
+    warm["eval"] = timed(b.rt, evaluate, b.fwd, val, b.rt, model_args(b, windows[-1]))
+    return warm
+
+
+def time_window(
+    b: Bench, step: int, steps: int, rng: np.random.Generator
+) -> tuple[float, float, int]:
+    """The median seconds of `steps` training steps at `step`'s window, their batches' mean
+    FLOPs, and how many graphs were compiled meanwhile."""
+    args, before = model_args(b, step), CompileCounts.now()
+    times, flops = [], []
+    for _ in range(steps):
+        x, y = (u.to(b.rt.device) for u in random_batch(b.rows, b.conf.train.seq_len, rng))
+        flops.append(b.count(x, **args))
+        times.append(timed(b.rt, train_step, b, step, (x, y), args))
+    recompiles = (CompileCounts.now() - before).graphs
+    return statistics.median(times), torch.stack(flops).mean().item(), recompiles
+
+
+def bench_preset(name: str, b: Bench, steps: int, warmup: int, peak: float | None) -> list[dict]:
+    """Warm up every representative window and evaluation, then time each window's steps."""
+    rng, windows, start = np.random.default_rng(0), window_steps(b), CompileCounts.now()
+    warm = warm_up(b, windows, warmup, rng)
+    rows, tokens = [], b.rows * b.conf.train.seq_len
+    for s in windows:
+        step_s, flops, recompiles = time_window(b, s, steps, rng)
+        seen = CompileCounts.now() - start
+        rows.append({
+            "preset": name, "window": window_label(b, s), "tokens": tokens,
+            "warmup_s": warm[s], "eval_warmup_s": warm["eval"] if s == windows[0] else None,
+            "step_ms": step_s * 1e3, "tokens_per_s": tokens / step_s,
+            "mfu": mfu(flops, step_s, peak) if peak else None, "graphs": seen.graphs,
+            "graph_breaks": seen.graph_breaks, "recompiles": recompiles,
+            "record_ms": RECORD_STEP_MS.get(name),
+        })  # fmt: skip
+    return rows
+
+
+COLUMNS = (
+    "| preset | window (blocks, long/short) | tokens/step/GPU | warm-up s (train / eval) "
+    "| ms/step | tokens/s | MFU | graphs | graph breaks | recompiles | record ms/step |"
+)
+
+
+def format_row(r: dict) -> str:
+    warm = f"{r['warmup_s']:.1f}" + (
+        f" / {r['eval_warmup_s']:.1f}" if r["eval_warmup_s"] is not None else ""
+    )
+    cells = [
+        r["preset"], r["window"], f"{r['tokens']:,}", warm, f"{r['step_ms']:.1f}",
+        f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}" if r["mfu"] is not None else "-",
+        str(r["graphs"]), str(r["graph_breaks"]), str(r["recompiles"]),
+        f"{r['record_ms']:.2f}" if r["record_ms"] else "-",
+    ]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+
+class Head(nn.Module):
+    """The GPT's LM head alone (a bf16-casting linear), FP8 or bf16 as `head_logits` runs it."""
+
+    def __init__(self, d: int, vocab: int, fp8: bool) -> None:
+        super().__init__()
+        self.head = linear(ModelConfig(n_embd=d, dtype="bf16"), d, vocab)
+        nn.init.normal_(self.head.weight, std=d**-0.5)
+        self.fp8 = fp8
+
+    def forward(self, x: Tensor) -> Tensor:
+        return head_logits(self.head, x, self.fp8)
+
+
+def head_step(head: Head, fn: nn.Module, x: Tensor, grad: Tensor) -> None:
+    fn(x).backward(grad)
+    x.grad = head.head.weight.grad = None
+
+
+def bench_head(shape: tuple[int, int, int], steps: int, rt: Runtime, backend: str) -> dict:
+    """Median ms of the head's compiled forward and backward, FP8 and bf16."""
+    tokens, d, vocab = shape
+    torch.manual_seed(0)
+    x = torch.randn(tokens, d, device=rt.device, dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn(tokens, vocab, device=rt.device, dtype=torch.bfloat16) / tokens
+    out = {"shape": shape}
+    for fp8 in (True, False):
+        head = Head(d, vocab, fp8).to(rt.device)
+        fn = compile_model(head, backend)
+
+        for _ in range(3):
+            head_step(head, fn, x, grad)
+        times = [timed(rt, head_step, head, fn, x, grad) for _ in range(steps)]
+        out["fp8" if fp8 else "bf16"] = statistics.median(times)
+    return out
+
+
+def print_head(r: dict) -> None:
+    tokens, d, vocab = r["shape"]
+    print("\n| LM head fwd+bwd | FP8 ms | bf16 ms | FP8 / bf16 |\n|---|---|---|---|")
+    print(
+        f"| {tokens:,} × {d} → {vocab:,} | {r['fp8'] * 1e3:.2f} | {r['bf16'] * 1e3:.2f} "
+        f"| {r['fp8'] / r['bf16']:.2f} |",
+        flush=True,
+    )
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--experiment", nargs="+", help=f"presets (default: {', '.join(PRESETS)})")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Hydra override for every preset (repeatable)")  # fmt: skip
+    p.add_argument("--steps", type=int, default=20, help="timed steps per window")
+    p.add_argument("--warmup", type=int, help="warm-up steps per window (default 2, toy 1)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--toy", action="store_true", help="a tiny model (smoke test, e.g. on CPU)")
+    p.add_argument("--head", action="store_true", help="the LM head alone (on a CPU too)")
+    p.add_argument("--peak-tflops", type=float, help="bf16 dense peak (default: the GPU's)")
+    return p.parse_args()
+
+
+def main() -> None:
+    """The presets (default: all, unless --head alone asks for the head), then the head (with
+    --head, or by default on a GPU)."""
+    args = parse_args()
+    presets = args.experiment or ([] if args.head else list(PRESETS))
+    if presets:
+        print(COLUMNS + "\n" + "|---" * COLUMNS.count(" | ") + "|---|", flush=True)
+    for name in presets:
+        reset_compile_state()
+        b = build(compose(name, args.device, args.toy, args.set))
+        peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(b.rt.device)
+        warmup = args.warmup or (1 if args.toy else 2)
+        for row in bench_preset(name, b, args.steps, warmup, peak):
+            print(format_row(row), flush=True)
+        del b
+    rt = init_runtime(args.device, "none")
+    if args.head or (rt.device.type == "cuda" and not args.toy):
+        reset_compile_state()
+        backend = "inductor" if rt.device.type == "cuda" else "eager"
+        shape = HEAD_TOY_SHAPE if args.toy else HEAD_SHAPE
+        print_head(bench_head(shape, args.steps, rt, backend))
+
+
+if __name__ == "__main__":
+    main()

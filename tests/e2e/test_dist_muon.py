@@ -1,0 +1,171 @@
+"""Round-robin Muon over 2 gloo ranks equals single-process Muon, bit for bit, in every mode."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from optim.config import EXCHANGES
+from optim.muon.optimizer import Muon
+from tests.dist_utils import run_ranks
+
+STEPS = 3
+WORLD = 2
+KW = {"lr": 0.02, "momentum": 0.9, "nesterov": True, "weight_decay": 0.1}
+SHAPES = {
+    # Mixed shapes, repeats, tall and wide: ownership splits every shape group across ranks.
+    "mixed": [(32, 32), (32, 32), (32, 32), (128, 32), (32, 128), (48, 80), (80, 48)],
+    "fewer_than_ranks": [(24, 40)],
+}
+
+
+def problem(shapes: list) -> tuple[list[torch.Tensor], list[list[list[torch.Tensor]]]]:
+    """Start parameters and, for each step, each rank's local gradients."""
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.randn(s, generator=gen) for s in shapes]
+    grads = [
+        [[torch.randn(s, generator=gen) for s in shapes] for _ in range(WORLD)]
+        for _ in range(STEPS)
+    ]
+    return params, grads
+
+
+def averaged(local: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    """What DDP hands every rank: the mean over ranks of the local gradients."""
+    return [(a + b) / 2 for a, b in zip(*local, strict=True)]
+
+
+def train(
+    shapes: list,
+    ns_dtype: torch.dtype,
+    group: dist.ProcessGroup | None = None,
+    exchange: str = "all_reduce",
+    steps: range = range(STEPS),
+    state: dict | None = None,
+) -> tuple[list[torch.Tensor], Muon]:
+    """Run `steps` of the fixed problem; single-process when `group` is None."""
+    start, grads = problem(shapes)
+    params = [p.clone().requires_grad_() for p in start]
+    opt = Muon(params, ns_dtype=ns_dtype, process_group=group, exchange=exchange, **KW)
+    if state is not None:
+        params_then, opt_state = state["params"], state["opt"]
+        with torch.no_grad():
+            for p, v in zip(params, params_then, strict=True):
+                p.copy_(v)
+        opt.load_state_dict(opt_state)
+    rank = dist.get_rank(group) if group is not None else 0
+    for step in steps:
+        # reduce_scatter averages the local gradients itself; the other modes expect DDP's.
+        local = exchange == "reduce_scatter" and group is not None
+        step_grads = grads[step][rank] if local else averaged(grads[step])
+        for p, g in zip(params, step_grads, strict=True):
+            p.grad = g.clone()
+        opt.step()
+    return [p.detach() for p in params], opt
+
+
+def _rank_main(rank: int, world: int, shapes: list, dtype: str, exchange: str, out: str) -> None:
+    params, opt = train(shapes, getattr(torch, dtype), dist.group.WORLD, exchange)
+    torch.save({"params": params, "opt": opt.state_dict()}, Path(out) / f"rank{rank}.pt")
+
+
+def momentum(state: dict) -> list[torch.Tensor]:
+    return [state["state"][i]["momentum_buffer"] for i in sorted(state["state"])]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("exchange", EXCHANGES)
+@pytest.mark.parametrize("shapes", list(SHAPES))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_exchange_is_bitwise_single_process(
+    exchange: str, shapes: str, dtype: str, tmp_path: Path
+) -> None:
+    run_ranks(_rank_main, WORLD, SHAPES[shapes], dtype, exchange, str(tmp_path))
+    reference, ref_opt = train(SHAPES[shapes], getattr(torch, dtype))
+    ref_momentum = momentum(ref_opt.state_dict())
+    for rank in range(WORLD):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        for a, b in zip(got["params"], reference, strict=True):
+            assert torch.equal(a, b), f"rank {rank} differs from single-process Muon"
+        # Every mode's state_dict is the single-process one: it resumes on any world size.
+        got_momentum = momentum(got["opt"])
+        assert len(got_momentum) == len(ref_momentum)
+        for a, b in zip(got_momentum, ref_momentum, strict=True):
+            assert torch.equal(a, b), f"rank {rank}: momentum differs from single-process Muon"
+    # The parameters moved, so equality is not trivially the starting point.
+    assert not torch.equal(reference[0], problem(SHAPES[shapes])[0][0])
+
+
+def _resume_main(rank: int, world: int, exchange: str, state_file: str, out: str) -> None:
+    state = torch.load(state_file)
+    params, _ = train(
+        SHAPES["mixed"], torch.float32, dist.group.WORLD, exchange, range(1, STEPS), state
+    )
+    torch.save(params, Path(out) / f"rank{rank}.pt")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("exchange", EXCHANGES)
+def test_single_process_state_resumes_on_two_ranks(exchange: str, tmp_path: Path) -> None:
+    """1 step in one process, its state loaded on 2 ranks, 2 more steps = 3 steps in one."""
+    params, opt = train(SHAPES["mixed"], torch.float32, steps=range(1))
+    torch.save({"params": params, "opt": opt.state_dict()}, tmp_path / "state.pt")
+    run_ranks(_resume_main, WORLD, exchange, str(tmp_path / "state.pt"), str(tmp_path))
+    reference, _ = train(SHAPES["mixed"], torch.float32)
+    for rank in range(WORLD):
+        for a, b in zip(torch.load(tmp_path / f"rank{rank}.pt"), reference, strict=True):
+            assert torch.equal(a, b), f"rank {rank} did not continue the single-process run"
+
+
+def _missing_grad_main(rank: int, world: int, out: str) -> None:
+    params = [torch.zeros(4, 4, requires_grad=True), torch.zeros(4, 4, requires_grad=True)]
+    opt = Muon(params, process_group=dist.group.WORLD, exchange="reduce_scatter")
+    params[0].grad = torch.ones(4, 4)  # params[1] has no gradient
+    try:
+        opt.step()
+    except RuntimeError as e:
+        (Path(out) / f"rank{rank}.txt").write_text(str(e))
+
+
+@pytest.mark.timeout(120)
+def test_reduce_scatter_names_parameters_without_gradients(tmp_path: Path) -> None:
+    run_ranks(_missing_grad_main, WORLD, str(tmp_path))
+    for rank in range(WORLD):  # every rank refused the step, before any collective
+        message = (tmp_path / f"rank{rank}.txt").read_text()
+        assert "needs a gradient for every parameter" in message and "[1]" in message
+
+
+def _unsupported_main(rank: int, world: int, out: str) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("this backend has no point-to-point transfers")
+
+    # A backend without send/recv (in this rank, for this job): the gloo rings can't run.
+    original, dist.batch_isend_irecv = dist.batch_isend_irecv, refuse
+    try:
+        params = [torch.zeros(4, 4, requires_grad=True)]
+        messages = []
+        for exchange in ("all_gather", "reduce_scatter"):
+            try:
+                Muon(params, process_group=dist.group.WORLD, exchange=exchange)
+            except ValueError as e:
+                messages.append(str(e))
+        Muon(params, process_group=dist.group.WORLD, exchange="all_reduce")  # no send/recv
+    finally:
+        dist.batch_isend_irecv = original
+    (Path(out) / f"rank{rank}.txt").write_text("\n".join(messages))
+
+
+@pytest.mark.timeout(120)
+def test_exchange_the_backend_lacks_fails_at_construction(tmp_path: Path) -> None:
+    run_ranks(_unsupported_main, WORLD, str(tmp_path))
+    for rank in range(WORLD):
+        messages = (tmp_path / f"rank{rank}.txt").read_text().splitlines()
+        assert len(messages) == 2
+        for exchange, message in zip(("all_gather", "reduce_scatter"), messages, strict=True):
+            assert f"optim.muon.exchange={exchange} is not supported by the gloo" in message
+
+
+def test_unknown_exchange_is_rejected() -> None:
+    with pytest.raises(ValueError, match="exchange"):
+        Muon([torch.zeros(4, 4, requires_grad=True)], exchange="carrier_pigeon")

@@ -1,0 +1,107 @@
+"""dist.strategy=fsdp: the DDP curve on 2 gloo ranks, and DCP checkpoints across world sizes
+and strategies.
+
+Each run is the `train(cfg)` a user's torchrun calls (tests/e2e/test_dist_train.py's helpers).
+Resumes start in a fresh run directory from a checkpoint path, so the resumed curve (steps
+11-20) is compared with the uninterrupted run's: bitwise at the same world size and strategy,
+within the 1e-3 of any two layouts otherwise (sums over ranks associate differently).
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.e2e.test_dist_train import RUN, TOL, assert_same_curve, curve, train_on_ranks
+from trainer import checkpoint_files as files
+
+SAVE = ["train.checkpoint_every=10", "train.checkpoint_keep=3"]
+FSDP = "dist.strategy=fsdp"
+
+
+def _after(records: list[dict], step: int) -> list[dict]:
+    return [r for r in records if r["step"] > step]
+
+
+def assert_continues(resumed: list[dict], full: list[dict], exact: bool) -> None:
+    """`resumed` (from step 10, its history copied) follows `full` from step 11 on."""
+    want, resumed = _after(full, 10), _after(resumed, 10)
+    assert [r["step"] for r in resumed] == [r["step"] for r in want]
+    for got, ref in zip(resumed, want, strict=True):
+        for key in ("train_loss", "val_loss"):
+            if key in ref:
+                if exact:
+                    assert got[key] == ref[key], f"{key} at step {ref['step']}"
+                else:
+                    assert got[key] == pytest.approx(ref[key], abs=TOL), f"step {ref['step']}"
+
+
+def _checkpoint(run: Path) -> str:
+    return str(run / files.CHECKPOINTS_DIR / files.step_dir_name(10))
+
+
+@pytest.fixture(scope="module")
+def fsdp_two(tmp_path_factory: pytest.TempPathFactory, corpus_cache: Path) -> Path:
+    """A 2-rank fsdp run of 20 steps, saving (layout dcp) at steps 10 and 20."""
+    tmp = tmp_path_factory.mktemp("fsdp2")
+    train_on_ranks(2, tmp, "run", corpus_cache, FSDP, *SAVE)
+    return tmp / "run"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_fsdp_gives_the_ddp_curve(fsdp_two: Path, tmp_path: Path, corpus_cache: Path) -> None:
+    ddp = train_on_ranks(2, tmp_path, "ddp", corpus_cache)
+    assert_same_curve(curve(fsdp_two), ddp)
+    # Gradient accumulation under fsdp: no reduce-scatter until the last micro-step.
+    accumulated = train_on_ranks(2, tmp_path, "acc", corpus_cache, FSDP, "train.micro_batch_size=1")
+    assert_same_curve(accumulated, ddp)
+    meta = files.validate(fsdp_two / files.CHECKPOINTS_DIR / files.step_dir_name(20))
+    assert meta["layout"] == "dcp" and meta["world_size"] == 2
+    assert any(name.startswith(f"{files.DCP_DIR}/") for name in meta["files"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_dcp_resume_on_two_one_and_a_ddp_run(
+    fsdp_two: Path, tmp_path: Path, corpus_cache: Path
+) -> None:
+    full, ckpt = curve(fsdp_two), _checkpoint(fsdp_two)
+    resume = f"train.resume={ckpt}"
+    same = train_on_ranks(2, tmp_path, "2to2", corpus_cache, FSDP, resume)
+    assert_continues(same, full, exact=True)
+    fewer = train_on_ranks(1, tmp_path, "2to1", corpus_cache, FSDP, resume)
+    assert_continues(fewer, full, exact=False)
+    ddp = train_on_ranks(1, tmp_path, "fsdp_to_ddp", corpus_cache, resume)
+    assert_continues(ddp, full, exact=False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_one_rank_fsdp_is_ddp_and_its_saves_resume_on_two(
+    tmp_path: Path, corpus_cache: Path
+) -> None:
+    """On one rank FSDP2, sharded Muon on a 1-rank mesh and optimizer-state offload compute
+    exactly what the plain run computes (every loss equal); then 1 → 2 ranks, from its dcp
+    save (written while the state lived in host memory) and the plain run's torch_save one."""
+    key = ("train_loss", "val_loss")
+    runs = {"ddp": train_on_ranks(1, tmp_path, "one_ddp", corpus_cache, *SAVE)}
+    runs["fsdp"] = train_on_ranks(
+        1, tmp_path, "one_fsdp", corpus_cache, *SAVE, FSDP, "optim.offload=true"
+    )
+    assert [[r.get(k) for k in key] for r in runs["fsdp"]] == [
+        [r.get(k) for k in key] for r in runs["ddp"]
+    ]
+    for strategy, one in runs.items():
+        resume = f"train.resume={_checkpoint(tmp_path / f'one_{strategy}')}"
+        two = train_on_ranks(2, tmp_path, f"{strategy}_1to2", corpus_cache, FSDP, resume)
+        assert_continues(two, one, exact=False)
+
+
+def test_fsdp_run_config_is_checked() -> None:
+    from trainer.strategy import resolve_param_dtype
+
+    assert resolve_param_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_param_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert resolve_param_dtype("bf16", torch.device("cpu")) == torch.bfloat16
+    assert RUN  # the shared tiny run

@@ -1,0 +1,128 @@
+"""The record presets at toy size: they train, give the same curve on 1 and 2 ranks, resume
+exactly, and the README's toy command runs as written."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.dist_utils import run_torchrun_ranks
+from tests.helpers import compose_config
+from train import train
+from trainer.signals import Stopped
+
+REPO = Path(__file__).resolve().parents[2]
+TOY = [
+    "model.n_layer=4", "model.n_head=2", "model.n_embd=64", "model.compile=false",
+    "data=sample", "train.seq_len=512", "train.batch_size=2", "train.micro_batch_size=1",
+    "train.steps=8", "train.val_every=4", "train.val_tokens=1024", "train.device=cpu",
+    "train.checkpoint_every=0", "train.checkpoint_at_end=false", "dist.timeout_s=60",
+]  # fmt: skip
+RECORDS = ["record_2024_11_06", "record_2025_01_26"]
+
+
+def curve(run_dir: Path) -> list[tuple]:
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in records]
+
+
+def run(run_dir: Path, cache: Path, *overrides: str) -> float:
+    cfg = compose_config([*TOY, *overrides, f"run_dir={run_dir}", f"data.cache_dir={cache}"])
+    return train(cfg)
+
+
+def _rank_job(rank: int, world: int, run_dir: str, overrides: list[str], cache: str) -> None:
+    run(Path(run_dir), Path(cache), *overrides)
+
+
+@pytest.fixture(scope="module", params=RECORDS)
+def straight(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+             corpus_cache: Path) -> tuple[str, list[tuple]]:  # fmt: skip
+    """Each preset's uninterrupted one-rank curve, the reference of both tests below."""
+    record, one = request.param, tmp_path_factory.mktemp(request.param) / "one"
+    run(one, corpus_cache, f"experiment={record}")
+    return record, curve(one)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_record_preset_same_curve_on_one_and_two_ranks(
+    straight: tuple[str, list[tuple]], tmp_path: Path, corpus_cache: Path
+) -> None:
+    record, a = straight
+    two = tmp_path / "two"
+    run_torchrun_ranks(_rank_job, 2, str(two), [f"experiment={record}"], str(corpus_cache))
+    b = curve(two)
+    assert [r[0] for r in a] == [r[0] for r in b] == list(range(9))
+    for (step, train_a, val_a), (_, train_b, val_b) in zip(a, b, strict=True):
+        for x, y in ((train_a, train_b), (val_a, val_b)):
+            assert (x is None) == (y is None), step
+            assert x is None or x == pytest.approx(y, abs=1e-3), (step, x, y)
+    assert a[-1][2] < a[0][2] - 0.3, "it trains"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_record_preset_resumes_exactly(
+    straight: tuple[str, list[tuple]], tmp_path: Path, corpus_cache: Path
+) -> None:
+    """Stopped after step 5 and resumed: every loss of the uninterrupted run, bit for bit
+    (the window schedule, the FP8 head and the bf16 tables included)."""
+    record, want = straight
+    saving = [f"experiment={record}", "train.checkpoint_at_end=true"]
+    resumed = tmp_path / "resumed"
+    with pytest.raises(Stopped):
+        run(resumed, corpus_cache, *saving, "train.fault.signal_at_step=5")
+    run(resumed, corpus_cache, *saving)
+    assert curve(resumed) == want
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_readme_toy_command_runs_as_written(tmp_path: Path) -> None:
+    """`python train.py experiment=record_2025_01_26` at toy size, exactly as README shows it,
+    offline on the sample corpus (data=sample), saving nothing."""
+    cmd = [
+        sys.executable, "train.py", "experiment=record_2025_01_26", "data=sample",
+        "model.n_layer=4", "model.n_head=2", "model.n_embd=128", "train.seq_len=512",
+        "train.batch_size=2", "train.steps=3", "train.val_every=3", "train.val_tokens=4096",
+        "model.compile=false", "train.checkpoint_at_end=false",
+    ]  # fmt: skip
+    assert " ".join(cmd[1:]) in (REPO / "README.md").read_text()
+    run_dir = tmp_path / "run"
+    out = subprocess.run([*cmd, f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True,
+                         text=True, timeout=350)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = [r[0] for r in curve(run_dir)]
+    assert steps == [0, 1, 2, 3]
+    assert not (run_dir / "checkpoints").exists()
+    log = (run_dir / "train.log").read_text()
+    assert (
+        "layers: 0: attn long ve0 | 1: attn long | 2: mlp only +out1 | 3: attn long ve2 +out0"
+        in log
+    )
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_runs_at_toy_size_on_cpu() -> None:
+    """Smoke only (timings are the benchmark's business, never a test's): both records run
+    through the compiled step, record B at its three windows, and once warm nothing breaks
+    the graph or recompiles (the toy traces with the eager backend)."""
+    cmd = [sys.executable, "scripts/bench/gpu.py", "--experiment", "record_2025_01_26",
+           "record_2024_11_06", "--toy", "--device", "cpu", "--steps", "2"]  # fmt: skip
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    header = next(line for line in out.stdout.splitlines() if line.startswith("| preset"))
+    names = [c.strip() for c in header.strip("|").split("|")]
+    rows = [
+        dict(zip(names, (c.strip() for c in line.strip("|").split("|")), strict=True))
+        for line in out.stdout.splitlines()
+        if line.startswith("| record_")
+    ]
+    assert [r["preset"] for r in rows] == ["record_2025_01_26"] * 3 + ["record_2024_11_06"]
+    assert len({r["window (blocks, long/short)"] for r in rows[:3]}) == 3  # first, middle, last
+    for r in rows:
+        assert int(r["graphs"]) >= 1, r  # the counters see the compile
+        assert (r["graph breaks"], r["recompiles"]) == ("0", "0"), r

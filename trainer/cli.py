@@ -1,0 +1,64 @@
+"""What `python train.py` does around a run: errors as one line, stops with the command that
+continues them, the resolved config into the run's log file."""
+
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from omegaconf import DictConfig, OmegaConf
+
+from trainer.config import Config, to_config
+from trainer.run_dir import env_rank
+from trainer.signals import Stopped
+
+log = logging.getLogger("train")
+
+
+def run_main(cfg: DictConfig, train: Callable[[Config], float]) -> float:
+    """`train(cfg)` for the command line: a bad value fails before the config dump, a stop
+    exits with the signal's status and prints how to continue, and the project's own errors
+    (ValueError, OSError, FloatingPointError: they name the key or file and the fix) print as
+    one line and exit 1."""
+    try:
+        conf = to_config(cfg)  # a bad value fails here, before the config dump
+        # Into train.log only: the console keeps to what happens (.hydra/ has it too).
+        to_log_file(logging.INFO, f"config:\n{OmegaConf.to_yaml(cfg, resolve=True)}")
+        return train(conf)
+    except Stopped as e:  # a checkpoint is saved: no traceback, the shell's signal status
+        if env_rank() == 0:
+            log.warning("%s To continue: %s", e, continue_command(conf.run_dir))
+        sys.exit(e.exit_code)
+    except (ValueError, OSError, FloatingPointError) as e:
+        # Under torchrun @record takes the exception to torchrun's summary instead, and
+        # HYDRA_FULL_ERROR=1 shows the traceback.
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or "TORCHELASTIC_RUN_ID" in os.environ:
+            raise
+        fail(e)
+
+
+def fail(e: BaseException) -> NoReturn:
+    """Print `e` as one line on stderr (and into train.log when the run has one); exit 1."""
+    to_log_file(logging.ERROR, f"error: {e}")
+    print(f"error: {e} (HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr)
+    sys.exit(1)
+
+
+def to_log_file(level: int, message: str) -> None:
+    """Write `message` to the run's log file (rank 0's train.log) but not to the console."""
+    record_ = log.makeRecord(log.name, level, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record_)
+
+
+def continue_command(run_dir: str) -> str:
+    """The command that resumes this run: the same arguments, pinned to its run directory
+    (a default run directory is new for every launch, so "the same command" would not do)."""
+    args = [a for a in sys.argv[1:] if not a.startswith("hydra.run.dir=")]
+    tail = shlex.join([*args, f"hydra.run.dir={run_dir}"])
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # this process can't see torchrun's own flags
+        return f"the same torchrun command, with train.py {tail}"
+    return f"python train.py {tail}"

@@ -1,0 +1,113 @@
+"""One training run, wired: ranks, run directory, parts, checkpointer, wrapping, sink, loop.
+
+`train.py` names the parts (`Parts`: the model class, the optimizer builder, the data
+builder) and calls `run`; everything between a validated config and the final validation
+loss happens here, in this order: start the ranks (`dist.nproc`), the process group, the run
+directory, the data, the model (sharded under fsdp), the optimizer object, the checkpointer
+(resuming, before DDP broadcasts the parameters), DDP or FSDP's no_sync, compilation, the
+metrics sink with its startup lines, and the loop. The trainer never imports a model class:
+what it needs from the model it asks the model (`fsdp_units`, `count_flops`,
+`plan_summary`).
+"""
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+from torch.distributed import ProcessGroup
+
+from trainer.checkpoint_files import CHECKPOINTS_DIR
+from trainer.checkpointer import Checkpointer
+from trainer.compile import compile_model
+from trainer.config import Config
+from trainer.dist import agree_on_config, local_main_first, main_decides, process_group, wrap_ddp
+from trainer.fault import Faults
+from trainer.flops import peak_flops
+from trainer.launch import spawn_ranks
+from trainer.loop import Loop
+from trainer.metrics import METRICS_FILE, MetricsSink, describe_run
+from trainer.provenance import code_version
+from trainer.run_dir import check_writable, set_aside_previous
+from trainer.runtime import Runtime, init_runtime, seed_everything
+from trainer.schedule import Schedule
+from trainer.signals import StopRequests
+from trainer.strategy import fsdp_no_sync, resolve_param_dtype, shard_model
+
+log = logging.getLogger("train")
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a run is made of: `model(cfg.model)` builds the model, `optimizer(model,
+    cfg.optim, device=, process_group=, sharded=)` its optimizer object, and `data(cfg.data,
+    **shape)` the train loader and the validation batches (data/build.py's signature)."""
+
+    model: Callable[..., nn.Module]
+    optimizer: Callable[..., Any]
+    data: Callable[..., tuple[Any, Callable]]
+
+
+def run(conf: Config, parts: Parts) -> float:
+    """Train `conf` (validated) with `parts`; return the final validation loss."""
+    if conf.dist.nproc > 1:
+        return spawn_ranks(conf, functools.partial(run_rank, parts=parts))
+    return run_rank(conf, parts)
+
+
+def run_rank(conf: Config, parts: Parts) -> float:
+    """This rank's share of the run (the whole run in a single process)."""
+    rt = init_runtime(conf.train.device, conf.train.autocast)
+    conf.train.accumulation_steps(rt.world_size)  # fails before any work
+    with process_group(rt, conf.dist) as group:
+        conf = agree_on_config(conf, rt)
+        return _run(conf, parts, rt, group)
+
+
+def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) -> float:
+    run_dir, t = Path(conf.run_dir), conf.train
+    saving = t.checkpoint_at_end or 0 < t.checkpoint_every <= t.steps  # else: no checkpoints/
+    saves = [CHECKPOINTS_DIR] if saving else []
+    main_decides(lambda: check_writable(run_dir, *saves), rt)  # raises on every rank
+    seed_everything(conf.seed)
+    accum_steps = t.accumulation_steps(rt.world_size)
+    with local_main_first(rt):  # one rank per node builds the corpus cache
+        loader, val_batches = parts.data(
+            conf.data, batch_size=t.batch_size, seq_len=t.seq_len, val_tokens=t.val_tokens,
+            val_batch_size=t.val_rows(rt.world_size) * rt.world_size,
+            val_seq_len=t.val_seq_len or t.seq_len, seed=conf.seed,
+            rank=rt.rank, world_size=rt.world_size, progress=rt.is_main,
+        )  # fmt: skip
+    model = parts.model(conf.model).to(rt.device)
+    model.micro_steps = accum_steps  # the FP8 head undoes the loss / micro_steps (model/head.py)
+    fsdp = conf.dist.strategy == "fsdp"
+    if fsdp:  # before the optimizer: its state is sharded like the parameters
+        shard_model(model, rt, resolve_param_dtype(conf.dist.fsdp_param_dtype, rt.device))
+    optimizer = parts.optimizer(
+        model, conf.optim, device=rt.device, process_group=group, sharded=fsdp
+    )
+    checkpoints = Checkpointer(conf, rt, model, optimizer, loader)
+    start = checkpoints.resume()  # before DDP: its construction broadcasts the parameters
+    if start.step == 0 and rt.is_main:  # a fresh start owns the run directory's records
+        moved = set_aside_previous(run_dir, (METRICS_FILE, CHECKPOINTS_DIR))
+        if moved is not None:
+            log.warning("an earlier run's metrics and checkpoints were moved to %s", moved)
+    ddp = wrap_ddp(model, optimizer.self_reduced) if group is not None and not fsdp else None
+    no_sync = ddp.no_sync if ddp is not None else fsdp_no_sync(model) if fsdp else None
+    fwd = ddp or model
+    if conf.model.compile:
+        fwd = compile_model(fwd, conf.model.compile_backend)
+    sink = MetricsSink.for_run(conf, rt, start, checkpoints.last)
+    sink.info("%s", describe_run(conf, rt, model, optimizer.summary, accum_steps))
+    sink.info("param groups:\n%s", optimizer.groups_table)
+    with StopRequests() as stop, sink:
+        loop = Loop(
+            fwd, optimizer, Schedule(t.steps, conf.optim, conf.model), loader.next_batch,
+            val_batches, t, rt, sink, checkpoints, accum_steps=accum_steps, no_sync=no_sync,
+            stop=stop, hook=Faults(t.fault, rt.rank, run_dir, model) if t.fault.enabled else None,
+            flops=model.count_flops, peak_flops=peak_flops(rt.device), code=code_version(),
+        )  # fmt: skip
+        return loop.run(start)
