@@ -4,34 +4,36 @@ Hydra composes `conf/config.yaml` with the command-line overrides; `train(cfg)` 
 work and returns the final validation loss (what a Hydra sweep minimises). Tests call
 `train()` directly, with no Hydra in the way. Under torchrun every rank runs this file;
 `dist.nproc=N` makes this one process start N ranks itself. This file names the parts a run
-is made of; trainer/session.py wires them.
+is made of; trainer/session.py wires them. Torch is imported only once the config is valid,
+so a mistyped value fails in a fraction of a second.
 """
+
+import sys
 
 import hydra
 from omegaconf import DictConfig
-from torch.distributed.elastic.multiprocessing.errors import record
 
-from data.build import build_data
-from model import GPT
-from optim import build_optimizer
-from trainer.cli import run_main
+from trainer.cli import check_arguments, run_main
 from trainer.config import Config, register_configs, to_config
-from trainer.session import Parts, run
-
-PARTS = Parts(model=GPT, optimizer=build_optimizer, data=build_data)
 
 
 def train(cfg: DictConfig | Config) -> float:
     """Build everything from `cfg`, train, and return the final validation loss."""
-    return run(to_config(cfg), PARTS)  # validates every value before any work
+    conf = to_config(cfg)  # validates every value before any work
+    from data.build import build_data
+    from model import GPT
+    from optim import build_optimizer
+    from trainer.session import Parts, run
+
+    return run(conf, Parts(model=GPT, optimizer=build_optimizer, data=build_data))
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-@record  # a failing rank's traceback reaches torchrun's summary
 def main(cfg: DictConfig) -> float:
     return run_main(cfg, train)
 
 
 if __name__ == "__main__":
     register_configs()
+    check_arguments(sys.argv[1:])  # a typo fails here in one line, before Hydra composes
     main()

@@ -40,7 +40,16 @@ def _serve(rank: int, world: int, inbox: Any, outbox: Any) -> None:
     # One core per rank, as torchrun's OMP_NUM_THREADS=1: ranks with torch's default threads
     # each oversubscribe a small machine (2 ranks × 2 threads on 2 cores ran 2.7× slower).
     torch.set_num_threads(1)
-    while (job := inbox.get()) is not None:
+    parent = mp.parent_process()
+    while True:
+        try:
+            job = inbox.get(timeout=5.0)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                return  # the test process is gone (killed): no orphaned ranks
+            continue
+        if job is None:
+            return
         fn, args, mode, port = job
         try:
             _run_job(rank, world, fn, args, mode, port)

@@ -6,22 +6,49 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.config import Config, to_config
-from trainer.run_dir import env_rank
+from trainer.overrides import check_command_line
+from trainer.run_dir import env_rank, under_torchelastic
 from trainer.signals import Stopped
 
 log = logging.getLogger("train")
+
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def check_arguments(argv: list[str]) -> None:
+    """Check the command line's overrides against the schema and conf/'s options; a bad one
+    prints one line and exits 1 (every rank under torchrun exits, rank 0 says why)."""
+    try:
+        check_command_line(argv, CONF_DIR, Config)
+    except ValueError as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        if env_rank() != 0:
+            sys.exit(1)
+        fail(e, traceback_hint=False)  # the traceback would show only this check
 
 
 def run_main(cfg: DictConfig, train: Callable[[Config], float]) -> float:
     """`train(cfg)` for the command line: a bad value fails before the config dump, a stop
     exits with the signal's status and prints how to continue, and the project's own errors
     (ValueError, OSError, FloatingPointError: they name the key or file and the fix) print as
-    one line and exit 1."""
+    one line and exit 1. Under torchrun a failing rank's traceback goes to torchrun's summary
+    (torch's `record`, imported only there: it imports torch)."""
+    if under_torchelastic():
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        return record(_run_main)(cfg, train)
+    return _run_main(cfg, train)
+
+
+def _run_main(cfg: DictConfig, train: Callable[[Config], float]) -> float:
     try:
         conf = to_config(cfg)  # a bad value fails here, before the config dump
         # Into train.log only: the console keeps to what happens (.hydra/ has it too).
@@ -32,17 +59,18 @@ def run_main(cfg: DictConfig, train: Callable[[Config], float]) -> float:
             log.warning("%s To continue: %s", e, continue_command(conf.run_dir))
         sys.exit(e.exit_code)
     except (ValueError, OSError, FloatingPointError) as e:
-        # Under torchrun @record takes the exception to torchrun's summary instead, and
+        # Under torchrun `record` takes the exception to torchrun's summary instead, and
         # HYDRA_FULL_ERROR=1 shows the traceback.
-        if os.environ.get("HYDRA_FULL_ERROR") == "1" or "TORCHELASTIC_RUN_ID" in os.environ:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or under_torchelastic():
             raise
         fail(e)
 
 
-def fail(e: BaseException) -> NoReturn:
+def fail(e: BaseException, traceback_hint: bool = True) -> NoReturn:
     """Print `e` as one line on stderr (and into train.log when the run has one); exit 1."""
     to_log_file(logging.ERROR, f"error: {e}")
-    print(f"error: {e} (HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr)
+    hint = " (HYDRA_FULL_ERROR=1 shows the traceback)" if traceback_hint else ""
+    print(f"error: {e}{hint}", file=sys.stderr)
     sys.exit(1)
 
 
@@ -59,6 +87,6 @@ def continue_command(run_dir: str) -> str:
     (a default run directory is new for every launch, so "the same command" would not do)."""
     args = [a for a in sys.argv[1:] if not a.startswith("hydra.run.dir=")]
     tail = shlex.join([*args, f"hydra.run.dir={run_dir}"])
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # this process can't see torchrun's own flags
+    if under_torchelastic():  # this process can't see torchrun's own flags
         return f"the same torchrun command, with train.py {tail}"
     return f"python train.py {tail}"

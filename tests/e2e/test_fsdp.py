@@ -3,7 +3,7 @@ and strategies.
 
 Each run is the `train(cfg)` a user's torchrun calls (tests/e2e/test_dist_train.py's helpers).
 Resumes start in a fresh run directory from a checkpoint path, so the resumed curve (steps
-11-20) is compared with the uninterrupted run's: bitwise at the same world size and strategy,
+7-12) is compared with the uninterrupted run's: bitwise at the same world size and strategy,
 within the 1e-3 of any two layouts otherwise (sums over ranks associate differently).
 """
 
@@ -15,7 +15,8 @@ import torch
 from tests.e2e.test_dist_train import RUN, TOL, assert_same_curve, curve, train_on_ranks
 from trainer import checkpoint_files as files
 
-SAVE = ["train.checkpoint_every=10", "train.checkpoint_keep=3"]
+SAVE = ["train.checkpoint_every=6", "train.checkpoint_keep=3"]
+MID = 6  # the step a resume starts from
 FSDP = "dist.strategy=fsdp"
 
 
@@ -24,8 +25,8 @@ def _after(records: list[dict], step: int) -> list[dict]:
 
 
 def assert_continues(resumed: list[dict], full: list[dict], exact: bool) -> None:
-    """`resumed` (from step 10, its history copied) follows `full` from step 11 on."""
-    want, resumed = _after(full, 10), _after(resumed, 10)
+    """`resumed` (from step MID, its history copied) follows `full` after it."""
+    want, resumed = _after(full, MID), _after(resumed, MID)
     assert [r["step"] for r in resumed] == [r["step"] for r in want]
     for got, ref in zip(resumed, want, strict=True):
         for key in ("train_loss", "val_loss"):
@@ -37,12 +38,12 @@ def assert_continues(resumed: list[dict], full: list[dict], exact: bool) -> None
 
 
 def _checkpoint(run: Path) -> str:
-    return str(run / files.CHECKPOINTS_DIR / files.step_dir_name(10))
+    return str(run / files.CHECKPOINTS_DIR / files.step_dir_name(MID))
 
 
 @pytest.fixture(scope="module")
 def fsdp_two(tmp_path_factory: pytest.TempPathFactory, corpus_cache: Path) -> Path:
-    """A 2-rank fsdp run of 20 steps, saving (layout dcp) at steps 10 and 20."""
+    """A 2-rank fsdp run of 12 steps, saving (layout dcp) at steps 6 and 12."""
     tmp = tmp_path_factory.mktemp("fsdp2")
     train_on_ranks(2, tmp, "run", corpus_cache, FSDP, *SAVE)
     return tmp / "run"
@@ -56,7 +57,7 @@ def test_fsdp_gives_the_ddp_curve(fsdp_two: Path, tmp_path: Path, corpus_cache: 
     # Gradient accumulation under fsdp: no reduce-scatter until the last micro-step.
     accumulated = train_on_ranks(2, tmp_path, "acc", corpus_cache, FSDP, "train.micro_batch_size=1")
     assert_same_curve(accumulated, ddp)
-    meta = files.validate(fsdp_two / files.CHECKPOINTS_DIR / files.step_dir_name(20))
+    meta = files.validate(fsdp_two / files.CHECKPOINTS_DIR / files.step_dir_name(12))
     assert meta["layout"] == "dcp" and meta["world_size"] == 2
     assert any(name.startswith(f"{files.DCP_DIR}/") for name in meta["files"])
 

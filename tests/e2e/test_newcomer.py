@@ -25,6 +25,10 @@ BAD = [
     (["model.n_embd=99"], "model.n_embd"),
     (["train.autocast=fp16"], "train.autocast must be one of"),
     (["+train.step=3"], "did you mean train.steps?"),
+    (["train.step=3"], "did you mean train.steps?"),  # Hydra's own error, without the check
+    (["optim.muon.lrr=0.1"], "did you mean optim.muon.lr?"),
+    (["model=tiny2"], "did you mean model=tiny?"),
+    (["train.steps=abc"], "train.steps=abc"),
     (["dist.nproc=2", "train.batch_size=7"], "train.batch_size (7)"),
     (["data=local", "data.dir=/nonexistent/shards"], "/nonexistent/shards"),
     (["train.resume=/nonexistent/run"], "/nonexistent/run"),
@@ -38,7 +42,9 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     procs = []
     for k, (overrides, _) in enumerate(BAD):
         cmd = [sys.executable, "train.py", *overrides, f"hydra.run.dir={tmp_path / str(k)}"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}  # no login
+        # No wandb login, and Hydra's short errors whatever the caller's environment says.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+        env.pop("HYDRA_FULL_ERROR", None)
         procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=PIPE, stderr=PIPE, text=True, env=env))
     for k, ((overrides, named), proc) in enumerate(zip(BAD, procs, strict=True)):
         stdout, stderr = proc.communicate(timeout=300)

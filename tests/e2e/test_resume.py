@@ -85,19 +85,18 @@ def test_stop_and_resume_is_bitwise_on_one_rank(
     tmp_path: Path, corpus_cache: Path, autocast: str
 ) -> None:
     straight = tmp_path / "straight"
-    final = run(straight, corpus_cache, f"train.autocast={autocast}", "train.steps=30")
+    final = run(straight, corpus_cache, f"train.autocast={autocast}")
 
     resumed = tmp_path / "resumed"
-    # The SIGTERM lands during step 14; the loop sees it in that step's reduction, finishes
-    # the step, saves, stops.
+    # The SIGTERM lands during step 9; the loop sees it in that step's reduction, finishes
+    # the step, saves, stops (between the periodic saves of steps 5 and 10).
     stopped = run_until_stopped(
-        resumed, corpus_cache, f"train.autocast={autocast}", "train.steps=30",
-        "train.fault.signal_at_step=14",
-    )  # fmt: skip
-    assert (stopped.signal_name, stopped.step) == ("SIGTERM", 14)
-    assert stopped.checkpoint == str(resumed / "checkpoints" / "step_000014")
-    assert [r["step"] for r in records(resumed)][-1] == 14
-    final_resumed = run(resumed, corpus_cache, f"train.autocast={autocast}", "train.steps=30")
+        resumed, corpus_cache, f"train.autocast={autocast}", "train.fault.signal_at_step=9"
+    )
+    assert (stopped.signal_name, stopped.step) == ("SIGTERM", 9)
+    assert stopped.checkpoint == str(resumed / "checkpoints" / "step_000009")
+    assert [r["step"] for r in records(resumed)][-1] == 9
+    final_resumed = run(resumed, corpus_cache, f"train.autocast={autocast}")
 
     assert final_resumed == final
     assert losses(resumed) == losses(straight)
@@ -186,7 +185,6 @@ def test_sigterm_from_outside_saves_and_the_rerun_continues_exactly(
 ) -> None:
     overrides = [
         *RUN,
-        "train.steps=30",
         "train.checkpoint_every=0",
         f"data.cache_dir={corpus_cache}",
     ]
@@ -198,7 +196,7 @@ def test_sigterm_from_outside_saves_and_the_rerun_continues_exactly(
     assert status == 128 + signal.SIGTERM, out[-3000:]
     assert "Traceback" not in out
     stopped_at = records(run_dir)[-1]["step"]
-    assert 5 <= stopped_at < 30, "the signal arrived mid-run"
+    assert 5 <= stopped_at < 20, "the signal arrived mid-run"
     assert f"stopped by SIGTERM after step {stopped_at}" in out
     assert checkpoint.find_latest(run_dir / "checkpoints").name == f"step_{stopped_at:06d}"
 

@@ -15,6 +15,7 @@ from tests.unit.test_flops import meta_gpt
 from train import train
 from trainer.config import to_config
 from trainer.metrics import format_step
+from trainer.provenance import code_version
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,22 +29,27 @@ def run_train(run_dir: Path, cache: Path, *overrides: str) -> tuple[float, list[
 
 @pytest.mark.slow
 def test_training_lowers_val_loss_and_writes_the_curve(tmp_path: Path, corpus_cache: Path) -> None:
-    steps = 40
+    steps = 24
     final, records = run_train(
         tmp_path,
         corpus_cache,
         f"train.steps={steps}",
         "train.batch_size=4",
-        "train.val_every=10",
-        "train.val_tokens=2048",
+        "train.val_every=8",
+        "train.val_tokens=1024",
+        "train.checkpoint_at_end=true",
     )
     first = records[0]
     assert first["step"] == 0 and first["tokens"] == 0
+    # The run names its code (in a git checkout): in the first line and in its checkpoint.
+    meta = json.loads((tmp_path / "checkpoints" / "step_000024" / "meta.json").read_text())
+    assert first.get("code") == meta.get("code") == code_version()
+    assert all("code" not in r for r in records[1:])
     assert first["val_loss"] == pytest.approx(math.log(50304), abs=0.01)  # zero-init head
     steps_seen = [r["step"] for r in records]
     assert steps_seen == list(range(steps + 1))
     val_steps = [r["step"] for r in records if "val_loss" in r]
-    assert val_steps == [0, 10, 20, 30, 40]
+    assert val_steps == [0, 8, 16, 24]
     for r in records[1:]:
         assert {"train_loss", "lr_mult", "lr/muon", "lr/embed", "lr/head"} <= r.keys()
         assert {"tokens", "train_time_ms", "step_ms", "tokens_per_s"} <= r.keys()

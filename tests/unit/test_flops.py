@@ -103,8 +103,19 @@ def test_record_a_mfu_is_plausible_at_its_step_time() -> None:
     assert 0.10 < mfu(flops, 0.15478, H100) < 0.60
 
 
-def test_no_peak_on_a_cpu_and_pcie_before_sxm() -> None:
+def test_no_peak_on_a_cpu_and_pcie_before_sxm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The peak comes from the GPU's name, the most specific entry first: an H100 PCIe is not
+    taken for the SXM card whose name it contains; an unknown GPU or a CPU gives none."""
     assert peak_flops(torch.device("cpu")) is None
+    cuda = torch.device("cuda", 0)
+    for name, want in (
+        ("NVIDIA H100 80GB HBM3", PEAK_BF16["H100"]),
+        ("NVIDIA H100 PCIe", PEAK_BF16["H100 PCIe"]),
+        ("NVIDIA A100-SXM4-80GB", PEAK_BF16["A100"]),
+        ("Tesla T4", None),
+    ):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, n=name: n)
+        assert peak_flops(cuda) == want, name
     assert PEAK_BF16["H100 PCIe"] < PEAK_BF16["H100"]
 
 

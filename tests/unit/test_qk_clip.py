@@ -96,7 +96,9 @@ def test_tracked_max_is_the_masked_logits_max(
     for block, (q, k, mask, scale) in zip(model.blocks, calls, strict=True):
         got = block.attn.max_logit
         assert got.dtype == torch.float32 and got.shape == (cfg.n_head,)
-        torch.testing.assert_close(got.double(), direct_max(q, k, mask, scale))
+        # An fp32 result against an fp64 reference: fp32's tolerance (the order of a dot
+        # product's sum is the CPU's, so a bound near fp32's epsilon holds on one kind only).
+        torch.testing.assert_close(got, direct_max(q, k, mask, scale).float())
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

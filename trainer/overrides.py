@@ -1,0 +1,138 @@
+"""The command line's overrides, checked before Hydra composes them.
+
+Hydra reports a mistyped key (`train.step=10`), a missing group option (`model=tiny2`) or a
+value of the wrong type (`train.steps=abc`) in a block of lines that, for the first, suggests
+the wrong fix (`+train.step=10`, a key the schema would then reject). This module checks every
+override against the config schema and the option files under `conf/` first, and raises one
+ValueError naming the key or option and the nearest valid names. It imports no torch, so a
+typo fails in well under a second. What it cannot judge (Hydra's own `hydra.*` keys, a
+package-qualified override, a config from another directory) it leaves to Hydra.
+"""
+
+import difflib
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+# Hydra's command-line flags that point it at other configs: their overrides mean something
+# this module cannot see.
+ELSEWHERE = ("config_path", "config_name", "config_dir", "experimental_rerun")
+
+
+def check_command_line(argv: list[str], conf_dir: Path, schema: Any) -> None:
+    """Raise ValueError for the first override in `argv` (train.py's arguments) that names an
+    unknown key or group option, or gives a value the key's type rejects."""
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(argv)  # a bad flag: argparse's usage line, exit 2
+    if any(getattr(args, name, None) for name in ELSEWHERE):
+        return
+    check_overrides(args.overrides, conf_dir, schema)
+
+
+def check_overrides(overrides: list[str], conf_dir: Path, schema: Any) -> None:
+    """Raise ValueError for the first of `overrides` (Hydra's override strings) that Hydra
+    would reject or that names a key `schema` (a dataclass) lacks."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as e:
+        first = str(e).splitlines()
+        raise ValueError(
+            f"cannot read the override {_quoted(e)}: {first[1] if len(first) > 1 else first[0]}"
+            " (overrides are key=value or group=option)"
+        ) from None
+    root = OmegaConf.structured(schema)
+    for override in parsed:
+        key = override.key_or_group
+        if key.split("/")[0].split(".")[0] == "hydra" or override.package is not None:
+            continue  # Hydra's own settings, or a package placement: Hydra checks those
+        if override.is_delete():
+            continue
+        if (conf_dir / key).is_dir():
+            _check_option(conf_dir, key, _values(override))
+        else:
+            node = _known_node(root, key, schema, conf_dir)
+            if override.is_add() or override.is_force_add():
+                continue  # `+key=value` of a known key: Hydra says it exists
+            if node is not None:
+                for value in _values(override):
+                    _check_value(root, key, value, override.input_line or key)
+
+
+def _values(override: Any) -> list[Any]:
+    """The values an override sets: each of a discrete sweep's, or its one value. A range
+    or interval sweep (an Optuna search space) is left to the sweeper."""
+    if override.is_discrete_sweep():
+        return list(override.sweep_iterator())
+    if override.is_sweep_override():
+        return []
+    return [override.value()]
+
+
+def _check_option(conf_dir: Path, group: str, values: list[Any]) -> None:
+    options = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+    for value in values:
+        if value is None or (isinstance(value, str) and value in options):
+            continue
+        near = difflib.get_close_matches(str(value), options, n=1)
+        hint = f"did you mean {group}={near[0]}? " if near else ""
+        raise ValueError(
+            f"unknown option {group}={value}; {hint}({group} is one of: {', '.join(options)}; "
+            f"the files in conf/{group}/)"
+        )
+
+
+def _known_node(root: DictConfig, key: str, schema: Any, conf_dir: Path) -> Any:
+    """The schema node at dotted `key` (None below a free-form dict field, where any key
+    goes); ValueError naming the first unknown part, with the nearest real names."""
+    node: Any = root
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        if not isinstance(node, DictConfig):
+            raise ValueError(f"unknown config key {key}: {'.'.join(parts[:depth])} has no keys")
+        if OmegaConf.is_struct(node) is False and depth > 0:
+            return None  # a free-form mapping (e.g. a launcher's extra settings)
+        if part not in node:
+            prefix = ".".join(parts[:depth])
+            names = list(node.keys())
+            if depth == 0:  # a top-level typo may mean a group as well as a key
+                names += [p.name for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra"]
+            near = difflib.get_close_matches(part, sorted(set(names)), n=1)
+            guess = ".".join([*parts[:depth], near[0], *parts[depth + 1 :]]) if near else ""
+            hint = f"; did you mean {guess}?" if near else ""
+            where = f" (the keys of {prefix}: {_schema_name(schema, parts[:depth])})"
+            raise ValueError(f"unknown config key {key}{hint}{where if not near else ''}")
+        node = node._get_node(part)
+    return node
+
+
+def _schema_name(schema: Any, parts: list[str]) -> str:
+    """The dataclass behind `parts` of `schema`, for an error naming where keys are defined."""
+    cls = schema
+    for part in parts:
+        found = next((f for f in fields(cls) if f.name == part), None)
+        factory = getattr(found, "default_factory", None)
+        if found is None or not is_dataclass(factory):
+            return "see --cfg job"
+        cls = factory
+    return f"the fields of {cls.__module__}.{cls.__name__}"
+
+
+def _check_value(root: DictConfig, key: str, value: Any, shown: str) -> None:
+    trial = root.copy()
+    try:
+        OmegaConf.update(trial, key, value, merge=True)
+    except OmegaConfBaseException as e:
+        reason = str(e).splitlines()[0]
+        raise ValueError(f"bad value in {shown}: {reason}") from None
+
+
+def _quoted(e: Exception) -> str:
+    line = str(e).splitlines()[0]
+    return line.removeprefix("Error parsing override ").strip()
