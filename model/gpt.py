@@ -4,7 +4,7 @@ Rotary position embeddings, QK-norm, ReLU² MLP, parameter-free RMSNorm, zero-in
 output projections, an untied LM head and softcapped logits. Every hidden matrix is a
 separate `nn.Linear` (q, k, v, o, fc, proj) so Muon orthogonalises each one on its own.
 
-The forward pass reads as RECORDS.md's: embed → (x0, value embeddings, masks: computed once)
+The forward pass reads as docs/records.md's: embed → (x0, value embeddings, masks: computed once)
 → blocks, the decoder half adding encoder outputs when U-net skips are on → norm → head →
 softcapped loss. What each layer has comes from the layer plan (`model/plan.py`); options
 that are off build nothing and cost nothing.

@@ -1,6 +1,6 @@
 """The layer plan: what each layer of the GPT has, computed once from the config.
 
-The records' per-layer tables (RECORDS.md, record B) are plans: which layers attend, with a
+The records' per-layer tables (docs/records.md, B.1) are plans: which layers attend, with a
 long or a short window, which value-embedding table each layer reads, and which encoder
 output each decoder layer adds at its input (U-net). The config writes the first three as
 patterns over a reference depth, one character per layer; a pattern of another length is

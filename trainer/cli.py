@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from trainer.config import Config, to_config
 from trainer.overrides import check_command_line
 from trainer.run_dir import env_rank, under_torchelastic
-from trainer.signals import Stopped
+from trainer.signals import Stopped, claim_signals
 
 log = logging.getLogger("train")
 
@@ -49,14 +49,17 @@ def run_main(cfg: DictConfig, train: Callable[[Config], float]) -> float:
 
 
 def _run_main(cfg: DictConfig, train: Callable[[Config], float]) -> float:
+    claim_signals()  # this process is the run: SIGTERM/SIGINT stop it at a safe point
     try:
         conf = to_config(cfg)  # a bad value fails here, before the config dump
         # Into train.log only: the console keeps to what happens (.hydra/ has it too).
         to_log_file(logging.INFO, f"config:\n{OmegaConf.to_yaml(cfg, resolve=True)}")
         return train(conf)
     except Stopped as e:  # a checkpoint is saved: no traceback, the shell's signal status
-        if env_rank() == 0:
+        if env_rank() == 0 and e.resumable:
             log.warning("%s To continue: %s", e, continue_command(conf.run_dir))
+        elif env_rank() == 0:
+            log.warning("%s", e)
         sys.exit(e.exit_code)
     except (ValueError, OSError, FloatingPointError) as e:
         # Under torchrun `record` takes the exception to torchrun's summary instead, and

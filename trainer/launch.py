@@ -16,9 +16,20 @@ from omegaconf import OmegaConf
 
 from trainer.config import Config, to_config
 from trainer.run_dir import env_rank, under_torchelastic
-from trainer.signals import Stopped
+from trainer.signals import Stopped, claim_signals
 
-_SAVED = "the newest under checkpoints/"
+# The launcher's own signal handlers (the elastic agent installs them and never puts the old
+# ones back): restored after the launch, so a program that called train() keeps its Ctrl-C.
+AGENT_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+    if hasattr(signal, name)
+)  # fmt: skip
+# The agent's lines when it forwards a signal: the ranks already say they are stopping.
+AGENT_NOISE = ("death signal", "via signal", "closing signal")
+AGENT_LOGGERS = (  # a logger's filter applies to its own records only, not its children's
+    "torch.distributed.elastic.agent.server.api",
+    "torch.distributed.elastic.multiprocessing.api",
+)
 
 log = logging.getLogger("train")
 
@@ -50,18 +61,33 @@ def spawn_ranks(conf: Config, entry: Callable[[Config], float]) -> float:
         monitor_interval=0.1,
     )
     log.info("starting %d ranks (torch elastic, %s)", conf.dist.nproc, config.rdzv_backend)
+    previous = {sig: signal.getsignal(sig) for sig in AGENT_SIGNALS}
+    quiet = _DropAgentNoise()
+    for name in AGENT_LOGGERS:
+        logging.getLogger(name).addFilter(quiet)
     try:
         results = elastic_launch(config, _rank_entry)(entry, asdict(conf), _logging_config())
     except SignalException as e:
-        # This process got the signal; the launcher forwarded it, and the ranks saved.
-        raise Stopped(e.sigval.name, None, _SAVED) from e
+        # This process got the signal; the launcher forwarded it, and the ranks stopped.
+        raise Stopped.by_ranks(e.sigval.name) from e
     except ChildFailedError as e:
-        # Only the ranks got it (nothing to restart: they saved and stopped on purpose).
+        # Only the ranks got it (nothing to restart: they stopped on purpose).
         codes = {f.exitcode for f in e.failures.values()}
         if codes <= {128 + signal.SIGTERM, 128 + signal.SIGINT}:
-            raise Stopped(signal.Signals(max(codes) - 128).name, None, _SAVED) from e
+            raise Stopped.by_ranks(signal.Signals(max(codes) - 128).name) from e
         raise
+    finally:
+        for name in AGENT_LOGGERS:
+            logging.getLogger(name).removeFilter(quiet)
+        for sig, handler in previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)
     return results[0]
+
+
+class _DropAgentNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(noise in record.getMessage() for noise in AGENT_NOISE)
 
 
 def _rank_entry(entry: Callable[[Config], float], conf: dict, logging_cfg: dict | None) -> float:
@@ -71,6 +97,7 @@ def _rank_entry(entry: Callable[[Config], float], conf: dict, logging_cfg: dict 
     returned value would wait for the launcher to collect it, which it does not do while it
     shuts down on the same signal, so the rank would sit until SIGKILLed 30 s later.
     """
+    claim_signals()  # this process is a rank of the run: its signals are the run's
     if env_rank() == 0 and logging_cfg is not None:
         logging.config.dictConfig(logging_cfg)
     else:

@@ -27,12 +27,15 @@ from trainer.checkpointer import Checkpointer
 from trainer.config import TrainConfig
 from trainer.dist import all_reduce_sum
 from trainer.flops import mfu
-from trainer.metrics import MetricsSink, format_step
+from trainer.metrics import EvalProgress, MetricsSink, format_step
 from trainer.nonfinite import NonFiniteStep, nonfinite_grads, stop_message
 from trainer.progress import Progress
 from trainer.runtime import Runtime
 from trainer.schedule import Schedule
 from trainer.signals import Stopped, StopRequests
+
+# The longest a run goes without a console line, whatever train.log_every says.
+QUIET_S = 30.0
 
 # Called once per step after forward/backward, before the update, with the step (1-based)
 # and its loss; returns the loss to use. The seam for test-only faults (trainer/fault.py).
@@ -41,25 +44,38 @@ StepHook = Callable[[int, Tensor], Tensor]
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, batches: Iterable[Batch], rt: Runtime, model_args: dict | None = None
-) -> float:
+    model: nn.Module,
+    batches: Iterable[Batch],
+    rt: Runtime,
+    model_args: dict | None = None,
+    stop: Callable[[], bool] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> float | None:
     """Mean loss over every validation token, whatever the batch size or world size.
 
     Each rank sums (token loss, token count) over its share; one all-reduce adds them up.
-    `model_args`: the step-dependent forward arguments (the attention window).
+    `model_args`: the step-dependent forward arguments (the attention window). `stop`: asked
+    between batches; once true this rank skips its remaining batches, and when any rank did,
+    every rank gets None (the flag travels in the same all-reduce, so no rank waits on a
+    batch another skipped). `progress(k)`: called after the k-th batch.
     """
     was_training = model.training
     model.eval()
-    totals = torch.zeros(2, dtype=torch.float64, device=rt.device)  # [loss sum, tokens]
-    for x, y in batches:
+    totals = torch.zeros(3, dtype=torch.float64, device=rt.device)  # loss sum, tokens, stops
+    for k, (x, y) in enumerate(batches, 1):
+        if stop is not None and stop():
+            totals[2] = 1
+            break
         x, y = x.to(rt.device), y.to(rt.device)
         with rt.autocast():
             loss = model(x, y, **(model_args or {}))
         totals[0] += loss.double() * y.numel()
         totals[1] += y.numel()
+        if progress is not None:
+            progress(k)
     model.train(was_training)
-    loss_sum, n_tokens = all_reduce_sum(totals).tolist()
-    return loss_sum / n_tokens
+    loss_sum, n_tokens, stops = all_reduce_sum(totals).tolist()
+    return None if stops else loss_sum / n_tokens
 
 
 def forward_backward(
@@ -114,6 +130,8 @@ class Loop:
     _arg_tensors: dict[str, tuple[float, Tensor]] = field(
         default_factory=dict, init=False, repr=False
     )
+    _saved_step: int = field(default=0, init=False, repr=False)  # the newest checkpoint's step
+    _logged_at: float = field(default_factory=time.monotonic, init=False, repr=False)
 
     def run(self, start: Progress | None = None) -> float:
         """Train from `start` (default: step 0) to `train.steps`; return the final val loss.
@@ -122,29 +140,48 @@ class Loop:
         `NonFiniteStep` on a NaN/inf loss or gradient under train.on_nonfinite=stop.
         """
         p = start or Progress()
+        self._saved_step = p.step  # a fresh start has nothing to save, a resume saved this
         if p.step == 0:
             first = {"step": 0, "tokens": 0, "train_time_ms": 0.0}
             if self.code is not None:
                 first["code"] = self.code
-            self._log(self._evaluate(p, first))
+            if not self._evaluate(p, first):
+                self._checkpoint(p, True)  # stopped before any update: nothing saved
+            self._log(first)
         self.model.train()
         while p.step < self.cfg.steps and not self._target_reached(p):
+            if self._asked_here():
+                self._checkpoint(p, True)
             rec, stop_now = self._train_step(p)
             if p.step == self.cfg.steps or (
                 self.cfg.val_every and p.step % self.cfg.val_every == 0
             ):
-                self._evaluate(p, rec)
+                stop_now = not self._evaluate(p, rec) or stop_now
             self._log(rec)
             self._checkpoint(p, stop_now)
         if p.val_loss is None:  # resumed from a save without a val loss, nothing left to do
             p.val_loss = self._val_loss(p.step)
-        skipped = f", {p.skipped_steps} steps skipped (non-finite)" if p.skipped_steps else ""
-        self.sink.info(
-            "done: %d steps, %d tokens, final val loss %.4f, train time %.1fs (%.0f ms/step)%s",
-            p.step, p.tokens, p.val_loss, p.train_time_s,
-            p.train_time_s * 1000 / max(p.step - self.cfg.untimed_steps, 1), skipped,
-        )  # fmt: skip
+            if p.val_loss is None:
+                self._checkpoint(p, True)
+        self.sink.info("%s", self._summary(p))
         return p.val_loss
+
+    def _summary(self, p: Progress) -> str:
+        timed = p.step - self.cfg.untimed_steps
+        if timed > 0:
+            time = f"train time {p.train_time_s:.1f}s ({p.train_time_s * 1000 / timed:.0f} ms/step)"
+        else:
+            time = f"train time not measured (train.untimed_steps={self.cfg.untimed_steps})"
+        skipped = f", {p.skipped_steps} steps skipped (non-finite)" if p.skipped_steps else ""
+        return (
+            f"done: {p.step} steps, {p.tokens} tokens, final val loss {p.val_loss:.4f}, "
+            f"{time}{skipped}"
+        )
+
+    def _asked_here(self) -> bool:
+        """A stop request this rank can act on before starting a step: in one process only (with
+        several, the ranks agree in the step's reduction, which costs no extra sync)."""
+        return self.rt.world_size == 1 and self.stop is not None and bool(self.stop.requested)
 
     def _train_step(self, p: Progress) -> tuple[dict, bool]:
         """One optimizer step; advances `p` and returns the step's record and whether to stop."""
@@ -236,18 +273,27 @@ class Loop:
         what = "loss" if grads_finite else "gradient"
         self.sink.warning("step %d: non-finite %s (loss %s), update skipped", p.step, what, loss)
 
-    def _evaluate(self, p: Progress, rec: dict) -> dict:
-        """Validation loss into `p` and `rec`, and whether it reached the target."""
-        p.val_loss = self._val_loss(p.step)
-        rec["val_loss"] = p.val_loss
+    def _evaluate(self, p: Progress, rec: dict) -> bool:
+        """Validation loss into `p` and `rec`, and whether it reached the target; False when a
+        stop request cut the evaluation short (`rec` then has no val loss)."""
+        val_loss = self._val_loss(p.step)
+        if val_loss is None:
+            return False
+        p.val_loss = rec["val_loss"] = val_loss
         if self._target_reached(p):
             rec["target_reached"] = True
-        return rec
+        return True
 
-    def _val_loss(self, step: int) -> float:
-        """The validation loss after `step` updates, with the schedule's forward arguments."""
+    def _val_loss(self, step: int) -> float | None:
+        """The validation loss after `step` updates, with the schedule's forward arguments
+        (None: a stop request cut it short). A long evaluation reports its progress."""
         args = self._on_device(self.schedule.model_args(step))
-        return evaluate(self.model, self.val_batches(), self.rt, args)
+        stop = None if self.stop is None else lambda: self.stop.requested is not None
+        rows = self.cfg.val_rows(self.rt.world_size) * self.rt.world_size
+        sequences = self.cfg.val_tokens // (self.cfg.val_seq_len or self.cfg.seq_len)
+        batches = math.ceil(sequences / rows)
+        report = EvalProgress(self.sink, step, batches) if self.rt.is_main else None
+        return evaluate(self.model, self.val_batches(), self.rt, args, stop, report)
 
     def _on_device(self, args: dict[str, float]) -> dict[str, Tensor]:
         """The schedule's forward arguments as device tensors (a changing Python number would
@@ -266,8 +312,17 @@ class Loop:
 
     def _log(self, rec: dict) -> None:
         self.sink.write(rec)
-        if rec["step"] % self.cfg.log_every == 0 or "val_loss" in rec:
+        now = time.monotonic()
+        # Every log_every steps, every evaluation, the first step, and at least every
+        # QUIET_S seconds: a slow run with a sparse log_every must still show it is alive.
+        if (
+            rec["step"] % self.cfg.log_every == 0
+            or "val_loss" in rec
+            or rec["step"] == 1
+            or now - self._logged_at >= QUIET_S
+        ):
             self.sink.info(format_step(rec, self.cfg.steps))
+            self._logged_at = now
         if rec.get("target_reached"):
             self.sink.info(
                 "target val loss %.4f reached at step %d: %.4f after %.1fs of training (%d tokens)",
@@ -276,12 +331,16 @@ class Loop:
             )  # fmt: skip
 
     def _checkpoint(self, p: Progress, stop_now: bool) -> None:
-        """Save when due, at the end, or on a stop request; then stop if asked (`Stopped`)."""
+        """Save when due, at the end, or on a stop request if anything changed since the last
+        save; then stop if asked (`Stopped`)."""
         every, last = self.cfg.checkpoint_every, p.step == self.cfg.steps or self._target_reached(p)
         due = (every and p.step % every == 0) or (last and self.cfg.checkpoint_at_end)
-        if self.checkpoints is not None and (due or stop_now):
+        changed = p.step != self._saved_step
+        saved = False
+        if self.checkpoints is not None and changed and (due or stop_now):
             self.checkpoints.save(p)
+            self._saved_step, saved = p.step, True
         if stop_now:
             signal_name = (self.stop.requested if self.stop else None) or "a signal on another rank"
             where = self.checkpoints.last if self.checkpoints else None
-            raise Stopped(signal_name, p.step, str(where))
+            raise Stopped(signal_name, p.step or None, str(where) if where else None, saved)

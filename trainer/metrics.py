@@ -7,6 +7,7 @@ Non-main ranks get a sink that does nothing, which keeps `if rank == 0` out of t
 import json
 import logging
 import os
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,24 @@ class MetricsSink:
             self.wandb = None
 
 
+class EvalProgress:
+    """Progress lines for a long evaluation, at most one per `every_s` seconds: a default run's
+    first evaluation takes minutes on a CPU, and silence would look like a hang."""
+
+    def __init__(self, sink: MetricsSink, step: int, batches: int, every_s: float = 10.0) -> None:
+        self.sink, self.step, self.batches, self.every_s = sink, step, batches, every_s
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, done: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.every_s and done < self.batches:
+            self.last = now
+            self.sink.info(
+                "step %d validation: batch %d of %d (%.0fs)", self.step, done, self.batches,
+                now - self.start,
+            )  # fmt: skip
+
+
 def _keep_until(path: Path, step: int, source: Path) -> None:
     """Rewrite `path` (atomically) with `source`'s records of steps <= `step`."""
     if not source.is_file():
@@ -157,7 +176,10 @@ def describe_run(
         precision = f"bf16 model ({precision} for the rest)"
     ranks = count = f"{rt.world_size} rank" + ("s" if rt.world_size > 1 else "")
     if conf.dist.strategy == "fsdp":
-        ranks += f" (fsdp, parameters in {conf.dist.fsdp_param_dtype})"
+        from trainer.strategy import resolve_param_dtype
+
+        dtype = resolve_param_dtype(conf.dist.fsdp_param_dtype, rt.device)
+        ranks += f" (fsdp, parameters in {str(dtype).removeprefix('torch.')})"
     return (
         f"model {m.n_layer} layers, d {m.n_embd}, {m.n_head} heads: {n_params / 1e6:.2f}M "
         f"parameters | {optimizer} | {ranks} on {rt.device.type}, {precision} | "

@@ -40,6 +40,27 @@ class Runtime:
             torch.cuda.synchronize(self.device)
 
 
+def emulated_bf16_slowdown(device: torch.device) -> float | None:
+    """How many times slower a bf16 matmul runs than an fp32 one on this CPU when it has no
+    native bf16 (no AVX-512 BF16 or AMX: bf16 is emulated there), measured now on a 256² product
+    (~0.1 s); None on CUDA and on CPUs with native bf16."""
+    if bf16_matmul_is_fast(device):
+        return None
+    import time
+
+    def seconds(dtype: torch.dtype) -> float:
+        a = torch.randn(256, 256).to(dtype)
+        a @ a  # warm-up
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            a @ a
+            times.append(time.perf_counter() - t0)
+        return sorted(times)[1]
+
+    return seconds(torch.bfloat16) / max(seconds(torch.float32), 1e-9)
+
+
 def resolve_device(setting: str, local_rank: int = 0) -> torch.device:
     if setting == "auto":
         setting = "cuda" if torch.cuda.is_available() else "cpu"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
@@ -32,7 +33,7 @@ from trainer.loop import Loop
 from trainer.metrics import METRICS_FILE, MetricsSink, describe_run
 from trainer.provenance import code_version
 from trainer.run_dir import check_writable, set_aside_previous
-from trainer.runtime import Runtime, init_runtime, seed_everything
+from trainer.runtime import Runtime, emulated_bf16_slowdown, init_runtime, seed_everything
 from trainer.schedule import Schedule
 from trainer.signals import StopRequests
 from trainer.strategy import fsdp_no_sync, resolve_param_dtype, shard_model
@@ -103,7 +104,18 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
     sink = MetricsSink.for_run(conf, rt, start, checkpoints.last)
     sink.info("%s", describe_run(conf, rt, model, optimizer.summary, accum_steps))
     sink.info("param groups:\n%s", optimizer.groups_table)
-    with StopRequests() as stop, sink:
+    if rt.is_main and (rt.autocast_dtype == torch.bfloat16 or conf.model.dtype == "bf16"):
+        slower = emulated_bf16_slowdown(rt.device)
+        if slower is not None:
+            fix = "" if conf.model.dtype == "bf16" else " train.autocast=none runs in fp32."
+            sink.warning(
+                "bf16 is emulated on this CPU (no AVX-512 BF16 or AMX): a bf16 matmul runs %.0fx "
+                "slower than an fp32 one here, so this run is several times slower than on a "
+                "CPU with native bf16.%s", slower, fix,
+            )  # fmt: skip
+    # The handlers are the command line's or a launched rank's (trainer/signals.py); the
+    # test-only SIGTERM fault needs them wherever train() runs.
+    with StopRequests(force=t.fault.signal_at_step > 0, announce=rt.is_main) as stop, sink:
         loop = Loop(
             fwd, optimizer, Schedule(t.steps, conf.optim, conf.model), loader.next_batch,
             val_batches, t, rt, sink, checkpoints, accum_steps=accum_steps, no_sync=no_sync,

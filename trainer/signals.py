@@ -1,31 +1,60 @@
-"""SIGTERM and SIGINT become a request to checkpoint and stop, not a lost run.
+"""SIGTERM and SIGINT become a request to stop at the next safe point, not a lost run.
 
 Schedulers send SIGTERM before pre-empting a job (SLURM, Kubernetes, torchrun forwarding its
 own); Ctrl-C sends SIGINT. Inside `StopRequests` the first of either only sets a flag; the
-loop finishes the step, saves a checkpoint and stops. A second Ctrl-C interrupts at once.
+loop stops at the next safe point (between validation batches, or after the step in flight),
+saves a checkpoint if anything changed since the last one, and raises `Stopped`. A second
+Ctrl-C interrupts at once.
+
+The handlers belong to the program that owns the process: `python train.py`, or a rank that
+a launcher started (`claim_signals()` marks both). When `train()` runs inside another program
+(a test runner, a notebook, a sweep driver) the process keeps that program's handling, so its
+Ctrl-C still stops it; `StopRequests(force=True)` is for a test-only fault that sends the
+process a real SIGTERM.
 """
 
 import logging
 import signal
 import threading
+import time
 from types import FrameType, TracebackType
+
+from trainer.run_dir import under_torchelastic
 
 log = logging.getLogger("train")
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Ctrl-C reaches every process of the terminal's group, and a launcher (torchrun, or
+# dist.nproc) forwards its own copy to its ranks a moment later: a SIGINT this soon after the
+# first is the same keypress, not a second one.
+SAME_PRESS_S = 1.0
+
+_claimed = False
+
+
+def claim_signals() -> None:
+    """Mark this process as the run's own (train.py's command line, a launched rank): runs
+    in it turn SIGTERM/SIGINT into stop requests."""
+    global _claimed
+    _claimed = True
 
 
 class StopRequests:
-    """A context that turns SIGTERM/SIGINT into `self.requested` (the signal's name)."""
+    """A context that turns SIGTERM/SIGINT into `self.requested` (the signal's name), in a
+    process that owns its signals (see the module docstring). `announce`: log the request
+    (one rank says it for all)."""
 
-    def __init__(self) -> None:
+    def __init__(self, force: bool = False, announce: bool = True) -> None:
         self.requested: str | None = None
+        self.force, self.announce = force, announce
+        self._first_at = 0.0
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "StopRequests":
+        owned = _claimed or under_torchelastic() or self.force
         # Handlers can only be installed from the main thread; elsewhere (a test calling
         # train() from a worker thread) the process keeps its default handling.
-        if threading.current_thread() is threading.main_thread():
+        if owned and threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
@@ -42,22 +71,49 @@ class StopRequests:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        if self.requested is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: the user wants out now
-        self.requested = name
-        log.warning("%s received: finishing this step, then saving a checkpoint and stopping", name)
+        now = time.monotonic()
+        if self.requested is not None:
+            if signum == signal.SIGINT and now - self._first_at > SAME_PRESS_S:
+                raise KeyboardInterrupt  # a second Ctrl-C: the user wants out now
+            return
+        self.requested, self._first_at = name, now
+        if self.announce:
+            log.warning(
+                "%s received: stopping at the next safe point (a checkpoint is saved if "
+                "anything changed since the last one). Ctrl-C again quits at once.",
+                name,
+            )
 
 
 class Stopped(Exception):
-    """The run stopped on a signal after saving a checkpoint; rerun to resume it."""
+    """The run stopped on a signal, after saving a checkpoint if anything changed since the
+    last one; rerun to resume it."""
 
-    def __init__(self, signal_name: str, step: int | None, checkpoint: str) -> None:
+    def __init__(
+        self, signal_name: str, step: int | None, checkpoint: str | None, saved: bool = True
+    ) -> None:
+        """`checkpoint`: the newest checkpoint (None: there is none); `saved`: whether this
+        stop wrote it (False: nothing changed since it was written)."""
         self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
+        self.resumable = checkpoint is not None  # a rerun has something to continue from
         after = f" after step {step}" if step is not None else ""
-        super().__init__(
-            f"stopped by {signal_name}{after}; checkpoint saved to {checkpoint}. "
-            "A run in the same run directory (train.resume=auto) continues from it."
-        )
+        if checkpoint is None:
+            what = "no checkpoint written (no update happened). Run it again to start over."
+        else:
+            kept = "checkpoint saved to" if saved else "nothing changed since the checkpoint"
+            what = (
+                f"{kept} {checkpoint}. A run in the same run directory (train.resume=auto) "
+                "continues from it."
+            )
+        super().__init__(f"stopped by {signal_name}{after}; {what}")
+
+    @classmethod
+    def by_ranks(cls, signal_name: str) -> "Stopped":
+        """The launcher's view of ranks that stopped on a signal: each said what it saved."""
+        stopped = cls(signal_name, None, None)
+        stopped.args = (f"stopped by {signal_name} (the ranks said above what they saved).",)
+        stopped.resumable = True  # as far as the launcher knows
+        return stopped
 
     @property
     def exit_code(self) -> int:

@@ -220,7 +220,7 @@ def test_slurm_preset_wires_gpus_to_ranks() -> None:
 
 def test_speedrun_124m_is_the_record_2024_11_06_preset() -> None:
     """speedrun_124m is the old name of record_2024_11_06: the same config, key for key
-    (the preset's values against RECORDS.md: tests/unit/test_record_presets.py)."""
+    (the preset's values against docs/records.md: tests/unit/test_record_presets.py)."""
     alias = compose_config(["experiment=speedrun_124m", "run_dir=."])
     record = compose_config(["experiment=record_2024_11_06", "run_dir=."])
     assert alias == record

@@ -1,4 +1,4 @@
-"""The records' model options against direct formulas (RECORDS.md), on CPU.
+"""The records' model options against direct formulas (docs/records.md), on CPU.
 
 `reference()` below writes the forward pass out from the formulas, with no module of the
 model: plain tensor algebra on the model's own parameters, its own rotary and its own
@@ -222,7 +222,7 @@ def test_flex_attention_block_mask_equals_the_dense_mask() -> None:
 
 
 def test_window_schedule_is_the_records_table() -> None:
-    """N(s) = max(1, ⌈9s/1180⌉) blocks for every step, and RECORDS.md's first steps."""
+    """N(s) = max(1, ⌈9s/1180⌉) blocks for every step, and docs/records.md's first steps (B.4)."""
     blocks = [math.ceil(window_at(s, 1770, 1728) / 128) for s in range(1771)]
     assert blocks == [max(1, math.ceil(9 * s / 1180)) for s in range(1771)]
     firsts = [blocks.index(n) for n in range(1, 15)]
@@ -247,7 +247,7 @@ def test_layer_plan_is_the_records_table_and_scales_down() -> None:
 
 
 def test_records_parameter_counts_and_groups() -> None:
-    """RECORDS.md's counts: 162,201,636 (A, 36 scalars) and 275,598,388 (B, 52 scalars)."""
+    """docs/records.md's counts: 162,201,636 (A, 36 scalars) and 275,598,388 (B, 52 scalars)."""
     a = replace(RECORD_A, n_layer=12, n_head=6, n_embd=768)
     b = replace(RECORD_B, n_layer=12, n_head=6, n_embd=768, window_block=128, dtype="bf16",
                 fp8_head=True)  # fmt: skip

@@ -1,7 +1,7 @@
 """The record presets' evaluation orders, bit for bit against the records' own expressions.
 
 Each test writes the record's expression out literally, in the record's order of operations
-(RECORDS.md, and the logged scripts it describes), without calling the code under test, and
+(docs/records.md, and the logged scripts it describes), without calling the code under test, and
 requires the repo's form to give the same bits: rotary frequencies and tables, the
 Newton–Schulz polynomial of each record, the sigmoid softcap and the LR cooldown. Where the
 default form rounds differently, the test also shows that it does, so that a form which

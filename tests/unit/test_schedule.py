@@ -75,7 +75,7 @@ def test_muon_momentum_warmup():
     assert muon_momentum(0, 0, 0.85, 0.95) == 0.95  # no warmup: constant
 
 
-# The two records' schedules, at their boundaries, against the values RECORDS.md gives by hand.
+# The two records' schedules, at their boundaries, against the values docs/records.md gives by hand.
 
 
 def test_record_a_lr_schedule_at_its_boundaries():

@@ -1,0 +1,67 @@
+"""Stop requests: the first SIGTERM/SIGINT only asks; the launcher's forwarded copy of the
+same Ctrl-C is not a second press; a second press quits; handlers go back afterwards, and a
+process that does not own its signals keeps its own handling."""
+
+import os
+import signal
+import time
+
+import pytest
+
+import trainer.signals as signals
+from trainer.signals import Stopped, StopRequests
+
+
+def _own(monkeypatch: pytest.MonkeyPatch, owned: bool) -> None:
+    monkeypatch.setattr(signals, "_claimed", owned)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+
+
+def test_a_process_that_does_not_own_its_signals_keeps_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _own(monkeypatch, False)
+    before = signal.getsignal(signal.SIGINT)
+    with StopRequests():
+        assert signal.getsignal(signal.SIGINT) is before
+        with pytest.raises(KeyboardInterrupt):  # the caller's Ctrl-C, as without a run
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+
+
+def test_first_press_asks_the_launchers_copy_is_the_same_press_a_second_quits(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _own(monkeypatch, True)
+    before = signal.getsignal(signal.SIGINT)
+    with StopRequests() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested == "SIGINT"
+        os.kill(os.getpid(), signal.SIGINT)  # within SAME_PRESS_S: a launcher's forward
+        assert stop.requested == "SIGINT"
+        monkeypatch.setattr(signals, "SAME_PRESS_S", 0.0)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert signal.getsignal(signal.SIGINT) is before
+    assert sum("Ctrl-C again quits at once" in r.message for r in caplog.records) == 1
+
+
+def test_sigterm_asks_and_a_quiet_rank_says_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _own(monkeypatch, False)
+    with StopRequests(force=True, announce=False) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.requested == "SIGTERM" and not caplog.records
+
+
+def test_the_stop_message_says_what_was_kept() -> None:
+    assert "checkpoint saved to ck/step_5" in str(Stopped("SIGINT", 5, "ck/step_5"))
+    assert "nothing changed since the checkpoint ck/step_5" in str(
+        Stopped("SIGINT", 5, "ck/step_5", saved=False)
+    )
+    fresh = Stopped("SIGINT", None, None)
+    assert "no checkpoint written" in str(fresh) and fresh.exit_code == 130
+    assert "the ranks said" in str(Stopped.by_ranks("SIGTERM"))
