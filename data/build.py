@@ -20,7 +20,8 @@ def find_shards(cfg: DataConfig) -> CorpusFiles:
     if not root.is_dir():
         raise FileNotFoundError(
             f"data.dir={cfg.dir!r}: {root} is not a directory (download FineWeb with "
-            "python -m data.corpus.fineweb, or write shards with python -m data.corpus.prepare)"
+            "python -m data.corpus.fineweb, write shards with python -m data.corpus.prepare, "
+            "or add data=sample to try a preset offline on the embedded corpus)"
         )
     train, val = sorted(root.glob(cfg.train_files)), sorted(root.glob(cfg.val_files))
     for kind, key, found in (("training", "train_files", train), ("validation", "val_files", val)):

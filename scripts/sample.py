@@ -46,13 +46,31 @@ from trainer.schedule import Schedule
 SEPARATOR = "---"
 
 
+def _saves_nothing(run_dir: Path) -> str:
+    """A note when the run directory's own config saves no checkpoints (a smoke run)."""
+    saved = run_dir / ".hydra" / "config.yaml"
+    if not saved.is_file():
+        return ""
+    from omegaconf import OmegaConf
+
+    train = OmegaConf.load(saved).get("train", {})
+    if train.get("checkpoint_every", 1) or train.get("checkpoint_at_end", True):
+        return ""
+    return (
+        ". That run saves no checkpoints (train.checkpoint_every=0 and "
+        "train.checkpoint_at_end=false, as experiment=smoke sets): run without experiment=smoke, "
+        "or add train.checkpoint_at_end=true"
+    )
+
+
 def find_checkpoint(setting: str) -> Path:
     """The checkpoint directory `setting` names (a run, checkpoints/ or step directory)."""
     try:
         path = files.resolve(setting, Path(setting))
     except files.CheckpointError as e:
         # resolve() words its errors for train.resume; here the path alone is the subject.
-        raise files.CheckpointError(str(e).removeprefix(f"train.resume={setting!r}: ")) from e
+        why = str(e).removeprefix(f"train.resume={setting!r}: ")
+        raise files.CheckpointError(why + _saves_nothing(Path(setting))) from e
     if path is None:  # resolve() reads "never" and "auto" as settings, not as paths
         raise files.CheckpointError(f"{setting} is not a checkpoint path")
     return path

@@ -5,6 +5,7 @@ import logging
 import os
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -13,25 +14,30 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer.config import Config, to_config
 from trainer.overrides import check_command_line
-from trainer.run_dir import env_rank, under_torchelastic
+from trainer.run_dir import discard_unstarted, env_rank, under_torchelastic
 from trainer.signals import Stopped, claim_signals
 
 log = logging.getLogger("train")
 
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+STARTED = time.time()  # before Hydra makes the run directory (this module loads first)
 
 
 def check_arguments(argv: list[str]) -> None:
     """Check the command line's overrides against the schema and conf/'s options; a bad one
-    prints one line and exits 1 (every rank under torchrun exits, rank 0 says why)."""
+    prints one line and exits 1. Under torchrun it raises, through torch's `record`, so that
+    torchrun's summary names the error as it does for the run's own."""
+    if under_torchelastic():
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        record(check_command_line)(argv, CONF_DIR, Config)
+        return
     try:
         check_command_line(argv, CONF_DIR, Config)
     except ValueError as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        if env_rank() != 0:
-            sys.exit(1)
         fail(e, traceback_hint=False)  # the traceback would show only this check
 
 
@@ -66,6 +72,8 @@ def _run_main(cfg: DictConfig, train: Callable[[Config], float]) -> float:
         # HYDRA_FULL_ERROR=1 shows the traceback.
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or under_torchelastic():
             raise
+        if run_dir := cfg.get("run_dir"):  # a run that never started leaves no directory
+            discard_unstarted(Path(run_dir), STARTED - 1.0)
         fail(e)
 
 

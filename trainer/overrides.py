@@ -31,6 +31,27 @@ def check_command_line(argv: list[str], conf_dir: Path, schema: Any) -> None:
     if any(getattr(args, name, None) for name in ELSEWHERE):
         return
     check_overrides(args.overrides, conf_dir, schema)
+    if not (args.multirun or args.cfg or args.info or args.help or args.hydra_help):
+        compose_and_validate(args.overrides, conf_dir)
+
+
+def compose_and_validate(overrides: list[str], conf_dir: Path) -> None:
+    """Compose the config as Hydra will and validate every value, before Hydra makes the run
+    directory: a config that can never start leaves nothing behind. (A sweep's jobs are each
+    validated when they start.)"""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from trainer.config import register_configs, to_config
+
+    register_configs()  # the schema Hydra checks the YAML against (idempotent)
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+    finally:
+        GlobalHydra.instance().clear()  # hydra.main initialises its own
+    cfg.run_dir = "."  # Hydra's output directory does not exist yet
+    to_config(cfg)
 
 
 def check_overrides(overrides: list[str], conf_dir: Path, schema: Any) -> None:

@@ -121,3 +121,28 @@ def _holds_something(path: Path) -> bool:
     if path.is_dir():
         return any(path.iterdir())
     return path.is_file() and path.stat().st_size > 0
+
+
+# What a launch writes into its run directory before the run's first record: Hydra's saved
+# config, the log file, and the (empty) checkpoint directory.
+STARTUP_ENTRIES = frozenset({".hydra", "train.log", "checkpoints"})
+
+
+def discard_unstarted(run_dir: Path, since: float) -> bool:
+    """Remove `run_dir` if this launch made it (nothing in it older than `since`, a time.time())
+    and it holds only STARTUP_ENTRIES with no checkpoint: a run that failed before it started
+    leaves no directory behind. Returns whether it was removed."""
+    import shutil
+
+    if not run_dir.is_dir():
+        return False
+    entries = list(run_dir.iterdir())
+    if not {p.name for p in entries} <= STARTUP_ENTRIES:
+        return False
+    checkpoints = run_dir / "checkpoints"
+    if checkpoints.is_dir() and any(checkpoints.iterdir()):
+        return False
+    if any(p.stat().st_mtime < since for p in [run_dir, *entries]):
+        return False  # an earlier run's directory, reused
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return True

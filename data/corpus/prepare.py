@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -88,6 +89,13 @@ def prepare(
     made = [d for d in (out, *out.parents) if not d.exists()]  # innermost first
     before = set(out.iterdir()) if out.is_dir() else set()
     try:
+        if cache_dir is None and spec.files:
+            # datasets keeps an Arrow copy of local files in its cache (~ their size, under
+            # ~/.cache/huggingface by default), useless once the shards exist: a temporary
+            # cache beside the output, gone afterwards.
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(prefix=f".{out.name}-cache-", dir=out.parent) as tmp:
+                return _prepare(spec, out, name, num_proc, streaming, tmp, progress, seq_len)
         return _prepare(spec, out, name, num_proc, streaming, cache_dir, progress, seq_len)
     except PrepareError:
         # Such an error comes back on every retry (the input or the settings are wrong), so
@@ -248,7 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the train.seq_len to train with ({TRAIN_SEQ_LEN}): each split must hold one "
         "such sequence, and the printed train command is sized for it",
     )
-    p.add_argument("--cache-dir", default=None, help="datasets cache (default: HF's)")
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="datasets cache (default: Hugging Face's for --dataset; for --files a temporary "
+        "one beside --out, removed afterwards)",
+    )
     args = p.parse_args(argv)  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     quiet_hub_logging()

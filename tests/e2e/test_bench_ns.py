@@ -4,7 +4,9 @@ is asserted), and its --tp comparison runs on 2 gloo ranks."""
 import math
 
 import pytest
+import torch
 
+from optim.muon.newton_schulz import bf16_matmul_is_fast
 from scripts.bench import ns as bench_ns
 
 COLUMNS = {"ms", "vs_torch", "gflop", "tflops", "peak_pct", "sv_min", "sv_max", "orth", "polar"}
@@ -15,11 +17,13 @@ COLUMNS = {"ms", "vs_torch", "gflop", "tflops", "peak_pct", "sv_min", "sv_max", 
 def test_quick_bench_prints_every_variant_with_its_accuracy(capsys: pytest.CaptureFixture) -> None:
     rows = bench_ns.main(["--quick", "--rounds", "1", "--probes", "1"])
     out = capsys.readouterr().out
+    # The default precision is the CPU's fast one: bf16 where it is native, fp32 where emulated.
+    dt = "bf16" if bf16_matmul_is_fast(torch.device("cpu")) else "fp32"
     assert "recommended" in out and "%peak" in out
     names = [r["name"] for r in rows]
     assert len(names) == len(set(names))
     # every form × coefficient set × step count, and the strategy baselines
-    assert {"factored classic 5 bf16 batched", "gram polar_express 4 bf16 batched"} <= set(names)
+    assert {f"factored classic 5 {dt} batched", f"gram polar_express 4 {dt} batched"} <= set(names)
     assert {r["strategy"] for r in rows} >= {"batched", "loop", "torch"}
     for r in rows:
         assert COLUMNS | {"muon"} <= set(r)
@@ -28,8 +32,8 @@ def test_quick_bench_prints_every_variant_with_its_accuracy(capsys: pytest.Captu
     # the same arithmetic, another strategy: the same accuracy to rounding
     by_name = {r["name"]: r for r in rows}
     batched, loop = (
-        by_name["factored classic 5 bf16 batched"],
-        by_name["factored classic 5 bf16 loop"],
+        by_name[f"factored classic 5 {dt} batched"],
+        by_name[f"factored classic 5 {dt} loop"],
     )
     assert loop["polar"] == pytest.approx(batched["polar"], abs=0.01)
     # the classic band measured here is the one the tests of the coefficients hold it to

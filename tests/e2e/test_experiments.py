@@ -47,6 +47,10 @@ def test_grid_sweep_and_its_report(tmp_path: Path, corpus_cache: Path) -> None:
         lr = next(o for o in overrides if o.startswith("optim.muon.lr="))
         finals.setdefault(lr, []).append(final_val(job))
     assert all(len(v) == 2 for v in finals.values()) and len(finals) == 2
+    best = min(v for losses in finals.values() for v in losses)
+    summary = out.stdout.strip().splitlines()[-1]  # the sweep's last line says how it went
+    assert summary.startswith("multirun done: 4 of 4 jobs finished; best final val loss"), summary
+    assert f"{best:.4f}" in summary and f"scripts/report.py {sweep}" in summary, summary
 
     finished, unfinished = report.split_finished(find_runs([sweep]))
     assert len(finished) == 4 and not unfinished, "Hydra's config.yaml gives the planned steps"

@@ -85,18 +85,17 @@ def test_stop_and_resume_is_bitwise_on_one_rank(
     tmp_path: Path, corpus_cache: Path, autocast: str
 ) -> None:
     straight = tmp_path / "straight"
-    final = run(straight, corpus_cache, f"train.autocast={autocast}")
+    common = (f"train.autocast={autocast}", "train.steps=12")
+    final = run(straight, corpus_cache, *common)
 
     resumed = tmp_path / "resumed"
     # The SIGTERM lands during step 9; the loop sees it in that step's reduction, finishes
     # the step, saves, stops (between the periodic saves of steps 5 and 10).
-    stopped = run_until_stopped(
-        resumed, corpus_cache, f"train.autocast={autocast}", "train.fault.signal_at_step=9"
-    )
+    stopped = run_until_stopped(resumed, corpus_cache, *common, "train.fault.signal_at_step=9")
     assert (stopped.signal_name, stopped.step) == ("SIGTERM", 9)
     assert stopped.checkpoint == str(resumed / "checkpoints" / "step_000009")
     assert [r["step"] for r in records(resumed)][-1] == 9
-    final_resumed = run(resumed, corpus_cache, f"train.autocast={autocast}")
+    final_resumed = run(resumed, corpus_cache, *common)
 
     assert final_resumed == final
     assert losses(resumed) == losses(straight)
