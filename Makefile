@@ -18,8 +18,10 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet ".[dev]"
+	@echo "== installing $(TORCH) into $(VENV) (the CUDA build is several GB; see README)"
+	$(BIN)/python -m pip install $(TORCH)
+	@echo "== installing the project and its dependencies (pyproject.toml)"
+	$(BIN)/python -m pip install ".[dev]"
 	touch $(STAMP)
 
 train: $(STAMP)

@@ -43,7 +43,7 @@ class Runtime:
 def emulated_bf16_slowdown(device: torch.device) -> float | None:
     """How many times slower a bf16 matmul runs than an fp32 one on this CPU when it has no
     native bf16 (no AVX-512 BF16 or AMX: bf16 is emulated there), measured now on a 256² product
-    (~0.1 s); None on CUDA and on CPUs with native bf16."""
+    (~0.2 s); None on CUDA and on CPUs with native bf16."""
     if bf16_matmul_is_fast(device):
         return None
     import time
@@ -52,13 +52,20 @@ def emulated_bf16_slowdown(device: torch.device) -> float | None:
         a = torch.randn(256, 256).to(dtype)
         a @ a  # warm-up
         times = []
-        for _ in range(3):
+        for _ in range(5):
             t0 = time.perf_counter()
             a @ a
             times.append(time.perf_counter() - t0)
-        return sorted(times)[1]
+        return min(times)  # the least disturbed by other work on the machine
 
-    return seconds(torch.bfloat16) / max(seconds(torch.float32), 1e-9)
+    # One thread: both dtypes on one core, so that threads fighting over a busy machine's
+    # cores (which hurts the multi-threaded fp32 kernel most) do not skew the ratio.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return seconds(torch.bfloat16) / max(seconds(torch.float32), 1e-9)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def resolve_device(setting: str, local_rank: int = 0) -> torch.device:
