@@ -14,7 +14,7 @@ ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-unit lint bench clean-venv
+.PHONY: train test test-unit test-emulated-bf16 lint bench clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ test: $(STAMP)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 tests/unit
+
+# The unit tests whose path depends on the CPU's bf16, with torch held to AVX2 (bf16 emulated,
+# as on an AVX2-only CPU): .ci/run adds this on a CPU with native bf16.
+test-emulated-bf16: $(STAMP)
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(BIN)/python -m pytest -q -n 2 -m cpu_bf16 tests/unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

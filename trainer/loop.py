@@ -336,11 +336,17 @@ class Loop:
         every, last = self.cfg.checkpoint_every, p.step == self.cfg.steps or self._target_reached(p)
         due = (every and p.step % every == 0) or (last and self.cfg.checkpoint_at_end)
         changed = p.step != self._saved_step
+        # A run told to save nothing (train.checkpoint_every=0, checkpoint_at_end=false, as
+        # experiment=smoke) saves nothing on a stop either.
+        saves = bool(every) or self.cfg.checkpoint_at_end
         saved = False
-        if self.checkpoints is not None and changed and (due or stop_now):
+        if self.checkpoints is not None and changed and saves and (due or stop_now):
             self.checkpoints.save(p)
             self._saved_step, saved = p.step, True
         if stop_now:
             signal_name = (self.stop.requested if self.stop else None) or "a signal on another rank"
             where = self.checkpoints.last if self.checkpoints else None
-            raise Stopped(signal_name, p.step or None, str(where) if where else None, saved)
+            raise Stopped(
+                signal_name, p.step or None, str(where) if where else None, saved,
+                saves_none=not saves,
+            )  # fmt: skip

@@ -90,14 +90,25 @@ class Stopped(Exception):
     last one; rerun to resume it."""
 
     def __init__(
-        self, signal_name: str, step: int | None, checkpoint: str | None, saved: bool = True
+        self,
+        signal_name: str,
+        step: int | None,
+        checkpoint: str | None,
+        saved: bool = True,
+        saves_none: bool = False,
     ) -> None:
         """`checkpoint`: the newest checkpoint (None: there is none); `saved`: whether this
-        stop wrote it (False: nothing changed since it was written)."""
+        stop wrote it (False: nothing changed since it was written); `saves_none`: the run is
+        configured to write no checkpoints at all."""
         self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
         self.resumable = checkpoint is not None  # a rerun has something to continue from
         after = f" after step {step}" if step is not None else ""
-        if checkpoint is None:
+        if checkpoint is None and saves_none:
+            what = (
+                "no checkpoint written (this run saves none: train.checkpoint_every=0 and "
+                "train.checkpoint_at_end=false). Run it again to start over."
+            )
+        elif checkpoint is None:
             what = "no checkpoint written (no update happened). Run it again to start over."
         else:
             kept = "checkpoint saved to" if saved else "nothing changed since the checkpoint"

@@ -142,7 +142,8 @@ def test_ctrl_c_on_two_ranks_is_one_message(tmp_path: Path, corpus_cache: Path) 
     launcher forwards its own copy: still one request, said once, one checkpoint."""
     args = [
         *TINY, "dist.nproc=2", "train.steps=400", "train.val_every=0",
-        f"data.cache_dir={corpus_cache}", f"hydra.run.dir={tmp_path / 'run'}",
+        "train.checkpoint_at_end=true", f"data.cache_dir={corpus_cache}",
+        f"hydra.run.dir={tmp_path / 'run'}",
     ]  # fmt: skip
     cmd = [sys.executable, str(REPO / "train.py"), *args]
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}

@@ -96,15 +96,15 @@ def test_two_loopback_nodes_finish_a_run(tmp_path: Path, corpus_cache: Path) -> 
 def test_torchrun_restart_resumes_from_the_latest_checkpoint(
     tmp_path: Path, corpus_cache: Path
 ) -> None:
-    """Rank 1 SIGKILLs itself after step 13 (no handler runs, as with the OOM killer);
+    """Rank 1 SIGKILLs itself after step 9 (no handler runs, as with the OOM killer);
     torchrun --max-restarts=1 relaunches both ranks into the same run directory, they resume
-    from step 10's checkpoint and end where the uninterrupted run (the same `train` on two
+    from step 6's checkpoint and end where the uninterrupted run (the same `train` on two
     ranks) ends."""
     args = [
         *TINY,
-        "train.steps=20",
-        "train.val_every=10",
-        "train.checkpoint_every=10",
+        "train.steps=12",
+        "train.val_every=6",
+        "train.checkpoint_every=6",
         "dist.timeout_s=60",
         f"data.cache_dir={corpus_cache}",
     ]
@@ -113,13 +113,13 @@ def test_torchrun_restart_resumes_from_the_latest_checkpoint(
     launch = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=1"]
     (tmp_path / "killed").mkdir()
     out = run([*launch, str(REPO / "train.py"), *args, "train.fault.rank=1",
-               "train.fault.kill_at_step=13"], cwd=tmp_path / "killed", timeout=400)  # fmt: skip
+               "train.fault.kill_at_step=9"], cwd=tmp_path / "killed", timeout=400)  # fmt: skip
     (run_dir,) = run_dirs(tmp_path / "killed")
-    assert steps(run_dir) == list(range(21)), "each step logged once, the lost ones dropped"
+    assert steps(run_dir) == list(range(13)), "each step logged once, the lost ones dropped"
     assert (run_dir / ".fault-kill-fired").is_file()
     assert "restart" in out.stderr.lower() or "restart" in out.stdout.lower()
     log = (run_dir / "train.log").read_text()
-    assert f"resumed from {run_dir.resolve() / 'checkpoints' / 'step_000010'}" in log
+    assert f"resumed from {run_dir.resolve() / 'checkpoints' / 'step_000006'}" in log
     killed = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     want = json.loads((straight / "metrics.jsonl").read_text().splitlines()[-1])
     assert killed["val_loss"] == pytest.approx(want["val_loss"], abs=1e-6)
@@ -230,6 +230,7 @@ def test_sigterm_to_dist_nproc_parent_saves_and_exits_promptly(
         *TINY,
         "train.steps=20",
         "train.val_every=0",
+        "train.checkpoint_at_end=true",
         "dist.nproc=2",
         "dist.timeout_s=60",
         f"data.cache_dir={corpus_cache}",

@@ -66,7 +66,8 @@ def test_stopped_run_prints_the_command_that_continues_it(
     tmp_path: Path, corpus_cache: Path
 ) -> None:
     """The default run directory is new for every launch: the printed command pins it."""
-    args = [*TINY, "train.steps=12", "train.checkpoint_every=0", f"data.cache_dir={corpus_cache}"]
+    args = [*TINY, "train.steps=12", "train.checkpoint_at_end=true",
+            f"data.cache_dir={corpus_cache}"]  # fmt: skip
     cmd = [sys.executable, str(REPO / "train.py"), *args]  # the default run directory
     status, out = sigterm_after(cmd, tmp_path, None, 5)
     assert status == 143, out[-3000:]

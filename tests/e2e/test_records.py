@@ -90,7 +90,7 @@ def test_the_readme_toy_command_runs_as_written(tmp_path: Path) -> None:
     offline on the sample corpus (data=sample), saving nothing."""
     cmd = [
         sys.executable, "train.py", "experiment=record_2025_01_26", "data=sample",
-        "model.n_layer=4", "model.n_head=2", "model.n_embd=128", "train.seq_len=512",
+        "model.n_layer=4", "model.n_head=2", "model.n_embd=64", "train.seq_len=512",
         "train.batch_size=2", "train.steps=3", "train.val_every=3", "train.val_tokens=4096",
         "model.compile=false", "train.checkpoint_at_end=false",
     ]  # fmt: skip

@@ -13,6 +13,9 @@ from optim.config import OptimConfig
 from tests.helpers import CONF_DIR, compose_config
 from trainer.config import Config, DistConfig, LoggingConfig, TrainConfig, to_config
 
+# The CPU's bf16 decides dtypes or tolerances here: CI reruns this file emulated.
+pytestmark = pytest.mark.cpu_bf16
+
 GROUPS = ["model", "optim", "data", "train", "experiment", "logging", "hparams_search", "launcher"]
 
 

@@ -8,6 +8,9 @@ import torch
 from model import GPT, ModelConfig
 from model.rotary import Rotary
 
+# The CPU's bf16 decides dtypes or tolerances here: CI reruns this file emulated.
+pytestmark = pytest.mark.cpu_bf16
+
 SMALL = ModelConfig(n_layer=2, n_head=2, n_embd=32)
 
 

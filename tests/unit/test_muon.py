@@ -12,6 +12,9 @@ from optim.muon.newton_schulz import (
 from optim.muon.optimizer import Muon
 from optim.muon.update import lr_scale_factor
 
+# The CPU's bf16 decides dtypes or tolerances here: CI reruns this file emulated.
+pytestmark = pytest.mark.cpu_bf16
+
 # Mixed shapes: several of one shape (batched together), tall and wide (a 64×32 shares a batch
 # with the 32×64s once transposed), and one odd shape on its own.
 SHAPES = [(32, 32), (32, 64), (32, 32), (64, 32), (32, 64), (24, 40), (32, 32), (64, 32)]

@@ -17,6 +17,9 @@ from optim.muon.newton_schulz import (
 )
 from optim.muon.ns_schedule import polar_express_schedule
 
+# The CPU's bf16 decides dtypes or tolerances here: CI reruns this file emulated.
+pytestmark = pytest.mark.cpu_bf16
+
 # bf16 against torch's own Newton–Schulz: different operand layouts round ~0.5-1 % apart.
 RTOL = 0.02
 

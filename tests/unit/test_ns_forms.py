@@ -21,6 +21,9 @@ from optim.muon.newton_schulz import (
 )
 from optim.muon.ns_schedule import schedule_band
 
+# The CPU's bf16 decides dtypes or tolerances here: CI reruns this file emulated.
+pytestmark = pytest.mark.cpu_bf16
+
 # Wide and tall rectangles (the Gram iteration applies to the 3:1 ones), a square, and a
 # stack of matrices each orthogonalised on its own.
 SHAPES = [(48, 144), (144, 48), (64, 96), (64, 64), (3, 40, 120)]

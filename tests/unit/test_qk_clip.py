@@ -11,6 +11,9 @@ from model import GPT, ModelConfig, attention
 from model.masks import EOT, block_mask, dense_mask, document_ids, tile_structure
 from optim.qk_clip import QKClip
 
+# The CPU's bf16 decides dtypes or tolerances here: CI reruns this file emulated.
+pytestmark = pytest.mark.cpu_bf16
+
 BASE = ModelConfig(n_layer=2, n_head=3, n_embd=48)  # 3 heads of 16
 # 5 heads of 8 rows: heads straddle the shard boundaries of W_q, W_k on 2 ranks (20 + 20 rows)
 # and on 3 (14 + 14 + 12); the merged 3×d×d weight splits 2 + 1, or one slice per rank.

@@ -4,7 +4,9 @@ command names a script that exists with the flags it is given. (Running the shor
 tests/e2e/test_readme_runs.py.)"""
 
 import re
+import runpy
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,20 @@ def test_the_scripts_the_readme_names_exist() -> None:
     assert len(scripts) >= 5, scripts
     for script in scripts:
         assert script_path(script).is_file(), f"README.md runs {script}, which does not exist"
+
+
+@pytest.mark.parametrize("script", sorted(readme_scripts()))
+def test_each_script_takes_the_flags_the_readme_gives_it(
+    script: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The script's own --help (run as `python ...` runs it) lists every flag README uses."""
+    monkeypatch.setattr(sys, "argv", [script, "--help"])
+    with pytest.raises(SystemExit) as done:
+        if script.endswith(".py"):
+            runpy.run_path(str(REPO / script), run_name="__main__")
+        else:
+            runpy.run_module(script, run_name="__main__", alter_sys=False)
+    assert done.value.code in (0, None)
+    out = capsys.readouterr().out
+    missing = [flag for flag in sorted(readme_scripts()[script]) if flag not in out]
+    assert not missing, f"README.md gives {script} {missing}, which its --help lacks"

@@ -27,6 +27,9 @@ from optim.muon.newton_schulz import (
 from optim.schedule import lr_multiplier, optim_values
 from trainer.config import Config
 
+# The CPU's bf16 decides dtypes or tolerances here: CI reruns this file emulated.
+pytestmark = pytest.mark.cpu_bf16
+
 A_COEFFS = (3.4445, -4.7750, 2.0315)  # both records' quintic
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "conf" / "experiment"
 

@@ -16,6 +16,9 @@ from tests.helpers import compose_config
 from trainer.config import to_config
 from trainer.schedule import Schedule
 
+# The CPU's bf16 decides dtypes or tolerances here: CI reruns this file emulated.
+pytestmark = pytest.mark.cpu_bf16
+
 
 def resolved(name: str):
     return to_config(compose_config([f"experiment={name}", "run_dir=."]))

@@ -6,9 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from trainer.runtime import emulated_bf16_slowdown
+
+# The CPU's bf16 decides dtypes or tolerances here: CI reruns this file emulated.
+pytestmark = pytest.mark.cpu_bf16
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = (
