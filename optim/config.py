@@ -24,6 +24,8 @@ LR_SCALES = ("original", "match_rms_adamw", "none")
 EXCHANGES = ("all_reduce", "all_gather", "reduce_scatter")
 # How Muon orthogonalises FSDP2 dim-0 shards (optim/muon/sharded.py).
 SHARDED_NS = ("gather", "tp")
+# How Muon's weight decay is applied (optim/muon/update.py: `apply_update`).
+WEIGHT_DECAY_FORMS = ("decoupled", "cautious")
 # How the LR cooldown is drawn (optim/schedule.py: `lr_multiplier`).
 COOLDOWN_FORMS = ("steps", "fraction")
 
@@ -59,7 +61,16 @@ class MuonConfig:
     record's order) | expanded (the 2024-11 record's) | gram (the Gram iteration on
     elongated matrices: fewer FLOPs, more bf16 rounding)."""
     weight_decay: float = 0.0
-    """Decoupled weight decay: p ← p·(1 − lr·weight_decay)."""
+    """The weight decay λ, applied as `weight_decay_form` says."""
+    weight_decay_form: str = field(default="decoupled", metadata={"choices": WEIGHT_DECAY_FORMS})
+    """decoupled: p ← p·(1 − η·λ), then the step | cautious (the 2025-11 record's): only
+    where the update and the weight agree in sign, added to the update, O ← O + λ·η·[O⊙p ≥ 0]⊙p,
+    so the decay scales with η² and the shape factor."""
+    normuon_beta2: float = 0.0
+    """NorMuon (the 2025-11 record's): after Newton–Schulz, each column of O (the mean of O²
+    over the stored shape's rows, dim −2) is divided by the square root of its second-moment
+    EMA with this β₂ (no bias correction), then O is rescaled to its former Frobenius norm.
+    0 = off (Muon)."""
     eps: float = 1e-7
     """Added to the Frobenius norm before normalising."""
     ns_dtype: str = field(default="auto", metadata={"choices": NS_DTYPES})
@@ -86,7 +97,7 @@ class MuonConfig:
                 )
         if not self.lr >= 0:
             raise ValueError(f"optim.muon.lr must be >= 0, got {self.lr}")
-        for key in ("momentum", "momentum_warmup_start"):
+        for key in ("momentum", "momentum_warmup_start", "normuon_beta2"):
             if not 0 <= getattr(self, key) < 1:
                 raise ValueError(f"optim.muon.{key} must be in [0, 1), got {getattr(self, key)}")
         if not (isinstance(self.ns_steps, int) and self.ns_steps >= 1):

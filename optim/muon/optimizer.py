@@ -43,7 +43,12 @@ from optim.config import MuonConfig
 from optim.muon.newton_schulz import orthogonalise
 from optim.muon.sharded import ShardedOwners, ShardedTP
 from optim.muon.strategies import OwnerOnly, Replicated, Strategy
-from optim.muon.update import advance_momentum, apply_update, momentum_update
+from optim.muon.update import (
+    advance_momentum,
+    apply_update,
+    momentum_update,
+    normalise_columns,
+)
 from optim.row_shards import local
 
 
@@ -75,6 +80,15 @@ class Muon(torch.optim.Optimizer):
 
     def _strategy(self, group: dist.ProcessGroup | None, sharded: bool) -> Strategy:
         ns, hp = self.newton_schulz, self.hp
+        several = group is not None and dist.get_world_size(group) > 1
+        if hp.normuon_beta2 and (sharded or (several and hp.exchange == "reduce_scatter")):
+            # NorMuon's column statistics need each whole update where it is applied: here
+            # only the replicated exchanges give every rank every whole update.
+            raise ValueError(
+                "optim.muon.normuon_beta2 > 0 (NorMuon) runs in one process or with "
+                "optim.muon.exchange=all_gather | all_reduce under dist.strategy=ddp; got "
+                + ("dist.strategy=fsdp" if sharded else "optim.muon.exchange=reduce_scatter")
+            )
         if sharded:
             if hp.sharded_ns == "tp":
                 return ShardedTP(ns, self.ns_dtype, hp)
@@ -116,6 +130,13 @@ class Muon(torch.optim.Optimizer):
             for p in group["params"]:
                 self.state[p]["momentum_buffer"] = torch.zeros_like(p)
 
+    def _second_moment(self, p: Tensor) -> Tensor:
+        """NorMuon's per-column second moment of `p`, (..., 1, cols) in `p`'s dtype."""
+        state = self.state[p]
+        if "second_moment" not in state:
+            state["second_moment"] = p.new_zeros((*p.shape[:-2], 1, p.shape[-1]))
+        return state["second_moment"]
+
     def newton_schulz(self, updates: dict[int, Tensor]) -> dict[int, Tensor]:
         """Newton–Schulz of each update, batched by shape, in `ns_dtype`."""
         hp = self.hp
@@ -147,6 +168,9 @@ class Muon(torch.optim.Optimizer):
                     updates[i] = momentum_update(buf, g, group, self.hp)
             ortho = self.strategy.orthogonalise(index, group, updates)
             for i, update in ortho.items():
+                if self.hp.normuon_beta2:  # every update here is a whole matrix (_strategy)
+                    update = normalise_columns(update, self._second_moment(params[i]),
+                                               self.hp.normuon_beta2)  # fmt: skip
                 apply_update(local(params[i]), update, group, self.hp, params[i].shape)
             self.strategy.finish(index, group)
         return loss

@@ -6,7 +6,10 @@ and weight decay, and the settings `hp` (`MuonConfig`):
     advance_momentum:  buf ← lerp(buf, g, 1 − μ)            (ema)  |  buf ← μ·buf + g  (accumulate)
     momentum_update:   u = lerp(g, buf, μ) | g + μ·buf      (Nesterov; buf itself without)
     (Newton–Schulz:    O ≈ U·Vᵀ of u, optim/muon/newton_schulz.py)
-    apply_update:      W ← W·(1 − η·weight_decay) − η·scale(shape)·O
+    normalise_columns: O ← O / √max(V, 1e-10) per column, V ← β₂·V + (1 − β₂)·mean_rows(O²),
+                       then O ← O·‖O₀‖_F / max(‖O‖_F, 1e-10)    (NorMuon; normuon_beta2 > 0)
+    apply_update:      W ← W·(1 − η·λ) − η·scale(shape)·O            (decoupled weight decay)
+                       W ← W − η·scale(shape)·(O + λ·η·[O⊙W ≥ 0]⊙W)  (cautious)
 
 The first two are elementwise, so a shard of buf and g gives that shard of the result; the
 last takes the *whole* matrix's shape for its LR scale, so it applies a shard's rows alike.
@@ -53,13 +56,37 @@ def momentum_update(buf: Tensor, g: Tensor, group: dict[str, Any], hp: MuonConfi
     return g.lerp(buf, m) if hp.momentum_form == "ema" else g.add(buf, alpha=m)
 
 
+NORMUON_FLOOR = 1e-10  # the floor under the second moment and the norm, as the record's
+
+
+def normalise_columns(o: Tensor, second_moment: Tensor, beta2: float) -> Tensor:
+    """NorMuon's step on a whole orthogonalised update `o` (a matrix or a stack): each column's
+    mean square over the rows (dim −2) feeds `second_moment` (shape (..., 1, cols), updated in
+    place), each column is divided by the square root of it, and every matrix is rescaled to
+    its Frobenius norm before. Computed in the buffer's dtype; returns that dtype."""
+    # Contiguous: a tall matrix's update arrives as a transposed view in one process and as
+    # a contiguous copy from an exchange, and a reduction's order (its rounding) follows the
+    # layout; one layout keeps every strategy bitwise equal.
+    o = o.to(second_moment.dtype).contiguous()
+    norm = o.norm(dim=(-2, -1), keepdim=True)
+    second_moment.lerp_(o.square().mean(dim=-2, keepdim=True), 1 - beta2)
+    o = o / second_moment.clamp_min(NORMUON_FLOOR).sqrt()
+    return o * (norm / o.norm(dim=(-2, -1), keepdim=True).clamp_min(NORMUON_FLOOR))
+
+
 def apply_update(
     p: Tensor, update: Tensor, group: dict[str, Any], hp: MuonConfig, shape: Sequence[int]
 ) -> None:
-    """Decoupled weight decay, then the orthogonal step scaled for a whole matrix of `shape`,
-    on `p` (the matrix, or this rank's rows of it)."""
-    lr = group["lr"]
-    p.mul_(1 - lr * group["weight_decay"])
+    """Weight decay (`hp.weight_decay_form`), then the orthogonal step scaled for a whole
+    matrix of `shape`, on `p` (the matrix, or this rank's rows of it)."""
+    lr, decay = group["lr"], group["weight_decay"]
     # A tall matrix's update is a transposed view; adding it to a row-major parameter walks
     # memory column-wise, 2-3x slower on a CPU than transposing it first.
-    p.add_(update.contiguous(), alpha=-lr * lr_scale_factor(shape[-2:], hp.lr_scale))
+    update = update.contiguous()
+    if hp.weight_decay_form == "cautious":
+        if decay:
+            agree = (update * p >= 0).to(p.dtype)
+            update = update.to(p.dtype) + (decay * lr) * agree * p
+    else:
+        p.mul_(1 - lr * decay)
+    p.add_(update, alpha=-lr * lr_scale_factor(shape[-2:], hp.lr_scale))

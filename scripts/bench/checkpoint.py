@@ -34,7 +34,7 @@ from model import GPT
 from optim import build_optimizer
 from trainer.checkpointer import Checkpointer
 from trainer.config import Config, to_config
-from trainer.loop import forward_backward
+from trainer.forward import forward_backward
 from trainer.progress import Progress
 from trainer.runtime import init_runtime
 from trainer.schedule import Schedule

@@ -53,7 +53,7 @@ from optim import CombinedOptimizer, build_optimizer
 from trainer.compile import CompileCounts, compile_model, reset_compile_state
 from trainer.config import Config, register_configs, to_config
 from trainer.flops import mfu, peak_flops
-from trainer.loop import evaluate, forward_backward
+from trainer.forward import evaluate, forward_backward
 from trainer.runtime import Runtime, init_runtime
 from trainer.schedule import Schedule
 

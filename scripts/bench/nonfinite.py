@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 from data.loader import SyntheticLoader
 from model import GPT, ModelConfig
 from optim import OptimConfig, build_optimizer
-from trainer.loop import forward_backward
+from trainer.forward import forward_backward
 from trainer.nonfinite import nonfinite_grads
 from trainer.runtime import init_runtime
 from trainer.schedule import Schedule

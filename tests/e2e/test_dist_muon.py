@@ -43,11 +43,13 @@ def train(
     exchange: str = "all_reduce",
     steps: range = range(STEPS),
     state: dict | None = None,
+    **settings: object,
 ) -> tuple[list[torch.Tensor], Muon]:
     """Run `steps` of the fixed problem; single-process when `group` is None."""
     start, grads = problem(shapes)
     params = [p.clone().requires_grad_() for p in start]
-    opt = Muon(params, ns_dtype=ns_dtype, process_group=group, exchange=exchange, **KW)
+    kw = {**KW, **settings}
+    opt = Muon(params, ns_dtype=ns_dtype, process_group=group, exchange=exchange, **kw)
     if state is not None:
         params_then, opt_state = state["params"], state["opt"]
         with torch.no_grad():
@@ -95,6 +97,35 @@ def test_exchange_is_bitwise_single_process(
             assert torch.equal(a, b), f"rank {rank}: momentum differs from single-process Muon"
     # The parameters moved, so equality is not trivially the starting point.
     assert not torch.equal(reference[0], problem(SHAPES[shapes])[0][0])
+
+
+NORMUON = {
+    "normuon_beta2": 0.95,
+    "weight_decay_form": "cautious",
+    "ns_coefficients": "polar_express",
+}
+
+
+def _normuon_main(rank: int, world: int, exchange: str, out: str) -> None:
+    params, opt = train(SHAPES["mixed"], torch.bfloat16, dist.group.WORLD, exchange, **NORMUON)
+    torch.save({"params": params, "opt": opt.state_dict()}, Path(out) / f"rank{rank}.pt")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("exchange", ["all_gather", "all_reduce"])
+def test_normuon_on_two_ranks_is_bitwise_single_process(exchange: str, tmp_path: Path) -> None:
+    """NorMuon's column statistics are taken on every rank from the exchanged whole updates:
+    parameters and both buffers equal one process's."""
+    run_ranks(_normuon_main, WORLD, exchange, str(tmp_path))
+    reference, ref_opt = train(SHAPES["mixed"], torch.bfloat16, **NORMUON)
+    want = ref_opt.state_dict()["state"]
+    for rank in range(WORLD):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        for a, b in zip(got["params"], reference, strict=True):
+            assert torch.equal(a, b), f"rank {rank} differs from single-process NorMuon"
+        for i, state in want.items():
+            for key in ("momentum_buffer", "second_moment"):
+                assert torch.equal(got["opt"]["state"][i][key], state[key]), (rank, i, key)
 
 
 def _resume_main(rank: int, world: int, exchange: str, state_file: str, out: str) -> None:

@@ -19,7 +19,7 @@ from optim import build_optimizer
 from tests.helpers import compose_config
 from trainer.compile import CompileCounts, compile_model, reset_compile_state
 from trainer.config import to_config
-from trainer.loop import forward_backward
+from trainer.forward import forward_backward
 from trainer.runtime import init_runtime
 from trainer.schedule import Schedule
 

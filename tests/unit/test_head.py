@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
-from trainer.loop import forward_backward
+from trainer.forward import forward_backward
 from trainer.runtime import init_runtime
 
 # The CPU's bf16 decides dtypes or tolerances here: CI reruns this file emulated.

@@ -80,6 +80,7 @@ def test_the_scripts_the_readme_names_exist() -> None:
         assert script_path(script).is_file(), f"README.md runs {script}, which does not exist"
 
 
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # runpy, harmless
 @pytest.mark.parametrize("script", sorted(readme_scripts()))
 def test_each_script_takes_the_flags_the_readme_gives_it(
     script: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
