@@ -45,7 +45,7 @@ from torch import Tensor
 
 from optim.config import MuonConfig
 from optim.muon.exchange import assign_owners
-from optim.muon.strategies import Group, NewtonSchulz, Strategy
+from optim.muon.strategies import Group, NewtonSchulz, Strategy, require_every_gradient
 from optim.muon.tp_newton_schulz import check_tp_form, orthogonalise_row_shards
 from optim.row_shards import check_layout, is_dtensor, local, numel_of_rows, row_counts
 
@@ -119,14 +119,7 @@ class ShardedOwners(Strategy):
 
     def gradients(self, index: int, group: Group) -> tuple[dict[int, Tensor], set[int]]:
         params = group["params"]
-        missing = [i for i, p in enumerate(params) if p.grad is None]
-        if missing:
-            # Ownership covers the whole group: a rank skipping a matrix would desynchronise
-            # every exchange, so a parameter without a gradient is an error, not a skip.
-            raise RuntimeError(
-                f"sharded Muon needs a gradient for every parameter; parameters {missing} of "
-                f"group {group.get('name', index)!r} have none"
-            )
+        require_every_gradient(group, index, "sharded Muon")
         return {i: local(p.grad) for i, p in enumerate(params)}, set(range(len(params)))
 
     def orthogonalise(

@@ -30,6 +30,18 @@ NewtonSchulz = Callable[[dict[int, Tensor]], dict[int, Tensor]]
 Group = dict[str, Any]  # a param group: "params" and its settings
 
 
+def require_every_gradient(group: Group, index: int, who: str) -> None:
+    """Raise naming the parameters of param group `index` without a gradient. Where ownership
+    and the collectives cover the whole group, a rank skipping a matrix would desynchronise
+    every exchange, so a missing gradient is an error, not a skip."""
+    missing = [i for i, p in enumerate(group["params"]) if p.grad is None]
+    if missing:
+        raise RuntimeError(
+            f"{who} needs a gradient for every parameter on every rank; parameters {missing} "
+            f"of group {group.get('name', index)!r} have none"
+        )
+
+
 class Strategy:
     """The interface, and the one-process way: every matrix with a gradient, orthogonalised
     here."""
@@ -134,14 +146,7 @@ class OwnerOnly(_RoundRobin):
 
     def gradients(self, index: int, group: Group) -> tuple[dict[int, Tensor], set[int]]:
         params = group["params"]
-        missing = [i for i, p in enumerate(params) if p.grad is None]
-        if missing:
-            # Ownership and the collectives cover the whole group, so every rank must bring a
-            # gradient for every matrix (a rank skipping one would desynchronise the others).
-            raise RuntimeError(
-                f"Muon exchange=reduce_scatter needs a gradient for every parameter on every "
-                f"rank; parameters {missing} of group {group.get('name', index)!r} have none"
-            )
+        require_every_gradient(group, index, "Muon exchange=reduce_scatter")
         rr = self.round_robin(index, params, range(len(params)))
         grads = rr.reduce_scatter([p.grad for p in params])
         for g in grads.values():

@@ -1,12 +1,7 @@
 """The schedules (pure functions of the step), and the optimizer object that applies them."""
 
-import copy
-
 import pytest
-import torch
-from torch import nn
 
-from optim import Muon, build_optimizer
 from optim.config import MuonConfig, OptimConfig, ScheduleConfig
 from optim.schedule import OptimValues, lr_multiplier, muon_momentum, optim_values
 
@@ -114,88 +109,3 @@ def test_warmup_boundaries():
     assert s.at(0).lr_mult == pytest.approx(0.1)
     assert s.at(9).lr_mult == 1.0
     assert s.at(10).lr_mult == 1.0
-
-
-def small_model() -> nn.Module:
-    model = nn.Module()
-    model.embed = nn.Embedding(10, 8)
-    model.hidden = nn.Linear(8, 8, bias=False)
-    model.gain = nn.Parameter(torch.ones(8))
-    model.lm_head = nn.Linear(8, 10, bias=False)
-    return model
-
-
-def schedule_cfg(name: str) -> OptimConfig:
-    cfg = OptimConfig(name=name)
-    cfg.schedule.warmup_steps = 10
-    cfg.schedule.cooldown_frac = 0.3
-    cfg.schedule.min_lr_frac = 0.1
-    cfg.muon.momentum_warmup_steps = 20
-    return cfg
-
-
-def build(model: nn.Module, cfg: OptimConfig):
-    return build_optimizer(model, cfg, device=torch.device("cpu"))
-
-
-def set_step(opt, cfg: OptimConfig, step: int) -> OptimValues:
-    """The loop's part: the schedule's values for `step` of 100, handed to the optimizer."""
-    values = optim_values(cfg, step, 100)
-    opt.set_step(values)
-    return values
-
-
-@pytest.mark.parametrize("name", ["muon_adamw", "adamw"])
-@pytest.mark.parametrize("step", [0, 9, 15, 50, 70, 99])
-def test_schedule_sets_every_group(name, step):
-    cfg = schedule_cfg(name)
-    opt = build(small_model(), cfg)
-    values = set_step(opt, cfg, step)
-    assert values.lr_mult == lr(step)
-    a = cfg.adamw
-    built_lrs = {"muon": cfg.muon.lr, "hidden": a.hidden_lr, "embed": a.embed_lr}
-    built_lrs |= {"head": a.head_lr, "scalar": a.scalar_lr}
-    expected_groups = ["embed", "head", "scalar"]
-    expected_groups.insert(0, "muon" if name == "muon_adamw" else "hidden")
-    assert list(opt.lrs()) == expected_groups
-    for group, value in opt.lrs().items():
-        assert value == pytest.approx(built_lrs[group] * values.lr_mult)
-    if name == "muon_adamw":
-        muon = opt.parts[0]
-        assert isinstance(muon, Muon)
-        assert muon.param_groups[0]["momentum"] == pytest.approx(0.85 + min(step, 20) / 20 * 0.1)
-
-
-def test_schedule_does_not_compound():
-    """Each call sets lr from the base LR, so the LR at a step does not depend on the past."""
-    cfg = schedule_cfg("muon_adamw")
-    opt = build(small_model(), cfg)
-    for step in range(100):
-        set_step(opt, cfg, step)
-    final = 0.1 + 0.9 / 30  # the last of 30 cooldown steps, one step above the 0.1 floor
-    assert opt.lrs()["muon"] == pytest.approx(cfg.muon.lr * final)
-    set_step(opt, cfg, 0)
-    assert opt.lrs()["muon"] == pytest.approx(cfg.muon.lr * lr(0))
-
-
-def test_state_round_trip_keeps_this_runs_hyperparameters():
-    """A resumed run takes momentum and moments from the checkpoint, LRs from its config."""
-    torch.manual_seed(0)
-    model = small_model()
-    opt = build(model, schedule_cfg("muon_adamw"))
-    for _ in range(3):
-        for p in model.parameters():
-            p.grad = torch.randn_like(p)
-        opt.step()
-    saved = copy.deepcopy(opt.state_dict())
-    lowered = schedule_cfg("muon_adamw")
-    lowered.adamw.head_lr = 0.001
-    again = build(model, lowered)
-    again.load_state_dict(saved)
-    assert again.lrs()["head"] == 0.001
-    for a, b in zip(again.state_dict(), saved, strict=True):
-        for key, state in b["state"].items():
-            for name, value in state.items():
-                assert torch.equal(a["state"][key][name], value), (key, name)
-    with pytest.raises(ValueError, match="the saved state has 1 optimizers, this run has 2"):
-        again.load_state_dict(saved[:1])
