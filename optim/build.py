@@ -7,10 +7,13 @@ matrices in a group of their own. Every group is built with its LR as both "lr" 
 "initial_lr" (the base LR that `CombinedOptimizer.set_step` multiplies), here and nowhere else.
 """
 
+import fnmatch
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from optim.adam import Adam
 from optim.combined import CombinedOptimizer
 from optim.config import OptimConfig
 from optim.groups import GroupSpec, base_lr, describe_groups, group_specs, partition_params
@@ -39,6 +42,7 @@ def build_optimizer(
     """
     named = partition_params(model, cfg.name)
     specs = group_specs(cfg.name)
+    _set_lr_muls(named, specs, cfg)
     parts: list[torch.optim.Optimizer] = []
     summary = cfg.name
     self_reduced: list[str] = []
@@ -64,12 +68,18 @@ def build_optimizer(
     adamw_groups = [g for g in adamw_groups if g["params"]]
     if adamw_groups:
         a = cfg.adamw
-        parts.append(
-            torch.optim.AdamW(
-                adamw_groups, betas=(a.beta1, a.beta2), eps=a.eps, weight_decay=a.weight_decay,
-                fused=device.type == "cuda",  # one kernel for all tensors; CUDA only here
-            )
-        )  # fmt: skip
+        if a.torch_equivalent:
+            parts.append(
+                torch.optim.AdamW(
+                    adamw_groups, betas=(a.beta1, a.beta2), eps=a.eps,
+                    weight_decay=a.weight_decay,
+                    fused=device.type == "cuda",  # one kernel for all tensors; CUDA only here
+                )
+            )  # fmt: skip
+        else:
+            parts.append(Adam(adamw_groups, a))
+            summary += f" (Adam: eps {a.eps_placement}, {a.state_dtype} moments"
+            summary += f", every {a.update_every} steps)" if a.update_every > 1 else ")"
     offload = StateOffload(parts, device) if cfg.offload else None
     if offload is not None:
         summary += ", state offloaded to CPU"
@@ -93,3 +103,29 @@ def _group(spec: GroupSpec, named: Named, cfg: OptimConfig) -> dict:
     if spec.scheduled_momentum:
         group["scheduled_momentum"] = True
     return group
+
+
+def _set_lr_muls(named: dict[str, Named], specs: list[GroupSpec], cfg: OptimConfig) -> None:
+    """Mark each parameter with its `optim.lr_mul` factor (1 where no pattern matches) as the
+    attribute `lr_mul` the optimizers read; a pattern that matches nothing, or a parameter
+    of torch's AdamW (which has no per-parameter LR), is an error naming it."""
+    torch_adamw = cfg.adamw.torch_equivalent
+    matched = set()
+    for spec in specs:
+        for name, p in named[spec.name]:
+            factors = [f for pat, f in cfg.lr_mul.items() if fnmatch.fnmatchcase(name, pat)]
+            matched.update(pat for pat in cfg.lr_mul if fnmatch.fnmatchcase(name, pat))
+            if len(set(factors)) > 1:
+                raise ValueError(
+                    f"optim.lr_mul: parameter {name!r} matches patterns with different factors"
+                )
+            if factors and spec.optimizer == "adamw" and torch_adamw:
+                raise ValueError(
+                    f"optim.lr_mul matches {name!r}, a parameter of torch's AdamW, which has no "
+                    "per-parameter LR: set one of optim.adamw.eps_placement / state_dtype / "
+                    "update_every to use optim/adam.py, or change the group's LR"
+                )
+            p.lr_mul = factors[0] if factors else 1.0  # type: ignore[attr-defined]
+    unmatched = [pat for pat in cfg.lr_mul if pat not in matched]
+    if unmatched:
+        raise ValueError(f"optim.lr_mul: {unmatched} match no trainable parameter")

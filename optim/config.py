@@ -26,6 +26,9 @@ EXCHANGES = ("all_reduce", "all_gather", "reduce_scatter")
 SHARDED_NS = ("gather", "tp")
 # How Muon's weight decay is applied (optim/muon/update.py: `apply_update`).
 WEIGHT_DECAY_FORMS = ("decoupled", "cautious")
+# Where Adam's ε enters (optim/adam.py), and the dtype of its moments.
+EPS_PLACEMENTS = ("corrected", "raw")
+STATE_DTYPES = ("param", "bf16")
 # How the LR cooldown is drawn (optim/schedule.py: `lr_multiplier`).
 COOLDOWN_FORMS = ("steps", "fraction")
 
@@ -125,9 +128,37 @@ class AdamWConfig:
     beta2: float = 0.95
     eps: float = 1e-10
     weight_decay: float = 0.0
+    eps_placement: str = field(default="corrected", metadata={"choices": EPS_PLACEMENTS})
+    """corrected: m̂/(√v̂ + ε) as torch's AdamW | raw: √(1−β₂ᵗ)/(1−β₁ᵗ)·m/(√v + ε), ε on the
+    raw √v (the 2025-11 record's)."""
+    state_dtype: str = field(default="param", metadata={"choices": STATE_DTYPES})
+    """The moments' dtype: the parameter's | bf16 for every parameter (the 2025-11 record's)."""
+    update_every: int = 1
+    """Update every k-th step with the sum of the k gradients since the last (2 in the
+    2025-11 record: odd steps, gradients of steps s−1 and s); 1 = every step."""
+
+    @property
+    def torch_equivalent(self) -> bool:
+        """Whether torch's AdamW computes these settings (else optim/adam.py does)."""
+        return (self.eps_placement, self.state_dtype, self.update_every) == (
+            "corrected",
+            "param",
+            1,
+        )
 
     def validate(self) -> None:
         """Raise ValueError naming the `optim.adamw.*` key that is wrong."""
+        for f in fields(self):
+            allowed = f.metadata.get("choices")
+            if allowed is not None and getattr(self, f.name) not in allowed:
+                raise ValueError(
+                    f"optim.adamw.{f.name} must be one of {' | '.join(allowed)}, "
+                    f"got {getattr(self, f.name)!r}"
+                )
+        if not (isinstance(self.update_every, int) and self.update_every >= 1):
+            raise ValueError(
+                f"optim.adamw.update_every must be an integer >= 1, got {self.update_every!r}"
+            )
         for key in ("embed_lr", "head_lr", "scalar_lr", "hidden_lr", "weight_decay"):
             if getattr(self, key) < 0:
                 raise ValueError(f"optim.adamw.{key} must be >= 0, got {getattr(self, key)}")
@@ -181,9 +212,17 @@ class OptimConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     offload: bool = field(default=False, metadata=OPERATIONAL)
     """Keep optimizer state in CPU memory between steps (optim/offload.py)."""
+    lr_mul: dict[str, float] = field(default_factory=dict)
+    """Per-parameter LR multipliers: {name pattern: factor}, patterns matched (fnmatch) against
+    the parameters' qualified names, e.g. {"*mlp.fc*": 2.0} (the 2025-11 record's C_fc ×2).
+    Muon scales the whole step of a match (its cautious decay too); AdamW needs a setting
+    torch's AdamW lacks (optim/adam.py). Every pattern must match a parameter."""
 
     def validate(self, total_steps: int) -> None:
         """Raise ValueError naming the `optim.*` key that is wrong."""
+        for pattern, factor in self.lr_mul.items():
+            if not factor > 0:
+                raise ValueError(f"optim.lr_mul[{pattern!r}] must be > 0, got {factor}")
         self.muon.validate()
         self.adamw.validate()
         self.schedule.validate(total_steps)

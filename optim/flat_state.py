@@ -103,7 +103,8 @@ def init_state(opt: torch.optim.Optimizer) -> None:
             g["lr"] = lr
         for p, grad in grads.items():
             p.grad = grad
-    for p in missing:
-        step = opt.state[p].get("step")
-        if isinstance(step, Tensor):
-            step.zero_()
+    for p in missing:  # the counters that step advanced (optim/adam.py's "pending" too)
+        for key in ("step", "pending"):
+            counter = opt.state[p].get(key)
+            if isinstance(counter, Tensor):
+                counter.zero_()

@@ -70,9 +70,16 @@ def describe_groups(cfg: OptimConfig, groups: dict[str, Named]) -> str:
         named = groups.get(spec.name, [])
         if spec.optimizer == "muon":
             moment = f"{m.momentum_warmup_start:g}->{m.momentum:g} over {m.momentum_warmup_steps}"
-            settings = ("Muon", moment, "-", f"{m.weight_decay:g}")
+            kind = f"NorMuon (beta2 {m.normuon_beta2:g})" if m.normuon_beta2 else "Muon"
+            decay = f"{m.weight_decay:g}" + (
+                " cautious" if m.weight_decay_form == "cautious" else ""
+            )
+            settings = (kind, moment, "-", decay)
         else:
-            settings = ("AdamW", f"({a.beta1:g}, {a.beta2:g})", f"{a.eps:g}", f"{a.weight_decay:g}")
+            kind = "AdamW" if a.torch_equivalent else "Adam"
+            if a.update_every > 1:
+                kind += f" every {a.update_every}"
+            settings = (kind, f"({a.beta1:g}, {a.beta2:g})", f"{a.eps:g}", f"{a.weight_decay:g}")
         names = ", ".join(n for n, _ in named[:2]) + (", ..." if len(named) > 2 else "")
         elements = sum(p.numel() for _, p in named)
         rows.append((spec.name, settings[0], f"{base_lr(spec, cfg):g}", *settings[1:],

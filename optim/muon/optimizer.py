@@ -171,7 +171,8 @@ class Muon(torch.optim.Optimizer):
                 if self.hp.normuon_beta2:  # every update here is a whole matrix (_strategy)
                     update = normalise_columns(update, self._second_moment(params[i]),
                                                self.hp.normuon_beta2)  # fmt: skip
-                apply_update(local(params[i]), update, group, self.hp, params[i].shape)
+                apply_update(local(params[i]), update, group, self.hp, params[i].shape,
+                             getattr(params[i], "lr_mul", 1.0))  # fmt: skip
             self.strategy.finish(index, group)
         return loss
 
