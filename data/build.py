@@ -11,6 +11,7 @@ from data.loader import (
     synthetic_val_batches,
     val_batches,
 )
+from data.pieces import PieceLoader
 from data.shards import CorpusFiles
 
 
@@ -50,7 +51,7 @@ def build_data(
     rank: int = 0,
     world_size: int = 1,
     progress: bool = True,
-) -> tuple[TokenLoader | SyntheticLoader, Callable[[], Iterable[Batch]]]:
+) -> tuple[TokenLoader | PieceLoader | SyntheticLoader, Callable[[], Iterable[Batch]]]:
     """Return the train loader and a function that yields the same val batches every call.
 
     `batch_size` is global (all ranks); each rank reads its share. Validation runs in global
@@ -78,9 +79,15 @@ def build_data(
         files = build_sample_corpus(
             Path(cfg.cache_dir).expanduser(), cfg.val_fraction, progress=progress
         )
-    loader = TokenLoader(
-        files.train, batch_size, seq_len, rank=rank, world_size=world_size, align=cfg.align
-    )
+    loader: TokenLoader | PieceLoader
+    if cfg.align == "pieces":
+        loader = PieceLoader(
+            files.train, batch_size, seq_len, cfg.max_piece_len, rank=rank, world_size=world_size
+        )
+    else:
+        loader = TokenLoader(
+            files.train, batch_size, seq_len, rank=rank, world_size=world_size, align=cfg.align
+        )
 
     def sample_val() -> Iterable[Batch]:
         return val_batches(files.val, val_tokens, val_batch_size, val_seq_len, rank, world_size)

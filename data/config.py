@@ -7,7 +7,7 @@ operational).
 from dataclasses import dataclass, field
 
 SOURCES = ("sample", "synthetic", "shards")
-ALIGNS = ("stream", "bos")
+ALIGNS = ("stream", "bos", "pieces")
 
 
 @dataclass
@@ -29,7 +29,12 @@ class DataConfig:
     """shards: the glob of the validation shards."""
     align: str = field(default="stream", metadata={"choices": ALIGNS})
     """How training rows are cut: stream (consecutive windows, documents cut anywhere) | bos
-    (every row starts at a document's <|endoftext|>). Validation is always the stream."""
+    (every row starts at a document's <|endoftext|>) | pieces (every row is packed from whole
+    document pieces of at most max_piece_len tokens, data/pieces.py). Validation is always the
+    stream."""
+    max_piece_len: int = 0
+    """align=pieces: the most tokens kept of one document (its first ones); 0 = unset, and it
+    must be set exactly when align=pieces."""
     val_tokens: int = 49152
     """The validation budget this data's curves are usually reported on (train.val_tokens
     takes it unless set itself)."""
@@ -51,5 +56,17 @@ class DataConfig:
                 )
             if not self.train_files or not self.val_files:
                 raise ValueError("data.train_files and data.val_files must be glob patterns")
-        if self.align == "bos" and self.source == "synthetic":
-            raise ValueError("data.align=bos needs documents; data.source=synthetic has none")
+        if self.align in ("bos", "pieces") and self.source == "synthetic":
+            raise ValueError(
+                f"data.align={self.align} needs documents; data.source=synthetic has none"
+            )
+        if self.align == "pieces" and self.max_piece_len < 1:
+            raise ValueError(
+                f"data.max_piece_len must be >= 1 with data.align=pieces (the record uses "
+                f"2048), got {self.max_piece_len}"
+            )
+        if self.align != "pieces" and self.max_piece_len != 0:
+            raise ValueError(
+                f"data.max_piece_len={self.max_piece_len} only applies to data.align=pieces "
+                f"(data.align={self.align}); leave it 0"
+            )

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.config import ALIGNS
 from data.shards import check_token_ids, load_shard, read_header
 from data.tokenizer import EOT, GPT2_VOCAB_SIZE
 
@@ -20,8 +19,11 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 # Synthetic data: training and validation draw from separate random streams of one seed.
 _TRAIN_STREAM, _VAL_STREAM = 0, 1
 
+# The data.align choices whose rows are one window each (TokenLoader).
+_ROW_ALIGNS = ("stream", "bos")
 
-def _check_layout(batch_size: int, seq_len: int, rank: int, world_size: int) -> None:
+
+def check_layout(batch_size: int, seq_len: int, rank: int, world_size: int) -> None:
     if batch_size < 1:
         raise ValueError(f"train.batch_size must be >= 1, got {batch_size}")
     if seq_len < 1:
@@ -35,7 +37,7 @@ def _check_seed(seed: int) -> None:
         raise ValueError(f"seed must be >= 0, got {seed}")
 
 
-def _check_divisible(batch_size: int, world_size: int) -> None:
+def check_divisible(batch_size: int, world_size: int) -> None:
     if batch_size % world_size:
         raise ValueError(
             f"train.batch_size={batch_size} (sequences per step, all ranks together) must be "
@@ -71,24 +73,25 @@ class TokenLoader:
         world_size: int = 1,
         align: str = "stream",
     ) -> None:
-        _check_layout(batch_size, seq_len, rank, world_size)
-        _check_divisible(batch_size, world_size)
+        check_layout(batch_size, seq_len, rank, world_size)
+        check_divisible(batch_size, world_size)
         if not files:
             raise ValueError("no training shards given")
-        if align not in ALIGNS:
-            raise ValueError(f"data.align must be one of {ALIGNS}, got {align!r}")
+        if align not in _ROW_ALIGNS:
+            # align=pieces packs several documents per row: data.pieces.PieceLoader reads it.
+            raise ValueError(f"TokenLoader cuts data.align in {_ROW_ALIGNS}, got {align!r}")
         self.align = align
         self.files = [Path(f) for f in files]
         self.batch_size, self.seq_len = batch_size, seq_len
         self.rank, self.world_size = rank, world_size
         self.local_batch_size = batch_size // world_size
-        self._span = batch_size * seq_len  # tokens consumed per step, all ranks together
+        span = batch_size * seq_len  # tokens consumed per step, all ranks together
         # Headers only: validates every shard up front without reading its tokens.
         self._lengths = [read_header(f) for f in self.files]
-        if max(self._lengths) < self._span + 1:
+        if max(self._lengths) < span + 1:
             raise ValueError(
                 f"no training shard holds one global batch: train.batch_size={batch_size} x "
-                f"train.seq_len={seq_len} needs {self._span + 1} tokens, the largest of "
+                f"train.seq_len={seq_len} needs {span + 1} tokens, the largest of "
                 f"{[str(f) for f in self.files]} has {max(self._lengths)}"
             )
         self._shard, self._pos, self.epoch = 0, 0, 0
@@ -115,17 +118,36 @@ class TokenLoader:
         if self._shard == len(self.files):
             self._shard, self.epoch = 0, self.epoch + 1
 
-    def next_batch(self) -> Batch:
-        """This rank's (inputs, targets), int64 tensors of shape (batch_size // world, seq_len)."""
+    def next_batch(self, seq_len: int | None = None) -> Batch:
+        """This rank's (inputs, targets), int64 tensors of shape (batch_size // world, L).
+
+        L is `seq_len`, or train.seq_len when None. The stream takes any L a shard can hold;
+        align=bos cuts rows of train.seq_len only (its row index is built for that length).
+        """
+        seq_len = self.seq_len if seq_len is None else seq_len
+        if seq_len < 1:
+            raise ValueError(f"the step's sequence length must be >= 1, got {seq_len}")
         if self.align == "bos":
+            if seq_len != self.seq_len:
+                raise ValueError(
+                    f"data.align=bos cuts rows of train.seq_len={self.seq_len} only, the step "
+                    f"asked for {seq_len}; data.align=pieces takes a length per step"
+                )
             return self._next_bos_batch()
-        while self._pos + self._span + 1 > self._lengths[self._shard]:
+        span = self.batch_size * seq_len
+        if span + 1 > max(self._lengths):  # else the loop below would never end
+            raise ValueError(
+                f"no training shard holds one global batch of train.batch_size="
+                f"{self.batch_size} x {seq_len} tokens (+1), the largest has "
+                f"{max(self._lengths)}"
+            )
+        while self._pos + span + 1 > self._lengths[self._shard]:
             self._advance_shard()
         tokens = self._open()
-        rows, seq_len = self.local_batch_size, self.seq_len
+        rows = self.local_batch_size
         start = self._pos + self.rank * rows * seq_len
         local = tokens[start : start + rows * seq_len + 1]
-        self._pos += self._span
+        self._pos += span
         return _to_batch(local, rows, seq_len)
 
     def _next_bos_batch(self) -> Batch:
@@ -242,7 +264,7 @@ def val_batches(
     rather than averaging per-batch means.
     """
     # Validate now, not on the first next(): a bad budget must fail before training starts.
-    _check_layout(batch_size, seq_len, rank, world_size)
+    check_layout(batch_size, seq_len, rank, world_size)
     n_seq = val_sequence_count(files, val_tokens, seq_len)
     stream = _read_prefix(files, n_seq * seq_len + 1)
     check_token_ids(", ".join(str(f) for f in files), stream, GPT2_VOCAB_SIZE)
@@ -285,19 +307,21 @@ class SyntheticLoader:
     def __init__(
         self, batch_size: int, seq_len: int, seed: int, rank: int = 0, world_size: int = 1
     ) -> None:
-        _check_layout(batch_size, seq_len, rank, world_size)
-        _check_divisible(batch_size, world_size)
+        check_layout(batch_size, seq_len, rank, world_size)
+        check_divisible(batch_size, world_size)
         _check_seed(seed)
         self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
         self.rank, self.world_size = rank, world_size
         self.local_batch_size = batch_size // world_size
         self.step = 0
 
-    def next_batch(self) -> Batch:
-        """This rank's (inputs, targets), int64 tensors of shape (batch_size // world, seq_len)."""
-        tokens = _random_tokens(
-            self.seed, _TRAIN_STREAM, self.step, (self.batch_size, self.seq_len + 1)
-        )
+    def next_batch(self, seq_len: int | None = None) -> Batch:
+        """This rank's (inputs, targets), int64 tensors of shape (batch_size // world, L), with
+        L = `seq_len`, or train.seq_len when None."""
+        seq_len = self.seq_len if seq_len is None else seq_len
+        if seq_len < 1:
+            raise ValueError(f"the step's sequence length must be >= 1, got {seq_len}")
+        tokens = _random_tokens(self.seed, _TRAIN_STREAM, self.step, (self.batch_size, seq_len + 1))
         self.step += 1
         rows = tokens[self.rank * self.local_batch_size : (self.rank + 1) * self.local_batch_size]
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
@@ -324,7 +348,7 @@ def synthetic_val_batches(
     Sequence j is drawn from (seed, j) alone, so the set is the same for any batch size and
     world size; average losses the way `val_batches` says.
     """
-    _check_layout(batch_size, seq_len, rank, world_size)
+    check_layout(batch_size, seq_len, rank, world_size)
     _check_seed(seed)
     n_seq = val_tokens // seq_len
     if n_seq < 1:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from data.loader import (
+    SyntheticLoader,
     TokenLoader,
     val_batches,
     val_sequence_count,
@@ -319,3 +320,37 @@ def test_shard_directory_errors_name_the_key(tmp_path):
     files = find_shards(DataConfig(source="shards", dir=str(tmp_path)))
     assert [f.name for f in files.train] == ["x_train_000001.bin"]
     assert [f.name for f in files.val] == ["x_val_000000.bin"]
+
+
+# ---- a length per step -------------------------------------------------------------------
+
+
+def test_stream_takes_the_steps_length(tmp_path):
+    files, (tokens,) = _shards(tmp_path, [200])
+    loader = TokenLoader(files, batch_size=2, seq_len=8)
+    start = 0
+    for seq_len in (8, 4, 12, 8):
+        x, y = loader.next_batch(seq_len)
+        ex, ey = _expected(tokens, start, 2, seq_len)
+        np.testing.assert_array_equal(x.numpy(), ex)
+        np.testing.assert_array_equal(y.numpy(), ey)
+        start += 2 * seq_len
+    with pytest.raises(ValueError, match=r"train\.batch_size=2 x 100 tokens"):
+        loader.next_batch(100)  # no shard holds it: fails, never loops
+
+
+def test_bos_rejects_another_length(tmp_path):
+    path, _ = _documents(tmp_path)
+    loader = TokenLoader([path], batch_size=2, seq_len=16, align="bos")
+    loader.next_batch(16)
+    with pytest.raises(ValueError, match=r"train\.seq_len=16 only.*asked for 32"):
+        loader.next_batch(32)
+    with pytest.raises(ValueError, match="TokenLoader cuts"):
+        TokenLoader([path], batch_size=2, seq_len=16, align="pieces")
+
+
+def test_synthetic_takes_the_steps_length():
+    a, b = SyntheticLoader(4, 8, seed=1), SyntheticLoader(4, 16, seed=1)
+    assert torch.equal(a.next_batch(16)[0], b.next_batch()[0])  # a function of (seed, step, L)
+    x, y = a.next_batch(5)
+    assert x.shape == y.shape == (4, 5) and torch.equal(x[:, 1:], y[:, :-1])
