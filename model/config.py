@@ -7,6 +7,7 @@ same model, parameter for parameter and bit for bit. Per-layer options (`window`
 depth, one character per layer, and resampled to `n_layer` (`model/plan.py`).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 DTYPES = ("fp32", "bf16")
@@ -83,6 +84,21 @@ class ModelConfig:
     window_tokens: int = 0
     """The long window at the last step, in tokens, growing linearly from 1 token with the
     step (`step_args`), rounded up to whole blocks; 0 = no window."""
+    # --- window schedule by phase, and YaRN (the 2025-11 record; `step_args`) ---------------
+    window_phases: list[int] = field(default_factory=list)
+    """The long window in each of P equal phases of the scheduled steps (train.steps −
+    train.extension_steps), in blocks of window_block tokens (the record: [3, 7, 11]); the
+    short window is half of it, rounded down. [] = off (window_tokens's linear growth)."""
+    window_after: int = 0
+    """The long window from the end of the scheduled steps on, in blocks (the record: 13);
+    0 = the last phase's."""
+    window_final_eval: int = 0
+    """The long window of the final validation only, in blocks (the record: 20); the short
+    one keeps the last step's. 0 = the last step's windows."""
+    yarn: bool = False
+    """YaRN: at every change of the long window the rotary frequencies are rescaled and the
+    attention scale raised (model/yarn.py); the forward takes the stage (`step_args`)."""
+    # --- end of the window schedule's fields ------------------------------------------------
     document_mask: bool = False
     """Attend within a document only (documents start at EOT)."""
     attention_impl: str = field(default="auto", metadata={"choices": ATTENTION_IMPLS})
@@ -96,13 +112,43 @@ class ModelConfig:
     """Softcapped cross-entropy: fused (chunked, for CPU caches) | plain (the formula, which
     torch.compile fuses on GPU) | auto: fused on CPU, plain elsewhere."""
 
-    def step_args(self, step: int, total_steps: int) -> dict[str, float]:
+    def step_args(
+        self,
+        step: int,
+        total_steps: int,
+        scheduled_steps: int | None = None,
+        final_eval: bool = False,
+    ) -> dict[str, float]:
         """The forward's step-dependent arguments for `step` (0 ... total_steps: the training
         update `step`, or an evaluation after `step` updates); the run's schedule
-        (trainer/schedule.py) asks for them once per step."""
+        (trainer/schedule.py) asks for them once per step. The schedules span the first
+        `scheduled_steps` (default all) and hold their final values after; `final_eval`: the
+        evaluation after the last update (`window_final_eval`).
+
+        With window_phases: {"window_tokens": the long window, "short_window_tokens": the
+        short one (both whole blocks, in tokens), and with yarn "yarn_stage": the index into
+        `long_windows` (`window_schedule_at`)}. Otherwise {"window_tokens": window_at(...)}
+        with window_tokens, or {}."""
+        scheduled = total_steps if scheduled_steps is None else scheduled_steps
+        if self.window_phases:
+            long, short, stage = window_schedule_at(self, step, scheduled, final_eval)
+            args = {
+                "window_tokens": long * self.window_block,
+                "short_window_tokens": short * self.window_block,
+            }
+            return {**args, "yarn_stage": stage} if self.yarn else args
         if not self.window_tokens:
             return {}
-        return {"window_tokens": window_at(step, total_steps, self.window_tokens)}
+        if scheduled == total_steps:
+            return {"window_tokens": window_at(step, total_steps, self.window_tokens)}
+        # Extension steps keep the final window: the growth spans the scheduled steps.
+        return {"window_tokens": window_at(min(step, scheduled), scheduled, self.window_tokens)}
+
+    @property
+    def long_windows(self) -> list[int]:
+        """The long windows in blocks, in order: each phase's, then window_after if set. The
+        YaRN stages follow it: stage k = after k changes (model/yarn.py)."""
+        return [*self.window_phases, *([self.window_after] if self.window_after else [])]
 
     @property
     def differs_per_layer(self) -> bool:
@@ -151,12 +197,18 @@ class ModelConfig:
             raise ValueError(f"model.window_block must be positive, got {self.window_block}")
         if self.window_tokens < 0:
             raise ValueError(f"model.window_tokens must be >= 0, got {self.window_tokens}")
-        if bool(self.window) != bool(self.window_tokens):
+        if self.window_phases:
+            self._validate_window_schedule()
+        elif bool(self.window) != bool(self.window_tokens):
             raise ValueError(
                 "model.window (which layers have sliding windows) and model.window_tokens (how "
                 "wide the window grows) go together: set both or neither (got "
                 f"{self.window!r} and {self.window_tokens})"
             )
+        else:
+            for key in ("window_after", "window_final_eval", "yarn"):
+                if getattr(self, key):
+                    raise ValueError(f"model.{key} needs model.window_phases (the window by phase)")
         for key, allowed in (("window", "LS"), ("attention_layers", "A."),
                              ("value_embeds", "0123456789.")):  # fmt: skip
             bad = set(getattr(self, key)) - set(allowed)
@@ -178,6 +230,67 @@ class ModelConfig:
                 )
         if self.fp8_head and self.dtype != "bf16":
             raise ValueError("model.fp8_head=true needs model.dtype=bf16 (its inputs are bf16)")
+
+    # --- window schedule by phase (the 2025-11 record) --------------------------------------
+    def _validate_window_schedule(self) -> None:
+        """The window_phases keys, with model.window_phases set."""
+        phases = list(self.window_phases)
+        if self.window_tokens:
+            raise ValueError(
+                "model.window_tokens (a window growing linearly) and model.window_phases (a "
+                "window by phase) exclude each other: set one, the other 0 / []"
+            )
+        if not self.window:
+            raise ValueError(
+                "model.window_phases needs model.window (which layers have the long window and "
+                "which the short one)"
+            )
+        if not all(isinstance(n, int) and n >= 1 for n in phases):
+            raise ValueError(f"model.window_phases must be whole blocks >= 1, got {phases}")
+        for key in ("window_after", "window_final_eval"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"model.{key} must be >= 0 blocks, got {getattr(self, key)}")
+
+
+# --- the window schedule by phase (the 2025-11 record): its phases, windows and stages ------
+def phase_index(step: int, scheduled_steps: int, phases: Sequence[object]) -> int:
+    """Which of P = len(phases) equal phases of the scheduled steps `step` is in:
+    min(⌊P·step / scheduled_steps⌋, P − 1), in integers (exact; the extension steps are in
+    the last). The 2025-11 record (P = 3, 2,120 scheduled): 0 up to 706, 1 for 707 ... 1413,
+    2 from 1414 on."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    n = len(phases)
+    return min(n * step // scheduled_steps, n - 1)
+
+
+def phase_start(index: int, scheduled_steps: int, n_phases: int) -> int:
+    """The first step of phase `index` of `n_phases` (`phase_index`): ⌈index · S / P⌉."""
+    return -(-index * scheduled_steps // n_phases)
+
+
+def window_schedule_at(
+    cfg: ModelConfig, step: int, scheduled_steps: int, final_eval: bool = False
+) -> tuple[int, int, int]:
+    """(long, short, stage) at `step` with model.window_phases: the long window in blocks
+    (its phase's, window_after from the end of the scheduled steps on), the short one ⌊long/2⌋
+    and the index of the long window in `cfg.long_windows` (the YaRN stage: the number of
+    changes so far where every entry differs from the one before, as in the record; an entry
+    equal to the one before makes a stage whose YaRN factors are exactly 1). The final
+    evaluation takes window_final_eval as its long window, keeping the short one and the
+    stage: the record's switch to 20 blocks is no YaRN step."""
+    if step >= scheduled_steps and cfg.window_after:
+        long, stage = cfg.window_after, len(cfg.window_phases)
+    else:
+        stage = phase_index(step, scheduled_steps, cfg.window_phases)
+        long = cfg.window_phases[stage]
+    short = long // 2
+    if final_eval and cfg.window_final_eval:
+        long = cfg.window_final_eval
+    return long, short, stage
+
+
+# --- end of the window schedule by phase ----------------------------------------------------
 
 
 def window_at(step: int, total_steps: int, final: int) -> float:

@@ -7,6 +7,7 @@ must have the saved value), "operational" (how a run executes, never its numbers
 is silent); unmarked fields may change on resume, with a warning.
 """
 
+import itertools
 from dataclasses import dataclass, field, fields
 
 MUST_MATCH = {"resume": "must_match"}
@@ -47,6 +48,12 @@ class MuonConfig:
     """Momentum at step 0, raised linearly to `momentum`."""
     momentum_warmup_steps: int = 300
     """Steps of that warmup; 0 = constant momentum."""
+    momentum_cooldown_steps: int = 0
+    """Over the last this many of train.steps the momentum falls linearly from `momentum`
+    towards `momentum_cooldown_end` (the 2025-11 record: 50); 0 = no cooldown."""
+    momentum_cooldown_end: float = 0.85
+    """Where that line would reach at train.steps (the last step, train.steps − 1, runs one
+    step short of it: 0.852 in the 2025-11 record)."""
     nesterov: bool = True
     """Nesterov-style look-ahead on the momentum buffer."""
     momentum_form: str = field(default="ema", metadata={"choices": MOMENTUM_FORMS})
@@ -88,9 +95,10 @@ class MuonConfig:
     """QK-clip τ: after each step, heads whose max logit exceeded τ get W_q, W_k scaled by
     √(τ/max); 0 = off. Acts only with model.qk_norm=false."""
 
-    def validate(self) -> None:
+    def validate(self, total_steps: int | None = None) -> None:
         """Raise ValueError naming the `optim.muon.*` key that is wrong (a standalone `Muon`
-        validates its settings here too, so the choices are checked here as well)."""
+        validates its settings here too, so the choices are checked here as well); with
+        `total_steps` (train.steps) also that the momentum's warmup and cooldown fit in it."""
         for f in fields(self):
             allowed = f.metadata.get("choices")
             if allowed is not None and getattr(self, f.name) not in allowed:
@@ -100,14 +108,21 @@ class MuonConfig:
                 )
         if not self.lr >= 0:
             raise ValueError(f"optim.muon.lr must be >= 0, got {self.lr}")
-        for key in ("momentum", "momentum_warmup_start", "normuon_beta2"):
+        for key in ("momentum", "momentum_warmup_start", "momentum_cooldown_end", "normuon_beta2"):
             if not 0 <= getattr(self, key) < 1:
                 raise ValueError(f"optim.muon.{key} must be in [0, 1), got {getattr(self, key)}")
         if not (isinstance(self.ns_steps, int) and self.ns_steps >= 1):
             raise ValueError(f"optim.muon.ns_steps must be an integer >= 1, got {self.ns_steps!r}")
-        for key in ("momentum_warmup_steps", "weight_decay", "qk_clip"):
+        for key in ("momentum_warmup_steps", "momentum_cooldown_steps", "weight_decay", "qk_clip"):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"optim.muon.{key} must be >= 0, got {getattr(self, key)}")
+        warm, cool = self.momentum_warmup_steps, self.momentum_cooldown_steps
+        if total_steps is not None and cool and warm + cool > total_steps:
+            raise ValueError(
+                f"optim.muon.momentum_cooldown_steps ({cool}) + optim.muon.momentum_warmup_steps "
+                f"({warm}) exceed train.steps ({total_steps}): the warmup and the cooldown of "
+                "the momentum would overlap"
+            )
         if not self.eps > 0:
             raise ValueError(f"optim.muon.eps must be > 0, got {self.eps}")
 
@@ -172,7 +187,8 @@ class AdamWConfig:
 @dataclass
 class ScheduleConfig:
     """The LR multiplier every param group shares (`optim.schedule`): warmup, constant,
-    cooldown to a floor."""
+    cooldown to a floor, over the scheduled steps (train.steps − train.extension_steps;
+    extension steps run at the floor)."""
 
     warmup_steps: int = 0
     """Linear warmup from 0 to the full LR."""
@@ -183,9 +199,17 @@ class ScheduleConfig:
     cooldown_form: str = field(default="steps", metadata={"choices": COOLDOWN_FORMS})
     """steps: over round(cooldown_frac · steps) whole steps | fraction: continuously in the
     fraction of training left (the 2025-01 record's formula)."""
+    peaks: list[float] = field(default_factory=list)
+    """The multiplier's plateau in each phase, the cooldown falling from the current one (the
+    2025-11 record, whose batch grows by phase: [1.0, 1.51, 1.93]); [] = 1 throughout. Needs
+    cooldown_form=fraction."""
+    peak_edges: list[float] = field(default_factory=list)
+    """Where the plateau steps up, in the fraction x = step / scheduled steps: peak i + 1
+    from x > edge i on (the 2025-11 record: [0.33, 0.66]); one fewer than `peaks`."""
 
     def validate(self, total_steps: int) -> None:
-        """Raise ValueError naming the `optim.schedule.*` key that is wrong."""
+        """Raise ValueError naming the `optim.schedule.*` key that is wrong; `total_steps` is
+        the number of scheduled steps."""
         if self.warmup_steps < 0:
             raise ValueError(f"optim.schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
         for key in ("cooldown_frac", "min_lr_frac"):
@@ -197,7 +221,36 @@ class ScheduleConfig:
         if self.warmup_steps + cooldown > total_steps:
             raise ValueError(
                 f"optim.schedule.warmup_steps ({self.warmup_steps}) + cooldown "
-                f"({cooldown} = cooldown_frac * train.steps) exceed train.steps ({total_steps})"
+                f"({cooldown} = cooldown_frac * scheduled steps) exceed the scheduled steps "
+                f"({total_steps} = train.steps - train.extension_steps)"
+            )
+        self._validate_peaks()
+
+    def _validate_peaks(self) -> None:
+        peaks, edges = list(self.peaks), list(self.peak_edges)
+        if not peaks:
+            if edges:
+                raise ValueError(
+                    f"optim.schedule.peak_edges ({edges}) needs optim.schedule.peaks (empty)"
+                )
+            return
+        if not all(p > 0 for p in peaks):
+            raise ValueError(f"optim.schedule.peaks must all be > 0, got {peaks}")
+        if len(edges) != len(peaks) - 1:
+            raise ValueError(
+                f"optim.schedule.peak_edges needs one edge fewer than optim.schedule.peaks "
+                f"({len(peaks)}), got {len(edges)}: {edges}"
+            )
+        bounds = [0.0, *edges, 1.0]
+        if not all(a < b for a, b in itertools.pairwise(bounds)):
+            raise ValueError(
+                f"optim.schedule.peak_edges must rise strictly inside (0, 1), got {edges}"
+            )
+        if self.cooldown_form != "fraction":
+            raise ValueError(
+                "optim.schedule.peaks needs optim.schedule.cooldown_form=fraction (the cooldown "
+                f"from a phase's peak is drawn in the fraction of the steps), got "
+                f"{self.cooldown_form!r}"
             )
 
 
@@ -218,11 +271,13 @@ class OptimConfig:
     Muon scales the whole step of a match (its cautious decay too); AdamW needs a setting
     torch's AdamW lacks (optim/adam.py). Every pattern must match a parameter."""
 
-    def validate(self, total_steps: int) -> None:
-        """Raise ValueError naming the `optim.*` key that is wrong."""
+    def validate(self, total_steps: int, scheduled_steps: int | None = None) -> None:
+        """Raise ValueError naming the `optim.*` key that is wrong. `total_steps`: train.steps;
+        `scheduled_steps`: the LR schedule's span (train.steps − train.extension_steps),
+        default all of them."""
         for pattern, factor in self.lr_mul.items():
             if not factor > 0:
                 raise ValueError(f"optim.lr_mul[{pattern!r}] must be > 0, got {factor}")
-        self.muon.validate()
+        self.muon.validate(total_steps)
         self.adamw.validate()
-        self.schedule.validate(total_steps)
+        self.schedule.validate(total_steps if scheduled_steps is None else scheduled_steps)

@@ -3,13 +3,19 @@
 The LR follows warmup → stable → cooldown, as in the speedrun records: an optional linear
 warmup, a constant LR for most of the run, then a linear decay over the last fraction of the
 steps to a floor. Muon's momentum likewise follows the records: it starts lower (a shorter
-memory while the early gradients change quickly) and rises linearly to its final value.
+memory while the early gradients change quickly) and rises linearly to its final value; it
+may fall again over the last steps (the 2025-11 record).
+
+The 2025-11 record adds two things: extension steps after the schedule's end (its span is
+the scheduled steps, train.steps − train.extension_steps; after it the LR holds its floor),
+and a plateau ("peak") per batch phase that the cooldown falls from (`peak_lr_multiplier`).
 
 `optim_values` gives both for a step; the run's schedule (trainer/schedule.py) asks for them
 once per step, with the model's own step values, and hands them to the optimizer object
 (`CombinedOptimizer.set_step`).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from optim.config import COOLDOWN_FORMS, OptimConfig
@@ -23,17 +29,33 @@ class OptimValues:
     muon_momentum: float  # the momentum of the groups that take the scheduled one
 
 
-def optim_values(cfg: OptimConfig, step: int, total_steps: int) -> OptimValues:
-    """The values for update `step` (0-based) of `total_steps`."""
+def optim_values(
+    cfg: OptimConfig, step: int, total_steps: int, scheduled_steps: int | None = None
+) -> OptimValues:
+    """The values for update `step` (0-based) of `total_steps`; the LR schedule spans the
+    first `scheduled_steps` (default all) and holds its floor after them."""
     s, m = cfg.schedule, cfg.muon
-    return OptimValues(
-        lr_mult=lr_multiplier(
-            step, total_steps, s.warmup_steps, s.cooldown_frac, s.min_lr_frac, s.cooldown_form
-        ),
-        muon_momentum=muon_momentum(
-            step, m.momentum_warmup_steps, m.momentum_warmup_start, m.momentum
-        ),
-    )
+    scheduled = total_steps if scheduled_steps is None else scheduled_steps
+    if not 0 < scheduled <= total_steps:
+        raise ValueError(f"scheduled_steps must be in [1, {total_steps}], got {scheduled}")
+    if not 0 <= step < total_steps:
+        raise ValueError(f"step must be in [0, {total_steps}), got {step}")
+    if step >= scheduled:  # an extension step: past the schedule's end, at its floor
+        lr = s.min_lr_frac
+    elif s.peaks:
+        lr = peak_lr_multiplier(
+            step, scheduled, s.peaks, s.peak_edges, s.warmup_steps, s.cooldown_frac, s.min_lr_frac
+        )
+    else:
+        lr = lr_multiplier(
+            step, scheduled, s.warmup_steps, s.cooldown_frac, s.min_lr_frac, s.cooldown_form
+        )
+    momentum = muon_momentum(step, m.momentum_warmup_steps, m.momentum_warmup_start, m.momentum)
+    if m.momentum_cooldown_steps:
+        momentum = momentum_cooldown(
+            step, total_steps, m.momentum_cooldown_steps, momentum, m.momentum_cooldown_end
+        )
+    return OptimValues(lr_mult=lr, muon_momentum=momentum)
 
 
 def cooldown_steps(cooldown_frac: float, total_steps: int) -> int:
@@ -96,3 +118,59 @@ def muon_momentum(step: int, warmup_steps: int, start: float, end: float) -> flo
         return end
     frac = step / warmup_steps
     return start + frac * (end - start)
+
+
+def peak_index(step: int, scheduled_steps: int, edges: Sequence[float]) -> int:
+    """Which plateau `step` is on: the number of edges below x = step / scheduled_steps
+    (x > edge: the record's peak steps up at s = 700 and 1400 of 2120 for edges 0.33, 0.66)."""
+    x = step / scheduled_steps
+    return sum(x > edge for edge in edges)
+
+
+def peak_lr_multiplier(
+    step: int,
+    scheduled_steps: int,
+    peaks: Sequence[float],
+    edges: Sequence[float],
+    warmup_steps: int,
+    cooldown_frac: float,
+    min_lr_frac: float,
+) -> float:
+    """The 2025-11 record's LR multiplier at `step` of S = `scheduled_steps`: a plateau p per
+    phase (`peak_index`), and from x = step / S >= 1 − cooldown_frac on the line from p down
+    to the floor at S,
+
+        f = min_lr_frac + (p − min_lr_frac) · (S − step) / (cooldown_frac · S),
+
+    evaluated in that order, left to right (the spec's 0.1 + (p − 0.1)·(2120 − s)/1166,
+    with 1166 = 0.55 · 2120 computed as the product). The line restarts from the new p where
+    the plateau steps up inside the cooldown (the record's jump 0.972 → 1.230 at s = 1400).
+    Steps from S on run at the floor. Warmup, when asked for, applies first, (step + 1) /
+    warmup_steps, as in `lr_multiplier`.
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if step >= scheduled_steps:
+        return min_lr_frac
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    p = peaks[peak_index(step, scheduled_steps, edges)]
+    if step / scheduled_steps < 1 - cooldown_frac:
+        return p
+    return min_lr_frac + (p - min_lr_frac) * (scheduled_steps - step) / (
+        cooldown_frac * scheduled_steps
+    )
+
+
+def momentum_cooldown(
+    step: int, total_steps: int, cooldown_steps: int, momentum: float, end: float
+) -> float:
+    """Muon's momentum over the last K = `cooldown_steps` steps: from `momentum` at step
+    total_steps − K, linear towards `end` at total_steps,
+    μ = momentum − (momentum − end) · (step − (total_steps − K)) / K (the 2025-11 record:
+    0.95 − 0.1·(s − 2110)/50, so 0.948 at 2111 and 0.852 at the last step 2159). Earlier
+    steps keep `momentum` as given (the warmup's value)."""
+    start = total_steps - cooldown_steps
+    if cooldown_steps <= 0 or step <= start:
+        return momentum
+    return momentum - (momentum - end) * (step - start) / cooldown_steps

@@ -22,7 +22,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import II, DictConfig, OmegaConf
 
 from data.config import DataConfig
-from model.config import ModelConfig
+from model.config import ModelConfig, phase_index, phase_start
 from optim.config import OptimConfig
 from trainer.run_dir import register_resolvers
 
@@ -76,6 +76,15 @@ class TrainConfig:
     """Tokens per sequence (a packed sequence per rank when batch_size = world size)."""
     val_seq_len: int = 0
     """Tokens per validation sequence; 0 = seq_len."""
+    extension_steps: int = 0
+    """The last this many steps run past the schedules' end: the schedules (LR, batch and
+    window phases) span the scheduled steps, steps − extension_steps, and then hold their
+    final values (the 2025-11 record: 40 of 2,160)."""
+    seq_len_phases: list[int] = field(default_factory=list)
+    """Tokens per sequence in each of P equal phases of the scheduled steps, a batch that
+    grows with the phase (the 2025-11 record: [16384, 32768, 49152]); step s is in phase
+    min(⌊P·s / scheduled steps⌋, P − 1), extension steps in the last. train.seq_len must be
+    the largest (it sizes the buffers). [] = seq_len throughout."""
     val_every: int = field(default=50, metadata=OPERATIONAL)
     """Evaluate every this many steps (and always at the end); 0 = at the end only."""
     val_tokens: int = II("data.val_tokens")
@@ -129,6 +138,35 @@ class TrainConfig:
         val_seq = self.val_seq_len or self.seq_len
         return max(1, self.micro_batch(world_size) * self.seq_len // val_seq)
 
+    @property
+    def scheduled_steps(self) -> int:
+        """The steps the schedules span: all but the extension steps."""
+        return self.steps - self.extension_steps
+
+    def seq_len_at(self, step: int) -> int:
+        """Tokens per sequence at update `step` (0-based): its phase's, or seq_len."""
+        if not self.seq_len_phases:
+            return self.seq_len
+        return self.seq_len_phases[phase_index(step, self.scheduled_steps, self.seq_len_phases)]
+
+    def step_tokens(self, step: int) -> int:
+        """Training tokens of update `step` over all ranks: batch_size sequences."""
+        return self.batch_size * self.seq_len_at(step)
+
+    def tokens_after(self, steps: int) -> int:
+        """Training tokens of the first `steps` updates (0 ... train.steps), summed phase by
+        phase: for the 2025-11 record 707 × 131,072 + 707 × 262,144 + 746 × 393,216."""
+        if not 0 <= steps <= self.steps:
+            raise ValueError(f"steps must be in [0, {self.steps}], got {steps}")
+        if not self.seq_len_phases:
+            return steps * self.batch_size * self.seq_len
+        total, n = 0, len(self.seq_len_phases)
+        for i, length in enumerate(self.seq_len_phases):
+            first = phase_start(i, self.scheduled_steps, n)
+            end = self.steps if i == n - 1 else phase_start(i + 1, self.scheduled_steps, n)
+            total += max(0, min(steps, end) - first) * self.batch_size * length
+        return total
+
     def validate(self) -> None:
         """Raise ValueError naming the `train.*` key that is wrong."""
         for key in ("steps", "batch_size", "seq_len", "val_tokens", "log_every"):
@@ -146,9 +184,32 @@ class TrainConfig:
             )
         if self.checkpoint_keep < 1:
             raise ValueError(f"train.checkpoint_keep must be >= 1, got {self.checkpoint_keep}")
+        if not 0 <= self.extension_steps < self.steps:
+            raise ValueError(
+                f"train.extension_steps must be in [0, train.steps = {self.steps}), got "
+                f"{self.extension_steps}"
+            )
+        self._validate_seq_len_phases()
         if not self.resume:
             raise ValueError("train.resume must be auto, never or a checkpoint path")
         self.fault.validate()
+
+    def _validate_seq_len_phases(self) -> None:
+        phases = list(self.seq_len_phases)
+        if not phases:
+            return
+        if not all(length > 0 for length in phases):
+            raise ValueError(f"train.seq_len_phases must all be positive, got {phases}")
+        if len(phases) > self.scheduled_steps:
+            raise ValueError(
+                f"train.seq_len_phases has {len(phases)} phases, more than the "
+                f"{self.scheduled_steps} scheduled steps (train.steps - train.extension_steps)"
+            )
+        if self.seq_len != max(phases):
+            raise ValueError(
+                f"train.seq_len ({self.seq_len}) must equal the largest of train.seq_len_phases "
+                f"({max(phases)}): it sizes the batch buffers and the validation rows"
+            )
 
 
 @dataclass
@@ -228,7 +289,13 @@ class Config:
         self.model.validate()
         self.data.validate()
         self.train.validate()
-        self.optim.validate(self.train.steps)
+        self.optim.validate(self.train.steps, self.train.scheduled_steps)
+        if len(self.model.window_phases) > self.train.scheduled_steps:
+            raise ValueError(
+                f"model.window_phases has {len(self.model.window_phases)} phases, more than the "
+                f"{self.train.scheduled_steps} scheduled steps (train.steps - "
+                "train.extension_steps)"
+            )
         self.dist.validate(self.train)
         self.logging.validate()
         if self.model.attention_impl == "flex" and self.train.device == "cpu":
