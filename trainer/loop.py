@@ -50,7 +50,7 @@ class Loop:
     model: nn.Module  # what runs forward: the model, or its DDP / compiled wrapper
     optimizer: CombinedOptimizer
     schedule: Schedule
-    next_batch: Callable[[], Batch]  # this rank's share of the next global batch
+    next_batch: Callable[..., Batch]  # this rank's share of the next global batch (of a length)
     val_batches: Callable[[], Iterable[Batch]]  # the same validation batches every call
     cfg: TrainConfig
     rt: Runtime
@@ -129,7 +129,9 @@ class Loop:
         t0 = time.perf_counter()
         values = self.schedule.at(step - 1)
         self.optimizer.set_step(values.optim)
-        batch = tuple(t.to(self.rt.device, non_blocking=True) for t in self.next_batch())
+        # The step's sequence length (train.seq_len_phases), when the schedule varies it
+        seq = (values.seq_len,) if values.seq_len and values.seq_len != self.cfg.seq_len else ()
+        batch = tuple(t.to(self.rt.device, non_blocking=True) for t in self.next_batch(*seq))
         args = self._on_device(values.model_args)
         flops = self._count_flops(batch[0], args)
         loss_t = forward_backward(self.model, batch, self.rt, self.accum_steps, self.no_sync, args)
@@ -146,7 +148,7 @@ class Loop:
         self.optimizer.zero_grad(set_to_none=True)
         self.rt.synchronize()
         dt = time.perf_counter() - t0
-        tokens = self.cfg.batch_size * self.cfg.seq_len
+        tokens = self.cfg.step_tokens(step - 1)
         timed = step > self.cfg.untimed_steps  # the records time from step 10 on
         p.step, p.tokens = step, p.tokens + tokens
         p.train_time_s += dt if timed else 0.0

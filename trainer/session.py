@@ -117,7 +117,7 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
     # test-only SIGTERM fault needs them wherever train() runs.
     with StopRequests(force=t.fault.signal_at_step > 0, announce=rt.is_main) as stop, sink:
         loop = Loop(
-            fwd, optimizer, Schedule(t.steps, conf.optim, conf.model), loader.next_batch,
+            fwd, optimizer, Schedule.for_run(t, conf.optim, conf.model), loader.next_batch,
             val_batches, t, rt, sink, checkpoints, accum_steps=accum_steps, no_sync=no_sync,
             stop=stop, hook=Faults(t.fault, rt.rank, run_dir, model) if t.fault.enabled else None,
             flops=model.count_flops, peak_flops=peak_flops(rt.device), code=code_version(),

@@ -58,7 +58,7 @@ def bench(model_name: str, root: Path, saves: int, steps: int) -> dict:
     rt = init_runtime(t.device, t.autocast)
     model = GPT(conf.model).to(rt.device)
     optimizer = build_optimizer(model, conf.optim, device=rt.device)
-    schedule = Schedule(t.steps, conf.optim, conf.model)
+    schedule = Schedule.for_run(t, conf.optim, conf.model)
     loader = SyntheticLoader(t.batch_size, t.seq_len, seed=0)
     step_s = []
     for step in range(steps):

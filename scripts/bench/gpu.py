@@ -124,7 +124,7 @@ def build(conf: Config) -> Bench:
     model.micro_steps = accum
     opt = build_optimizer(model, conf.optim, device=rt.device)
     fwd = compile_model(model, conf.model.compile_backend) if conf.model.compile else model
-    schedule = Schedule(t.steps, conf.optim, conf.model)
+    schedule = Schedule.for_run(t, conf.optim, conf.model)
     return Bench(conf, rt, fwd, opt, schedule, model.count_flops, t.batch_size // GPUS, accum)
 
 
