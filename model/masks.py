@@ -46,7 +46,7 @@ def window_lengths(window_blocks: Tensor) -> dict[str, Tensor]:
     return {"long": long, "short": (long // 2).clamp(min=1)}
 
 
-def window_tokens(window: Tensor) -> Tensor:
+def _whole_tokens(window: Tensor) -> Tensor:
     """A token window W as whole tokens, ≥ 0: i − j ≤ W for a fractional W is i − j ≤ ⌊W⌋."""
     whole = window.floor() if window.is_floating_point() else window
     return whole.long().clamp(min=0)
@@ -66,7 +66,7 @@ def dense_mask(
     q, kv = pos[:, None], pos[None, :]
     allowed = q >= kv
     if n_blocks is not None and token_window:
-        allowed = allowed & (q - kv <= window_tokens(n_blocks))
+        allowed = allowed & (q - kv <= _whole_tokens(n_blocks))
     elif n_blocks is not None:
         allowed = allowed & (q // block - kv // block <= n_blocks - 1)
     allowed = allowed[None]
@@ -186,7 +186,7 @@ def block_mask(
 
     partial, partial_idx, full = tiles.partial, tiles.partial_idx, tiles.full
     if n_blocks is not None and token_window:
-        n = window_tokens(n_blocks)
+        n = _whole_tokens(n_blocks)
         partial, partial_idx, full = _token_window_lists(tiles, n, block)
     elif n_blocks is not None:
         n = n_blocks.clamp(min=1)

@@ -249,7 +249,8 @@ def test_what_the_kernel_computes_is_the_dense_mask(T: int, kind: str, document:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the block-sparse kernel needs CUDA")
 @pytest.mark.parametrize("T", [2048, 2000])
 def test_compiled_flex_attention_on_cuda_equals_sdpa(T: int) -> None:
-    """The real kernel, which skips unlisted tiles and leaves full ones unmasked."""
+    """The real kernel, which skips unlisted tiles and leaves full ones unmasked; block and
+    token windows."""
     idx = torch.stack([row(T, [0, 10, 300, 301, 1100]), row(T, [])]).cuda()
     docs = document_ids(idx)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -263,6 +264,13 @@ def test_compiled_flex_attention_on_cuda_equals_sdpa(T: int) -> None:
             q, k, v, attn_mask=dense_mask(docs, T, window, 128, idx.device)
         )
         # loose enough for TF32 either side; a wrong tile moves outputs by O(0.1)
+        torch.testing.assert_close(attend(q, k, v, block_mask=mask), want, rtol=2e-3, atol=2e-3)
+    for W in (1, 129, 300, 640):  # token windows: the kernel must mask the tiles they cut
+        window = torch.tensor(W, device="cuda")
+        mask = block_mask(tiles, T, window, 128, token_window=True)
+        want = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=dense_mask(docs, T, window, 128, idx.device, token_window=True)
+        )
         torch.testing.assert_close(attend(q, k, v, block_mask=mask), want, rtol=2e-3, atol=2e-3)
 
 
