@@ -422,6 +422,11 @@ def test_build_masks_token_windows_by_kind() -> None:
                 assert torch.equal(a, b), kind
             rule = (pos[:, None] >= pos) & (pos[:, None] - pos <= W)
             assert torch.equal(sdpa[kind], rule & same_doc), kind
+    # without document masking: the token rule alone, a float window taken as ⌊W⌋
+    plain = build_masks(idx, False, {"long"}, torch.tensor(2.6), block, "flex", token_window=True)
+    pos = torch.arange(T)
+    want = (pos[:, None] >= pos) & (pos[:, None] - pos <= 41)  # ⌊16·2.6⌋ = 41
+    assert torch.equal(effective_mask(plain["long"])[0, 0], want)
     blocks = build_masks(idx, True, kinds, torch.tensor(5), block, impl="sdpa")
     assert torch.equal(blocks["long"], dense_mask(document_ids(idx), T, torch.tensor(5), block,
                                                    idx.device))  # fmt: skip
