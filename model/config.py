@@ -106,6 +106,11 @@ class ModelConfig:
     over block masks) | auto: flex on CUDA, sdpa elsewhere."""
     fp8_head: bool = False
     """The LM head in FP8 while training (e4m3 forward, e5m2 gradients)."""
+    fp8_scales: str = field(
+        default="record_2025_01", metadata={"choices": ("record_2025_01", "record_2025_11")}
+    )
+    """The FP8 head's divisors (x_s, w_s, g_s), model/head.py: record_2025_01 (1/2, 2⁻⁹, 2⁻¹⁹)
+    | record_2025_11 (√768/448, 2⁻⁹, 1/448)."""
     softcap_form: str = field(default="tanh", metadata={"choices": SOFTCAP_FORMS})
     """tanh: c·tanh(z/c) | sigmoid: c·σ(4z/c), the 2025-01 record's 30·σ(z/7.5)."""
     loss: str = field(default="auto", metadata={"choices": LOSSES})

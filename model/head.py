@@ -1,27 +1,66 @@
 """The LM head: an untied linear map to the (padded) vocabulary, optionally in FP8.
 
-FP8 (model.fp8_head, training only, the 2025-01 record's scales): with X the normed final
-activations (T×d, bf16) and W the fp32 head weight (V×d),
+FP8 (model.fp8_head, training only): with X the normed final activations (T×d, bf16), W the
+head weight (V×d, fp32 or bf16) and three fixed scales written as divisors x_s, w_s, g_s,
 
-    forward:   X₈ = e4m3(2·X), W₈ = e4m3(512·W);  logits = bf16((X₈·W₈ᵀ) / (2·512))
-    backward:  G₈ = e5m2(2¹⁹·G)  for G = ∂L/∂logits (bf16);
-               ∂L/∂X = bf16((G₈·W₈) / (2¹⁹·512)),  ∂L/∂W = fp32((G₈ᵀ·X₈) / (2¹⁹·2))
+    forward:   X₈ = e4m3(X / x_s), W₈ = e4m3(W / w_s);  logits = bf16((X₈·W₈ᵀ)·x_s·w_s)
+    backward:  G₈ = e5m2(G / g_s)  for G = ∂L/∂logits (bf16);
+               ∂L/∂X = bf16((G₈·W₈)·g_s·w_s),  ∂L/∂W = ((X₈ᵀ·G₈)·x_s·g_s)ᵀ in fp32,
+               then cast to W's dtype
 
 each product an FP8 tensor-core GEMM (`torch._scaled_mm`; fast accumulation forward), reusing
-X₈ and W₈ from forward. Casts round to nearest without saturating; the scales keep values in
-range. In evaluation the head is the ordinary bf16 matmul.
+X₈ and W₈ from forward. Each division happens in its operand's dtype (bf16 for X and G) before
+the cast, as `X.div(x_s)` on a bf16 tensor does. Casts round to nearest without saturating; the
+scales keep values in range. In evaluation the head is the ordinary bf16 matmul.
+
+The scales (model.fp8_scales, `FP8_SCALES`):
+- record_2025_01: x_s = 1/2, w_s = 2⁻⁹, g_s = 2⁻¹⁹ (the 2025-01 record's multipliers 2, 512,
+  2¹⁹). All powers of two, so every division and rescale is exact and gives the same bits as
+  multiplying by the reciprocals.
+- record_2025_11: x_s = √768/448 = 0.0618589…, w_s = 2⁻⁹, g_s = 1/448. RMSNorm bounds |X| by
+  √768 at the record's width, so X/x_s ≤ 448 = e4m3's largest value. x_s stays this number at
+  other widths (it names the record's constant, not a rule in n_embd).
 
 Under gradient accumulation the loop backpropagates loss / k for each of k micro-steps, so G
 arrives k times smaller than a record rank's (8 GPUs, one micro-step each) and e5m2 would
-round it at an effective scale of 2¹⁹/k (2¹⁶ for 8 micro-steps on one GPU), flushing more
-small gradients to zero. `micro_steps` = k multiplies the cast's scale by k and divides the
-result by it again, so the cast sees exactly the record's values whatever the accumulation.
+round it at an effective divisor of k·g_s (8·2⁻¹⁹ = 2⁻¹⁶ for 8 micro-steps on one GPU),
+flushing more small gradients to zero. `micro_steps` = k casts k·(G/g_s) instead, i.e. G at the
+divisor g_s/k, and dequantises with g_s/k, so the cast sees exactly the record's values whatever
+the accumulation. G/g_s is taken first and then multiplied by k: with a power-of-two g_s the
+division is exact, so this is one rounding of G·k/g_s for every k, the bits of the 2025-01
+form; with k = 1 it is the record's G/g_s for any g_s.
 """
+
+import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-X_SCALE, W_SCALE, GRAD_SCALE = 2.0, 512.0, 2.0**19
+
+class FP8Scales(NamedTuple):
+    """The FP8 head's three divisors: X₈ = e4m3(X / x), W₈ = e4m3(W / w), G₈ = e5m2(G / g)."""
+
+    x: float
+    w: float
+    g: float
+
+
+FP8_SCALES = {
+    "record_2025_01": FP8Scales(x=2.0**-1, w=2.0**-9, g=2.0**-19),
+    "record_2025_11": FP8Scales(x=math.sqrt(768) / 448, w=2.0**-9, g=1 / 448),
+}
+
+
+def fp8_scales(scales: str | FP8Scales) -> FP8Scales:
+    """`scales` by its model.fp8_scales name, or as given."""
+    if isinstance(scales, FP8Scales):
+        return scales
+    if scales not in FP8_SCALES:
+        raise ValueError(
+            f"model.fp8_scales must be one of {' | '.join(FP8_SCALES)}, got {scales!r}"
+        )
+    return FP8_SCALES[scales]
 
 
 def _scale(value: float, like: Tensor) -> Tensor:
@@ -29,44 +68,60 @@ def _scale(value: float, like: Tensor) -> Tensor:
 
 
 class FP8Matmul(torch.autograd.Function):
-    """x (T×d, bf16) · w (V×d, fp32)ᵀ in FP8, as in the module docstring; `micro_steps`: the
-    accumulation the incoming gradient is divided by."""
+    """x (T×d, bf16) · w (V×d, fp32 or bf16)ᵀ in FP8, as in the module docstring; `micro_steps`:
+    the accumulation the incoming gradient is divided by; `scales`: the divisors."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, w: Tensor, micro_steps: int = 1) -> Tensor:  # type: ignore[override]
-        x8 = (x * X_SCALE).to(torch.float8_e4m3fn)
-        w8 = (w * W_SCALE).to(torch.float8_e4m3fn)
+    def forward(  # type: ignore[override]
+        ctx,
+        x: Tensor,
+        w: Tensor,
+        micro_steps: int = 1,
+        scales: FP8Scales = FP8_SCALES["record_2025_01"],
+    ) -> Tensor:
+        x8 = x.div(scales.x).to(torch.float8_e4m3fn)
+        w8 = w.div(scales.w).to(torch.float8_e4m3fn)
         out = torch._scaled_mm(
             x8, w8.T,  # row-major × column-major, as the FP8 GEMM wants
-            scale_a=_scale(1 / X_SCALE, x), scale_b=_scale(1 / W_SCALE, x),
+            scale_a=_scale(scales.x, x), scale_b=_scale(scales.w, x),
             out_dtype=torch.bfloat16, use_fast_accum=True,
         )  # fmt: skip
         ctx.save_for_backward(x8, w8)
-        ctx.grad_scale = GRAD_SCALE * micro_steps
+        ctx.scales, ctx.micro_steps, ctx.w_dtype = scales, micro_steps, w.dtype
         return out
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None, None]:  # type: ignore[override]
         x8, w8 = ctx.saved_tensors
-        g_scale = ctx.grad_scale
-        g8 = (grad * g_scale).to(torch.float8_e5m2)
+        scales, k = ctx.scales, ctx.micro_steps
+        scaled = grad.div(scales.g)
+        if k != 1:
+            scaled = scaled.mul(k)
+        g8 = scaled.to(torch.float8_e5m2)
+        g_s = scales.g / k  # the divisor G₈ was taken at, relative to this G
         grad_x = torch._scaled_mm(
             g8, w8.T.contiguous().T,
-            scale_a=_scale(1 / g_scale, grad), scale_b=_scale(1 / W_SCALE, grad),
+            scale_a=_scale(g_s, grad), scale_b=_scale(scales.w, grad),
             out_dtype=torch.bfloat16,
         )  # fmt: skip
         grad_w = torch._scaled_mm(
             x8.T.contiguous(), g8.T.contiguous().T,
-            scale_a=_scale(1 / X_SCALE, grad), scale_b=_scale(1 / g_scale, grad),
+            scale_a=_scale(scales.x, grad), scale_b=_scale(g_s, grad),
             out_dtype=torch.float32,
         ).T  # fmt: skip
-        return grad_x, grad_w, None
+        return grad_x, grad_w.to(ctx.w_dtype), None, None
 
 
-def head_logits(head: nn.Linear, x: Tensor, fp8: bool, micro_steps: int = 1) -> Tensor:
+def head_logits(
+    head: nn.Linear,
+    x: Tensor,
+    fp8: bool,
+    micro_steps: int = 1,
+    scales: str | FP8Scales = "record_2025_01",
+) -> Tensor:
     """The head's logits for x (..., d): FP8 when `fp8` and training, else `head(x)`;
-    `micro_steps`: the gradient accumulation (see the module docstring)."""
+    `micro_steps`: the gradient accumulation, `scales`: model.fp8_scales (module docstring)."""
     if fp8 and head.training:
-        flat = FP8Matmul.apply(x.flatten(0, -2), head.weight, micro_steps)
+        flat = FP8Matmul.apply(x.flatten(0, -2), head.weight, micro_steps, fp8_scales(scales))
         return flat.view(*x.shape[:-1], -1)
     return head(x)

@@ -8,11 +8,13 @@
     and short (⌊N/2⌋) masks one forward needs, from token ids with an EOT every
     ~`--doc-length` tokens; times include the document ids. (a) materialises T² mask values
     (10.8 GB of host memory at 32,768 tokens, growing as T²), so `--reference-max-tokens`
-    skips it above a length (default 32,768 on a CPU).
+    skips it above a length (default 32,768 on a CPU). `--token-window`: the 2025-11 record's
+    token-granular windows (i − j ≤ W with W = block·N tokens) instead of whole blocks.
 
     python scripts/bench/block_mask.py                          # 49,152 tokens, window 14
     python scripts/bench/block_mask.py --tokens 8192 16384 32768 --reference-max-tokens 32768
     python scripts/bench/block_mask.py --device cuda
+    python scripts/bench/block_mask.py --token-window --window 13
 """
 
 import argparse
@@ -42,9 +44,10 @@ def token_ids(tokens: int, doc_length: int, device: torch.device) -> Tensor:
 
 
 def token_level(
-    idx: Tensor, window: Tensor, block: int, compiled: bool = False
+    idx: Tensor, window: Tensor, block: int, compiled: bool = False, tokens: bool = False
 ) -> dict[str, object]:
-    """The masks as `create_block_mask` builds them from the per-element rule."""
+    """The masks as `create_block_mask` builds them from the per-element rule (`tokens`: the
+    token-granular window)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     if compiled:
@@ -53,7 +56,7 @@ def token_level(
 
     def rule(n: Tensor) -> Callable:
         def allowed(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
-            near = q // block - kv // block <= n - 1
+            near = q - kv <= n * block if tokens else q // block - kv // block <= n - 1
             return (q >= kv) & near & (docs[b, q] == docs[b, kv])
 
         return allowed
@@ -72,12 +75,8 @@ def _compiled_create_block_mask() -> Callable:
     return torch.compile(create_block_mask)
 
 
-def token_level_compiled(idx: Tensor, window: Tensor, block: int) -> dict[str, object]:
-    return token_level(idx, window, block, compiled=True)
-
-
-def block_level(idx: Tensor, window: Tensor, block: int) -> dict[str, object]:
-    return build_masks(idx, True, set(KINDS), window, block, impl="flex")
+def block_level(idx: Tensor, window: Tensor, block: int, tokens: bool = False) -> dict[str, object]:
+    return build_masks(idx, True, set(KINDS), window, block, "flex", token_window=tokens)
 
 
 def median_ms(build: Callable, idx: Tensor, window: Tensor, block: int, reps: int) -> float:
@@ -106,13 +105,20 @@ def main() -> None:
         help="skip (a) above this length (default: 32,768 on a CPU, none on CUDA)",
     )  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--token-window", action="store_true", help="token-granular windows of block·N tokens"
+    )
     args = parser.parse_args()
+    reference = functools.partial(token_level, tokens=args.token_window)
+    compiled = functools.partial(token_level, compiled=True, tokens=args.token_window)
+    blockwise = functools.partial(block_level, tokens=args.token_window)
     device = torch.device(args.device)
     window = torch.tensor(args.window, device=device)
-    for build in (token_level, block_level):  # load lazily imported code before timing
+    for build in (reference, blockwise):  # load lazily imported code before timing
         build(token_ids(1024, args.doc_length, device), window, args.block)
+    kind = "token-granular" if args.token_window else "whole blocks"
     print(f"device {device}, threads {torch.get_num_threads()}, window {args.window} blocks "
-          f"of {args.block}, an EOT every ~{args.doc_length} tokens\n")  # fmt: skip
+          f"of {args.block} ({kind}), an EOT every ~{args.doc_length} tokens\n")  # fmt: skip
     limit = args.reference_max_tokens
     if limit is None and device.type == "cpu":
         limit = 32768
@@ -121,13 +127,13 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|")
     for tokens in args.tokens:
         idx = token_ids(tokens, args.doc_length, device)
-        ours = median_ms(block_level, idx, window, args.block, args.reps)
-        token_level_compiled(idx, window, args.block)  # compile for this length: untimed
-        comp = median_ms(token_level_compiled, idx, window, args.block, args.reference_reps)
+        ours = median_ms(blockwise, idx, window, args.block, args.reps)
+        compiled(idx, window, args.block)  # compile for this length: untimed
+        comp = median_ms(compiled, idx, window, args.block, args.reference_reps)
         if limit is not None and tokens > limit:
             ref_ms, ref_ratio = f"skipped (> {limit:,} tokens)", "—"
         else:
-            ref = median_ms(token_level, idx, window, args.block, args.reference_reps)
+            ref = median_ms(reference, idx, window, args.block, args.reference_reps)
             ref_ms, ref_ratio = f"{ref:,.0f}", f"{ref / ours:,.0f}×"
         print(f"| {tokens:,} | {ref_ms} | {comp:,.0f} | {ours:.2f} | {ref_ratio} "
               f"| {comp / ours:,.0f}× |", flush=True)  # fmt: skip
