@@ -181,13 +181,17 @@ def describe_run(
         dtype = resolve_param_dtype(conf.dist.fsdp_param_dtype, rt.device)
         ranks += f" (fsdp, parameters in {str(dtype).removeprefix('torch.')})"
     return (
-        f"model {m.n_layer} layers, d {m.n_embd}, {m.n_head} heads: {n_params:,} "
-        f"parameters | {optimizer} | {ranks} on {rt.device.type}, {precision} | "
-        f"{t.batch_size * t.seq_len} tokens/step = {count} x {accum_steps} micro-step"
-        f"{'s' if accum_steps > 1 else ''} "
-        f"x {micro} x {t.seq_len}"
-    ) + (
-        f" at the most; by phase {', '.join(str(t.batch_size * n) for n in t.seq_len_phases)}"
-        if t.seq_len_phases
-        else ""
-    ) + (f"\nlayers: {plan}" if (plan := model.plan_summary()) else "")
+        (
+            f"model {m.n_layer} layers, d {m.n_embd}, {m.n_head} heads: {n_params:,} "
+            f"parameters | {optimizer} | {ranks} on {rt.device.type}, {precision} | "
+            f"{t.batch_size * t.seq_len} tokens/step = {count} x {accum_steps} micro-step"
+            f"{'s' if accum_steps > 1 else ''} "
+            f"x {micro} x {t.seq_len}"
+        )
+        + (
+            f" at the most; by phase {', '.join(str(t.batch_size * n) for n in t.seq_len_phases)}"
+            if t.seq_len_phases
+            else ""
+        )
+        + (f"\nlayers: {plan}" if (plan := model.plan_summary()) else "")
+    )
