@@ -7,9 +7,12 @@ Query position i may attend to key position j iff
 where doc(p) counts the EOT tokens (50256) at positions ≤ p (an EOT opens a document and
 belongs to it), b is the window's block size and N ≥ 1 its length in blocks: the query's own
 block and the N−1 before it. Long-window layers use N = N(s) from the window schedule, short
-ones max(1, ⌊N(s)/2⌋). One rule, two forms: a boolean mask for `scaled_dot_product_attention`
-(CPU, small sequences) and a FlexAttention block mask (CUDA, where skipped blocks cost
-nothing); both are built once per forward and shared by every layer of a kind.
+ones max(1, ⌊N(s)/2⌋). With token windows (model.window_granularity=token, the 2025-11
+record) the window term is i − j ≤ W instead, W a number of tokens (W + 1 keys with the query):
+long layers the schedule's `window_tokens`, short ones its `short_window_tokens`. One rule,
+two forms: a boolean mask for `scaled_dot_product_attention` (CPU, small sequences) and a
+FlexAttention block mask (CUDA, where skipped blocks cost nothing); both are built once per
+forward and shared by every layer of a kind.
 
 The block mask is built from per-block document bounds rather than by evaluating the rule at
 every (query, key) pair: O((T/b)²) tensor work, free of host syncs and traceable whole by
@@ -42,13 +45,21 @@ def window_lengths(window_blocks: Tensor) -> dict[str, Tensor]:
 
 
 def dense_mask(
-    docs: Tensor | None, T: int, n_blocks: Tensor | None, block: int, device: torch.device
+    docs: Tensor | None,
+    T: int,
+    n_blocks: Tensor | None,
+    block: int,
+    device: torch.device,
+    token_window: bool = False,
 ) -> Tensor:
-    """The rule above as a boolean (B or 1, 1, T, T) mask, True where attention is allowed."""
+    """The rule above as a boolean (B or 1, 1, T, T) mask, True where attention is allowed.
+    `token_window`: `n_blocks` is a window W in tokens (i − j ≤ W), not in blocks."""
     pos = torch.arange(T, device=device)
     q, kv = pos[:, None], pos[None, :]
     allowed = q >= kv
-    if n_blocks is not None:
+    if n_blocks is not None and token_window:
+        allowed = allowed & (q - kv <= n_blocks)
+    elif n_blocks is not None:
         allowed = allowed & (q // block - kv // block <= n_blocks - 1)
     allowed = allowed[None]
     if docs is not None:
@@ -153,12 +164,16 @@ def build_masks(
     window_blocks: Tensor | None,
     block: int,
     impl: str = "auto",
+    token_window: bool = False,
+    short_window: Tensor | None = None,
 ) -> dict[str | None, Mask] | None:
     """The masks one forward needs, by window kind ("long", "short", None = no window); None
     when plain causal attention covers everything (no document mask, no windows).
 
     `impl`: "sdpa" for dense boolean masks, "flex" for block masks, "auto" for flex on CUDA
     and sdpa elsewhere. Block masks share one tile structure; only the window clamp differs.
+    `token_window`: `window_blocks` is the long window W in tokens and `short_window` the
+    short one (both 0-d tensors), under the rule i − j ≤ W.
     """
     if not document and kinds <= {None}:
         return None
@@ -171,12 +186,21 @@ def build_masks(
     T = idx.size(1)
     docs = document_ids(idx) if document else None
     lengths = window_lengths(window_blocks) if window_blocks is not None else {}
+    if token_window:
+        if "short" in kinds and short_window is None:
+            raise ValueError(
+                "model.window_granularity=token: short-window layers need the forward's "
+                "short_window_tokens"
+            )
+        lengths = {"long": window_blocks, "short": short_window}
     tiles = tile_structure(docs, T, block, idx.device) if impl == "flex" else None
     masks: dict[str | None, Mask] = {}
     for kind in kinds:
         n = lengths[kind] if kind is not None else None
-        if tiles is not None:
+        if tiles is not None and token_window:  # tokens: the block-mask builder's flag
+            masks[kind] = block_mask(tiles, T, n, block, token_window=True)
+        elif tiles is not None:
             masks[kind] = block_mask(tiles, T, n, block)
         else:
-            masks[kind] = dense_mask(docs, T, n, block, idx.device)
+            masks[kind] = dense_mask(docs, T, n, block, idx.device, token_window)
     return masks
