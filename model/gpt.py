@@ -122,7 +122,12 @@ class GPT(nn.Module):
 
     def plan_summary(self) -> str:
         """The layer plan in one line, "" when every layer is alike."""
-        return describe_plan(self.plan) if self.cfg.differs_per_layer else ""
+        cfg = self.cfg
+        if not cfg.differs_per_layer:
+            return ""
+        extras = [f"gated skip {cfg.skip_from} -> {cfg.skip_to}"] if cfg.skip_from >= 0 else []
+        extras += [f"backout {cfg.backout_layer}"] if cfg.backout_layer >= 0 else []
+        return " | ".join([describe_plan(self.plan), *extras])
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

@@ -48,10 +48,8 @@ class Rotary(nn.Module):
         self.bf16 = bf16
         # A buffer, not a parameter: it follows .to(device) but is never trained or saved.
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.stage_freqs: Tensor | None = None
-        if yarn_windows:
-            table, _ = yarn_table(inv_freq, yarn_windows, 1.0)
-            self.register_buffer("stage_freqs", table, persistent=False)
+        table = yarn_table(inv_freq, yarn_windows, 1.0)[0] if yarn_windows else None
+        self.register_buffer("stage_freqs", table, persistent=False)  # None: no YaRN
 
     def forward(self, x: Tensor, stage: Tensor | None = None) -> Tensor:
         """Rotate x of shape (B, T, n_head, head_dim); angles are recomputed (T × d/2, cheap).
