@@ -104,7 +104,8 @@ class GPT(nn.Module):
         block. The rest (the LM head and the scalars) stays in the root unit: the FP8 head
         reads its weight directly, not through its forward, so it must be gathered when the
         model's own forward starts."""
-        return [self.embed, *getattr(self, "value_embeds", {}).values(), *self.blocks]
+        blocks = [b for b in self.blocks if next(b.parameters(), None) is not None]  # not empty
+        return [self.embed, *getattr(self, "value_embeds", {}).values(), *blocks]
 
     def count_flops(
         self,
@@ -218,7 +219,9 @@ class GPT(nn.Module):
             packed=getattr(self, "scalars", None),
             layout=self.layout,
             yarn_stage=stage,
-            attn_scale=self.yarn_scales[stage] if stage is not None else None,
+            attn_scale=self.yarn_scales.index_select(0, stage.reshape(1))[0]
+            if stage is not None
+            else None,
         )
         outputs: list[Tensor] = []
         for i, block in enumerate(self.blocks):

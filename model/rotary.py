@@ -57,7 +57,7 @@ class Rotary(nn.Module):
         t = torch.arange(x.size(1), device=x.device, dtype=torch.float32)
         inv_freq = self.inv_freq
         if stage is not None and self.stage_freqs is not None:
-            inv_freq = self.stage_freqs[stage]
+            inv_freq = self.stage_freqs.index_select(0, stage.reshape(1))[0]  # no host sync
         freqs = torch.outer(t, inv_freq)[None, :, None, :]
         cos, sin = freqs.cos(), freqs.sin()
         if self.bf16:
