@@ -235,11 +235,9 @@ class CausalSelfAttention(nn.Module):
         if self._fold is not None and self.training:  # evaluation is no part of a step
             self._fold(q, k, mask, scale)
         y = attend(q, k, v, mask, scale)
-        if hasattr(self, "gate"):  # σ(u[:k]·G[h]ᵀ) per head and position: (B, T, H) -> (B, H, T, 1)
-            y = (
-                y
-                * torch.sigmoid(self.gate(x[..., : self.gate_channels])).transpose(1, 2)[..., None]
-            )
+        if hasattr(self, "gate"):  # σ(u[:k]·G[h]ᵀ) per position and head: (B, T, H)
+            g = torch.sigmoid(self.gate(x[..., : self.gate_channels]))
+            y = y * g.transpose(1, 2)[..., None]
         y = y.transpose(1, 2).reshape(B, T, C)
         if hasattr(self, "qkvo"):
             return F.linear(y, w[3])
@@ -269,7 +267,11 @@ class CausalSelfAttention(nn.Module):
             lam = self.value_lambda if self.value_residual == "learned" else self.fixed_lambda
             v = (1 - lam) * v + lam * ctx.v1
         if self.has_value_mix:
-            mix = ctx.packed[ctx.layout.value_mix(self.layer)] if ctx.layout else self.value_mix
+            mix = (
+                self.value_mix
+                if ctx.layout is None
+                else ctx.packed[ctx.layout.value_mix(self.layer)]
+            )
             alpha, beta = mix[0], mix[1]
             if self.value_embed is None:
                 v = alpha * v

@@ -40,7 +40,7 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, rotary: Rotary, ctx: Context) -> Tensor:
         if ctx.x0 is not None:
-            mix = ctx.packed[ctx.layout.x0_mix(self.layer)] if ctx.layout else self.x0_mix
+            mix = self.x0_mix if ctx.layout is None else ctx.packed[ctx.layout.x0_mix(self.layer)]
             x = mix[0] * x + mix[1] * ctx.x0
         if self.attn is not None:
             x = x + self.attn(rms_norm(x), rotary, ctx)
@@ -203,6 +203,9 @@ class GPT(nn.Module):
             e = self._smear(e)
         x = rms_norm(e)
         stage = yarn_stage if cfg.yarn else None
+        scale = None  # the stage's attention scale; indexed on device, so no host sync
+        if stage is not None:
+            scale = self.yarn_scales.index_select(0, stage.reshape(1))[0]
         ctx = Context(
             x0=x if cfg.x0_shortcut else None,
             value_embeds={int(t): ve(idx) for t, ve in getattr(self, "value_embeds", {}).items()},
@@ -219,9 +222,7 @@ class GPT(nn.Module):
             packed=getattr(self, "scalars", None),
             layout=self.layout,
             yarn_stage=stage,
-            attn_scale=self.yarn_scales.index_select(0, stage.reshape(1))[0]
-            if stage is not None
-            else None,
+            attn_scale=scale,
         )
         outputs: list[Tensor] = []
         for i, block in enumerate(self.blocks):
