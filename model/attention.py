@@ -2,12 +2,15 @@
 
 For input u (already RMS-normalised), per head of size D:
 
-    q, k, v = u·W_qᵀ, u·W_kᵀ, u·W_vᵀ      (or slices 0, 1, 2 of one merged 3×d×d weight)
+    q, k, v = u·W_qᵀ, u·W_kᵀ, u·W_vᵀ      (or slices 0, 1, 2 of one merged 3×d×d weight, or of
+                                           the 2025-11 record's 4×d×d W_q, W_k, W_v, W_o)
     v <- (1−λ)·v + λ·v₁                    value residual: v₁ = block 0's raw v, λ fixed or learned
     v <- α·v + β·ve                        value embeddings: ve = VE_t[tokens] in layers with a
                                            table, v <- α·v in the other attention layers
     q, k <- rotary(RMSNorm(q)), rotary(RMSNorm(k))   QK-norm (unless model.qk_norm=false), rotary
-    y = softmax(scale·q·kᵀ + mask)·v       scale 1/√D, or model.attn_scale (0.12 in 2025-01)
+    y = softmax(scale·q·kᵀ + mask)·v       scale 1/√D, or model.attn_scale (0.12 in 2025-01),
+                                           or YaRN's scale of the stage (model/yarn.py)
+    y_h <- y_h·σ(u[:k]·G[h]ᵀ)               sparse output gate per head (model.attn_gate)
     out = y·W_oᵀ                            heads concatenated in order
 
 The mask is causal, or the document / sliding-window rule of `model/masks.py`.
@@ -28,10 +31,24 @@ from model.layers import linear, rms_norm
 from model.masks import Mask
 from model.plan import LayerSpec
 from model.rotary import Rotary
+from model.scalars import ScalarLayout
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: float | None) -> Tensor:
-    """softmax(scale·q·kᵀ)·v over (B, H, T, D) tensors, causal or under `mask`."""
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: float | Tensor | None
+) -> Tensor:
+    """softmax(scale·q·kᵀ)·v over (B, H, T, D) tensors, causal or under `mask`. A 0-d tensor
+    `scale` (YaRN's, which changes during a run) stays a tensor up to FlexAttention, through a
+    score_mod, so a compiled model neither syncs nor recompiles; SDPA takes a float."""
+    if isinstance(scale, Tensor) and (mask is None or isinstance(mask, Tensor)):
+        scale = scale.item()
+    elif isinstance(scale, Tensor):
+        s = scale
+
+        def scaled(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            return score * s
+
+        return _flex(q)(q, k, v, block_mask=mask, scale=1.0, score_mod=scaled)
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     if isinstance(mask, Tensor):
@@ -124,7 +141,7 @@ def max_logits(q: Tensor, k: Tensor, mask: Mask | None, scale: float | None) -> 
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, spec: LayerSpec) -> None:
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec, layer: int) -> None:
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
         self.scale = cfg.attn_scale or None  # None: SDPA's own 1/√D
@@ -136,18 +153,30 @@ class CausalSelfAttention(nn.Module):
         self.window = spec.window
         self.value_embed = spec.value_embed
         self.value_residual = cfg.value_residual
+        self.layer = layer  # its place in the packed scalars
         d = cfg.n_embd
-        if cfg.merged_qkv:
+        if cfg.merged_qkvo:
+            # The record's 768 × 3,072 parameter read in memory order as four (out, in)
+            # matrices is this (4, d, d) stack: the same memory, and Muon/NorMuon treat each
+            # slice as its own matrix, as the record does.
+            self.qkvo = nn.Parameter(torch.empty(4, d, d))
+            self.qkvo.role = "matrix"  # type: ignore[attr-defined]  # a hidden matrix per slice
+        elif cfg.merged_qkv:
             self.qkv = nn.Parameter(torch.empty(3, d, d))
             self.qkv.role = "matrix"  # type: ignore[attr-defined]  # a hidden matrix per slice
         else:
             self.q, self.k, self.v = linear(cfg, d, d), linear(cfg, d, d), linear(cfg, d, d)
-        self.o = linear(cfg, d, d)
+        if not cfg.merged_qkvo:
+            self.o = linear(cfg, d, d)
         if cfg.value_residual == "learned":
             self.value_lambda = nn.Parameter(torch.tensor(cfg.value_residual_lambda))
         self.fixed_lambda = cfg.value_residual_lambda
-        if cfg.value_embeds:
+        self.has_value_mix = bool(cfg.value_embeds)
+        if cfg.value_embeds and not cfg.packed_scalars:
             self.value_mix = nn.Parameter(torch.tensor([0.5, 0.5]))  # (α, β)
+        self.gate_channels = cfg.gate_channels
+        if cfg.attn_gate:  # (heads × k), an nn.Linear as the record's (bf16 in a bf16 model)
+            self.gate = linear(cfg, cfg.gate_channels, cfg.n_head)
 
     def reset_max_logit(self) -> None:
         """Forget the tracked maxima (QK-clip's interface, optim/qk_clip.py)."""
@@ -161,22 +190,36 @@ class CausalSelfAttention(nn.Module):
         """Multiply head h's rows of W_q and of W_k by factors[h] (QK-clip's interface), in
         the rows this rank holds."""
         per_row = factors.repeat_interleave(self.head_dim)[:, None]  # (d, 1): one per row
-        if hasattr(self, "qkv"):  # dim 0 is the q/k/v slice; v's rows stay as they are
+        if hasattr(self, "qkvo"):  # v's and o's rows stay as they are
+            ones = torch.ones_like(per_row)
+            scale_rows(self.qkvo, torch.stack([per_row, per_row, ones, ones]))
+        elif hasattr(self, "qkv"):  # dim 0 is the q/k/v slice; v's rows stay as they are
             scale_rows(self.qkv, torch.stack([per_row, per_row, torch.ones_like(per_row)]))
         else:
             scale_rows(self.q.weight, per_row)
             scale_rows(self.k.weight, per_row)
 
     def qkv_weights(self) -> list[Tensor]:
-        """The three hidden matrices, for initialisation."""
+        """The three hidden matrices, for initialisation: merged, one tensor that is drawn at
+        once (with qkvo its first three slices, so W_o draws nothing)."""
+        if hasattr(self, "qkvo"):
+            return [self.qkvo[:3]]
         if hasattr(self, "qkv"):
             return [self.qkv]
         return [self.q.weight, self.k.weight, self.v.weight]
 
+    def out_weight(self) -> Tensor:
+        """W_o, zero at initialisation."""
+        return self.qkvo[3] if hasattr(self, "qkvo") else self.o.weight
+
     def forward(self, x: Tensor, rotary: Rotary, ctx: "Context") -> Tensor:
         B, T, C = x.shape
         shape = (B, T, self.n_head, self.head_dim)
-        if hasattr(self, "qkv"):
+        if hasattr(self, "qkvo"):
+            w = self.qkvo.to(x.dtype)
+            q, k, v = F.linear(x, w[:3].flatten(0, 1)).view(B, T, 3, -1).unbind(2)
+            q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
+        elif hasattr(self, "qkv"):
             q, k, v = F.linear(x, self.qkv.flatten(0, 1).to(x.dtype)).view(B, T, 3, -1).unbind(2)
             q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
         else:
@@ -185,12 +228,20 @@ class CausalSelfAttention(nn.Module):
         # QK-norm bounds the attention logits, which lets the records run higher LRs stably.
         if self.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
-        q, k, v = rotary(q).transpose(1, 2), rotary(k).transpose(1, 2), v.transpose(1, 2)
+        q, k = rotary(q, ctx.yarn_stage).transpose(1, 2), rotary(k, ctx.yarn_stage).transpose(1, 2)
+        v = v.transpose(1, 2)
         mask = ctx.masks[self.window] if ctx.masks is not None else None
+        scale = ctx.attn_scale if ctx.attn_scale is not None else self.scale
         if self._fold is not None and self.training:  # evaluation is no part of a step
-            self._fold(q, k, mask)
-        y = attend(q, k, v, mask, self.scale)
-        return self.o(y.transpose(1, 2).reshape(B, T, C))
+            self._fold(q, k, mask, scale)
+        y = attend(q, k, v, mask, scale)
+        if hasattr(self, "gate"):  # σ(u[:k]·G[h]ᵀ) per position and head: (B, T, H)
+            g = torch.sigmoid(self.gate(x[..., : self.gate_channels]))
+            y = y * g.transpose(1, 2)[..., None]
+        y = y.transpose(1, 2).reshape(B, T, C)
+        if hasattr(self, "qkvo"):
+            return F.linear(y, w[3])
+        return self.o(y)
 
     @property
     def track_max_logit(self) -> bool:
@@ -203,8 +254,10 @@ class CausalSelfAttention(nn.Module):
         # wrapper is made here, not at import: it imports torch._dynamo (half a second).
         self._fold = torch.compiler.disable(self._fold_max_logit) if on else None
 
-    def _fold_max_logit(self, q: Tensor, k: Tensor, mask: Mask | None) -> None:
-        m = max_logits(q.detach(), k.detach(), mask, self.scale)
+    def _fold_max_logit(
+        self, q: Tensor, k: Tensor, mask: Mask | None, scale: float | Tensor | None
+    ) -> None:
+        m = max_logits(q.detach(), k.detach(), mask, scale)
         self.max_logit = m if self.max_logit is None else torch.maximum(self.max_logit, m)
 
     def _mix_values(self, v: Tensor, ctx: "Context") -> Tensor:
@@ -213,8 +266,13 @@ class CausalSelfAttention(nn.Module):
                 ctx.v1 = v
             lam = self.value_lambda if self.value_residual == "learned" else self.fixed_lambda
             v = (1 - lam) * v + lam * ctx.v1
-        if hasattr(self, "value_mix"):
-            alpha, beta = self.value_mix[0], self.value_mix[1]
+        if self.has_value_mix:
+            mix = (
+                self.value_mix
+                if ctx.layout is None
+                else ctx.packed[ctx.layout.value_mix(self.layer)]
+            )
+            alpha, beta = mix[0], mix[1]
             if self.value_embed is None:
                 v = alpha * v
             else:
@@ -223,15 +281,23 @@ class CausalSelfAttention(nn.Module):
 
 
 class Context:
-    """What every block of one forward shares: x0, value embeddings, masks, block 0's values."""
+    """What every block of one forward shares: x0, value embeddings, masks, block 0's values;
+    the packed scalars and their layout (model.packed_scalars), the YaRN stage and its
+    attention scale (0-d tensors)."""
 
     def __init__(
         self,
         x0: Tensor | None,
         value_embeds: dict[int, Tensor],
         masks: dict[str | None, Mask] | None,
+        packed: Tensor | None = None,
+        layout: ScalarLayout | None = None,
+        yarn_stage: Tensor | None = None,
+        attn_scale: Tensor | None = None,
     ) -> None:
         self.x0, self.value_embeds, self.masks = x0, value_embeds, masks
+        self.packed, self.layout = packed, layout
+        self.yarn_stage, self.attn_scale = yarn_stage, attn_scale
         self.v1: Tensor | None = None
 
 

@@ -16,6 +16,9 @@ VALUE_RESIDUALS = ("off", "fixed", "learned")
 SOFTCAP_FORMS = ("tanh", "sigmoid")
 LOSSES = ("auto", "fused", "plain")
 ATTENTION_IMPLS = ("auto", "sdpa", "flex")
+WINDOW_GRANULARITIES = ("block", "token")
+LOSS_REDUCTIONS = ("mean", "sum")
+LOSS_DTYPES = ("fp32", "bf16")
 OPERATIONAL = {"resume": "operational"}  # how a checkpoint treats a field (trainer/config.py)
 
 
@@ -117,6 +120,46 @@ class ModelConfig:
     """Softcapped cross-entropy: fused (chunked, for CPU caches) | plain (the formula, which
     torch.compile fuses on GPU) | auto: fused on CPU, plain elsewhere."""
 
+    # --- the 2025-11 record's options (docs RECORD_C.md C.1, C.2), each off by default ------
+    mlp_layers: str = ""
+    """Per-layer pattern: "M" MLP, "." none; "" = an MLP everywhere. A layer with neither
+    attention nor MLP is skipped whole (no x0 mix). The 2025-11 record: ".MMMMMMMMMMM"."""
+    merged_qkvo: bool = False
+    """One (4, d, d) parameter for W_q, W_k, W_v, W_o (each (out, in); Muon per slice)."""
+    fc_in_out: bool = False
+    """Store the MLP's C_fc as (in, out) = (d, 4d), used as u·C_fc (C_proj stays (out, in))."""
+    attn_gate: bool = False
+    """Per-head output gate y_h <- y_h·σ(u[:k]·G[h]ᵀ), G (heads × k) zero-init, k below."""
+    smear: bool = False
+    """e'_t = e_t + λ·σ(e_t[:k]·wᵀ)·e_(t−1) on the token embeddings (w 1 × k zero, λ from 0)."""
+    gate_channels: int = 12
+    """k: the leading channels of the stream that the attention and smear gates read."""
+    skip_from: int = -1
+    """Gated skip: the output of layer skip_from is added to the input of layer skip_to with
+    weight σ(w), w from −1.5; −1 = off. The record: 4 → 7."""
+    skip_to: int = -1
+    """See skip_from."""
+    backout_layer: int = -1
+    """Before the final norm x <- x − λ·(output of this layer), λ from 0.5; −1 = off. Record: 8."""
+    x0_mix_a_init: float = 1.0
+    """The initial a of the x0 shortcut's (a, b); the 2025-11 record 1.1."""
+    packed_scalars: bool = False
+    """Every scalar of the model in one fp32 vector, the 2025-11 record's layout
+    (model/scalars.py)."""
+    scalars_multiple: int = 8
+    """The packed vector is padded (with ones) to a multiple of this: the record's 8 ranks, kept
+    whatever the rank count so the parameter count is the same everywhere."""
+    head_bf16: bool = False
+    """The LM head weight a bf16 parameter (the 2025-11 record); needs model.dtype=bf16."""
+    window_granularity: str = field(default="block", metadata={"choices": WINDOW_GRANULARITIES})
+    """block: the window is whole blocks of window_block tokens | token: query i sees keys j
+    with i − j ≤ W tokens (W + 1 keys), long W = window_tokens, short W = short_window_tokens."""
+    loss_reduction: str = field(default="mean", metadata={"choices": LOSS_REDUCTIONS})
+    """The training loss over tokens: mean | sum (the 2025-11 record). Evaluation: the mean."""
+    loss_dtype: str = field(default="fp32", metadata={"choices": LOSS_DTYPES})
+    """fp32: cap and cross-entropy in fp32 at least | bf16: the cap in the logits' dtype, and in
+    training the cross-entropy too (evaluation: fp32 cross-entropy); needs model.loss≠fused."""
+
     def step_args(
         self,
         step: int,
@@ -158,7 +201,10 @@ class ModelConfig:
     @property
     def differs_per_layer(self) -> bool:
         """Whether layers differ (windows, value embeddings, MLP-only layers, U-net skips)."""
-        return bool(self.window or self.value_embeds or self.attention_layers or self.unet)
+        return bool(
+            self.window or self.value_embeds or self.attention_layers or self.unet
+            or self.mlp_layers or self.skip_from >= 0 or self.backout_layer >= 0
+        )  # fmt: skip
 
     @property
     def head_dim(self) -> int:
@@ -235,6 +281,59 @@ class ModelConfig:
                 )
         if self.fp8_head and self.dtype != "bf16":
             raise ValueError("model.fp8_head=true needs model.dtype=bf16 (its inputs are bf16)")
+        self._validate_record_c()
+
+    def _validate_record_c(self) -> None:
+        n = self.n_layer
+        bad = set(self.mlp_layers) - set("M.")
+        if bad:
+            raise ValueError(
+                f"model.mlp_layers={self.mlp_layers!r}: each layer is one of "
+                f"['M', '.'], got {sorted(bad)}"
+            )
+        if self.merged_qkvo and self.merged_qkv:
+            raise ValueError("model.merged_qkvo and model.merged_qkv: set one (qkvo holds W_o too)")
+        gated = self.attn_gate or self.smear
+        if gated and not 0 < self.gate_channels <= self.n_embd:
+            raise ValueError(
+                f"model.gate_channels must be in [1, model.n_embd], got {self.gate_channels}"
+            )
+        for key in ("skip_from", "skip_to", "backout_layer"):
+            if not -1 <= getattr(self, key) < n:
+                raise ValueError(
+                    f"model.{key} must be −1 (off) or a layer index below "
+                    f"model.n_layer ({n}), got {getattr(self, key)}"
+                )
+        off = self.skip_from < 0 and self.skip_to < 0
+        if not off and not 0 <= self.skip_from < self.skip_to:
+            raise ValueError(
+                f"model.skip_from ({self.skip_from}) and model.skip_to "
+                f"({self.skip_to}): both −1 (off), or from an earlier layer"
+            )
+        if self.skip_from >= 0 and self.unet:
+            raise ValueError("model.skip_from and model.unet: one kind of skip at a time")
+        if self.scalars_multiple <= 0:
+            raise ValueError(
+                f"model.scalars_multiple must be positive, got {self.scalars_multiple}"
+            )
+        if self.packed_scalars and (self.unet or self.value_residual == "learned"):
+            raise ValueError(
+                "model.packed_scalars has no place for model.unet's skip weights or "
+                "model.value_residual=learned's λ: turn those off"
+            )
+        if self.packed_scalars and self.skip_from >= 0 and n < 2:
+            raise ValueError(
+                "model.packed_scalars reads the skip gate at index 1: needs model.n_layer >= 2"
+            )
+        if self.head_bf16 and self.dtype != "bf16":
+            raise ValueError("model.head_bf16=true needs model.dtype=bf16 (its inputs are bf16)")
+        if self.window_granularity == "token" and not self.window:
+            raise ValueError("model.window_granularity=token needs model.window (which layers)")
+        if self.loss == "fused" and self.loss_dtype == "bf16":
+            raise ValueError(
+                "model.loss=fused computes in fp32: use model.loss=plain or auto "
+                "with model.loss_dtype=bf16"
+            )
 
     # --- window schedule by phase (the 2025-11 record) --------------------------------------
     def _validate_window_schedule(self) -> None:

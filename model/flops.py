@@ -13,7 +13,9 @@ pair costs 2·d for q·kᵀ and 2·d for scores·v forward, three times that wit
 PaLM counts every pair of the sequence. Here each layer counts the pairs its mask allows, by
 the rule of `model/masks.py`: query i sees key j ≤ i, within its document with
 model.document_mask, and within ⌊i/b⌋ − ⌊j/b⌋ ≤ N − 1 with a sliding window (long layers N(s)
-blocks, short max(1, N(s)//2)); MLP-only layers none. A document-masked, windowed model is so
+blocks, short max(1, N(s)//2)); with token windows (model.window_granularity=token) within
+i − j ≤ W tokens, long W = window_tokens and short W = short_window_tokens, counted exactly
+the same way; MLP-only and empty layers none. A document-masked, windowed model is so
 credited with the attention it computes, not with a whole packed sequence's: over the 2025-01
 record's 49,152-token sequence, with documents ~1000 tokens long, causal attention would be 25
 times the pairs that even its widest window lets through. (Masked elements that a kernel
@@ -44,12 +46,17 @@ def matmul_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.ndim >= 2 and id(p) not in tables)
 
 
-def keys_per_query(idx: Tensor, document: bool, n_blocks: Tensor | None, block: int) -> Tensor:
+def keys_per_query(
+    idx: Tensor, document: bool, n_blocks: Tensor | None, block: int, tokens: bool = False
+) -> Tensor:
     """How many keys each query position of `idx` (B, T) attends to: (T,) when every row is
-    alike (no document mask), else (B, T). `n_blocks`: the window in blocks (None: no window)."""
+    alike (no document mask), else (B, T). `n_blocks`: the window in blocks (None: no window),
+    or with `tokens` the window W in tokens (keys i − W … i)."""
     pos = torch.arange(idx.size(-1), device=idx.device)
     first = torch.zeros_like(pos)  # the first key each query sees
-    if n_blocks is not None:
+    if n_blocks is not None and tokens:
+        first = (pos - n_blocks).clamp(min=0)
+    elif n_blocks is not None:
         first = (pos // block - n_blocks + 1).clamp(min=0) * block
     if document:  # an EOT opens its document, so the latest one at or before i starts i's
         doc_start = torch.where(idx == EOT, pos, 0).cummax(-1).values
@@ -57,14 +64,20 @@ def keys_per_query(idx: Tensor, document: bool, n_blocks: Tensor | None, block: 
     return pos - first + 1
 
 
-def attended_pairs(idx: Tensor, document: bool, n_blocks: Tensor | None, block: int) -> Tensor:
+def attended_pairs(
+    idx: Tensor, document: bool, n_blocks: Tensor | None, block: int, tokens: bool = False
+) -> Tensor:
     """The (query, key) pairs one attention layer computes over `idx` (B, T), summed over its
     rows: a 0-d int64 tensor on `idx`'s device."""
-    return keys_per_query(idx, document, n_blocks, block).expand(idx.shape).sum()
+    return keys_per_query(idx, document, n_blocks, block, tokens).expand(idx.shape).sum()
 
 
 def training_flops(
-    idx: Tensor, cfg: ModelConfig, n_params: int, window_tokens: Tensor | float | None = None
+    idx: Tensor,
+    cfg: ModelConfig,
+    n_params: int,
+    window_tokens: Tensor | float | None = None,
+    short_window_tokens: Tensor | float | None = None,
 ) -> Tensor:
     """FLOPs of one forward and backward over the tokens `idx` (B, T), as a 0-d float64 tensor
     on their device: 6·N·tokens + 12·d·P (module docstring). `n_params`: N (`matmul_params`);
@@ -72,7 +85,14 @@ def training_flops(
     the count free of host syncs)."""
     kinds = Counter(s.window for s in layer_plan(cfg) if s.attention)
     lengths: dict[str, Tensor] = {}
-    if window_tokens is not None:
+    token = cfg.window_granularity == "token"
+    if window_tokens is not None and token:
+        for kind, w in (("long", window_tokens), ("short", short_window_tokens)):
+            if w is not None:
+                lengths[kind] = torch.as_tensor(w, device=idx.device).floor().long()
+        if "short" in kinds and "short" not in lengths:
+            raise ValueError("model.window_granularity=token: count FLOPs with short_window_tokens")
+    elif window_tokens is not None:
         tokens = torch.as_tensor(window_tokens, dtype=torch.float64, device=idx.device)
         lengths = window_lengths(torch.ceil(tokens / cfg.window_block).long())
     elif kinds.keys() - {None}:
@@ -80,14 +100,16 @@ def training_flops(
     pairs = torch.zeros((), dtype=torch.int64, device=idx.device)
     for kind, layers in kinds.items():
         n_blocks = lengths[kind] if kind is not None else None
-        pairs = pairs + layers * attended_pairs(idx, cfg.document_mask, n_blocks, cfg.window_block)
+        pairs = pairs + layers * attended_pairs(
+            idx, cfg.document_mask, n_blocks, cfg.window_block, token
+        )
     return 6.0 * n_params * idx.numel() + 12.0 * cfg.n_embd * pairs.double()
 
 
 @dataclass(frozen=True)
 class StepFlops:
     """One model's FLOP count as a function of a batch: `StepFlops.of(model)(idx, **args)`,
-    with the forward's step-dependent arguments (`window_tokens`)."""
+    with the forward's step-dependent arguments (`window_tokens`, `short_window_tokens`)."""
 
     cfg: ModelConfig
     n_params: int  # N, counted once
@@ -97,5 +119,11 @@ class StepFlops:
         """The count for a `GPT` (its config and matmul parameters)."""
         return cls(model.cfg, matmul_params(model))
 
-    def __call__(self, idx: Tensor, window_tokens: Tensor | float | None = None) -> Tensor:
-        return training_flops(idx, self.cfg, self.n_params, window_tokens)
+    def __call__(
+        self,
+        idx: Tensor,
+        window_tokens: Tensor | float | None = None,
+        short_window_tokens: Tensor | float | None = None,
+        yarn_stage: Tensor | None = None,
+    ) -> Tensor:
+        return training_flops(idx, self.cfg, self.n_params, window_tokens, short_window_tokens)

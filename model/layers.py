@@ -1,5 +1,6 @@
 """The small pieces every block uses: RMSNorm, linear layers, the ReLU² MLP."""
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -27,12 +28,26 @@ def linear(cfg: ModelConfig, fan_in: int, fan_out: int) -> nn.Linear:
     return cls(fan_in, fan_out, bias=False)
 
 
+class InOutLinear(nn.Module):
+    """y = x · W with W stored (in, out), as the 2025-11 record stores its MLP's C_fc: the
+    stored shape decides which axis NorMuon normalises (model.fc_in_out). The weight is cast
+    to the input's dtype, as `CastedLinear`'s."""
+
+    def __init__(self, fan_in: int, fan_out: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(fan_in, fan_out))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x @ self.weight.to(x.dtype)
+
+
 class MLP(nn.Module):
     """proj(relu(fc(x))²): 4× wide, ReLU²."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.fc = linear(cfg, cfg.n_embd, 4 * cfg.n_embd)
+        d = cfg.n_embd
+        self.fc = InOutLinear(d, 4 * d) if cfg.fc_in_out else linear(cfg, d, 4 * d)
         self.proj = linear(cfg, 4 * cfg.n_embd, cfg.n_embd)
 
     def forward(self, x: Tensor) -> Tensor:

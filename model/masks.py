@@ -213,13 +213,15 @@ def build_masks(
     block: int,
     impl: str = "auto",
     token_window: bool = False,
+    short_window: Tensor | None = None,
 ) -> dict[str | None, Mask] | None:
     """The masks one forward needs, by window kind ("long", "short", None = no window); None
     when plain causal attention covers everything (no document mask, no windows).
 
-    `window_blocks`: the long window N in blocks (short: `window_lengths`), or each kind's N
-    ({"long": N, "short": n}, for a short window that is not ⌊N/2⌋). `token_window`: each
-    window is W = b·N tokens, token-granular (i − j ≤ W), rather than N whole blocks.
+    `window_blocks`: without `token_window`, the long window N in blocks (short: `window_lengths`)
+    or each kind's N ({"long": N, "short": n}, for a short window that is not ⌊N/2⌋). With
+    `token_window` (model.window_granularity=token) the windows are token-granular, i − j ≤ W:
+    `window_blocks` is the long W in tokens and `short_window` the short one (0-d tensors).
     `impl`: "sdpa" for dense boolean masks, "flex" for block masks, "auto" for flex on CUDA
     and sdpa elsewhere. Block masks share one tile structure; only the window's lists differ.
     """
@@ -233,12 +235,17 @@ def build_masks(
         raise ValueError(f"unknown mask implementation {impl!r}: expected sdpa, flex or auto")
     T = idx.size(1)
     docs = document_ids(idx) if document else None
-    if isinstance(window_blocks, dict):
+    if token_window:
+        if "short" in kinds and short_window is None:
+            raise ValueError(
+                "model.window_granularity=token: short-window layers need the forward's "
+                "short_window_tokens"
+            )
+        lengths = {"long": window_blocks, "short": short_window}
+    elif isinstance(window_blocks, dict):
         lengths = {kind: n.clamp(min=1) for kind, n in window_blocks.items()}
     else:
         lengths = window_lengths(window_blocks) if window_blocks is not None else {}
-    if token_window:
-        lengths = {kind: n * block for kind, n in lengths.items()}
     tiles = tile_structure(docs, T, block, idx.device) if impl == "flex" else None
     masks: dict[str | None, Mask] = {}
     for kind in kinds:

@@ -7,8 +7,11 @@ patterns over a reference depth, one character per layer; a pattern of another l
 resampled to `n_layer` by the nearest-layer rule: layer ℓ of n takes the character of
 reference layer round(ℓ·(m−1)/(n−1)) of m. At the reference depth that is the pattern itself;
 the 2025-01 record's 12-layer layout at 4 layers becomes: layer 0 = record layer 0, 1 = 4,
-2 = 7 (no attention), 3 = 11. The U-net pairing is structural: the first n//2 layers are the
-encoder; decoder layer E+i adds the output of encoder layer E−1−i (when there is one).
+2 = 7 (no attention), 3 = 11; the 2025-11 record's (`mlp_layers` ".MMMMMMMMMMM",
+`attention_layers` ".AAAAAA.AAAA") becomes: 0 empty, 1 attention + MLP, 2 MLP only,
+3 attention + MLP. A layer with neither attention nor MLP is skipped whole. The U-net pairing
+is structural: the first n//2 layers are the encoder; decoder layer E+i adds the output of
+encoder layer E−1−i (when there is one).
 """
 
 from dataclasses import dataclass
@@ -22,6 +25,11 @@ class LayerSpec:
     window: str | None  # "long", "short", or None (all of the past)
     value_embed: int | None  # the value-embedding table this layer adds to its values
     skip_from: int | None  # U-net: the earlier layer whose output is added at the input
+    mlp: bool = True  # False: no MLP (with no attention either, the block is skipped)
+
+    @property
+    def empty(self) -> bool:
+        return not self.attention and not self.mlp
 
 
 def resample(pattern: str, n: int) -> str:
@@ -37,6 +45,7 @@ def layer_plan(cfg: ModelConfig) -> list[LayerSpec]:
     attention = resample(cfg.attention_layers, n) if cfg.attention_layers else "A" * n
     window = resample(cfg.window, n) if cfg.window else None
     tables = resample(cfg.value_embeds, n) if cfg.value_embeds else "." * n
+    mlps = resample(cfg.mlp_layers, n) if cfg.mlp_layers else "M" * n
     encoder = n // 2
     plan = []
     for layer in range(n):
@@ -47,6 +56,7 @@ def layer_plan(cfg: ModelConfig) -> list[LayerSpec]:
                 window=None if window is None else {"L": "long", "S": "short"}[window[layer]],
                 value_embed=None if tables[layer] == "." else int(tables[layer]),
                 skip_from=skip if skip is not None and skip >= 0 else None,
+                mlp=mlps[layer] == "M",
             )
         )
     return plan
@@ -56,7 +66,9 @@ def describe_plan(plan: list[LayerSpec]) -> str:
     """One line per layer, for the startup log: "0: attn long ve0 | 1: attn short | ..."."""
     parts = []
     for i, s in enumerate(plan):
-        bits = ["attn" if s.attention else "mlp only"]
+        bits = ["empty" if s.empty else "attn" if s.attention else "mlp only"]
+        if s.attention and not s.mlp:
+            bits.append("no mlp")
         if s.attention and s.window:
             bits.append(s.window)
         if s.value_embed is not None:

@@ -15,10 +15,16 @@ d = 128), kept apart so that a record run can match the record's rotary tables b
 Angles are computed in fp32. With `bf16` (the 2024-11 record) the cos/sin tables are rounded
 to bf16 and the rotation runs in the input's dtype; otherwise it runs in fp32 and the result
 is cast back. Positions are indices along the sequence (a packed sequence's, across documents).
+
+With `stage_freqs` (YaRN, model/yarn.py: one row of frequencies per stage) the forward takes the
+stage as a 0-d tensor and rotates by that row, so a compiled model does not recompile when the
+stage changes; without a stage it uses the base frequencies (stage 0).
 """
 
 import torch
 from torch import Tensor, nn
+
+from model.yarn import yarn_table
 
 
 class Rotary(nn.Module):
@@ -29,6 +35,8 @@ class Rotary(nn.Module):
         mode: str = "full",
         bf16: bool = False,
         reciprocal: bool = False,
+        yarn_windows: list[int] | None = None,
+        window_block: int = 128,
     ) -> None:
         super().__init__()
         if mode == "half_truncated":
@@ -41,11 +49,20 @@ class Rotary(nn.Module):
         self.bf16 = bf16
         # A buffer, not a parameter: it follows .to(device) but is never trained or saved.
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # YaRN: the frequencies of each stage of the long window (in blocks of window_block)
+        table = (
+            yarn_table(inv_freq, yarn_windows, window_block, 1.0).freqs if yarn_windows else None
+        )
+        self.register_buffer("stage_freqs", table, persistent=False)  # None: no YaRN
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Rotate x of shape (B, T, n_head, head_dim); angles are recomputed (T × d/2, cheap)."""
+    def forward(self, x: Tensor, stage: Tensor | None = None) -> Tensor:
+        """Rotate x of shape (B, T, n_head, head_dim); angles are recomputed (T × d/2, cheap).
+        `stage`: the YaRN stage (0-d integer tensor), None = the base frequencies."""
         t = torch.arange(x.size(1), device=x.device, dtype=torch.float32)
-        freqs = torch.outer(t, self.inv_freq)[None, :, None, :]
+        inv_freq = self.inv_freq
+        if stage is not None and self.stage_freqs is not None:
+            inv_freq = self.stage_freqs.index_select(0, stage.reshape(1))[0]  # no host sync
+        freqs = torch.outer(t, inv_freq)[None, :, None, :]
         cos, sin = freqs.cos(), freqs.sin()
         if self.bf16:
             cos, sin = cos.bfloat16().to(x.dtype), sin.bfloat16().to(x.dtype)

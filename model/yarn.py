@@ -60,7 +60,7 @@ def yarn_table(
         raise ValueError(
             f"windows ({list(windows)}) and window_block ({window_block}) must be >= 1"
         )
-    omega = base_freqs.detach().to(device="cpu", dtype=torch.float32).clone()
+    omega = base_freqs.detach().to(dtype=torch.float32).clone()
     rows, scales, scale = [omega], [float(attn_scale)], float(attn_scale)
     for n0, n1 in itertools.pairwise(windows):
         turns = window_block * n0 * omega / (2 * math.pi)

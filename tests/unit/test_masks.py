@@ -402,17 +402,15 @@ def test_token_window_attention_equals_the_reference_and_sdpa(
 
 
 def test_build_masks_token_windows_by_kind() -> None:
-    """token_window: long W = b·N, short b·⌊N/2⌋ (or each kind's N from a dict), dense and
-    block forms alike; the full-tile lists stay shared, the block rule stays the default."""
+    """token_window: the long and the short window W in tokens, dense and block forms
+    alike; the full-tile lists stay shared, the block rule stays the default."""
     T, block = 200, 16
     idx = token_rows(T, block)
     kinds = {"long", "short", None}
-    for windows, (long, short) in [
-        (torch.tensor(5), (80, 32)),
-        ({"long": torch.tensor(7), "short": torch.tensor(3)}, (112, 48)),
-    ]:
-        flex = build_masks(idx, True, kinds, windows, block, impl="flex", token_window=True)
-        sdpa = build_masks(idx, True, kinds, windows, block, impl="sdpa", token_window=True)
+    for long, short in [(80, 32), (112, 48), (37, 0)]:
+        windows, short_w = torch.tensor(long), torch.tensor(short)
+        flex = build_masks(idx, True, kinds, windows, block, "flex", True, short_w)
+        sdpa = build_masks(idx, True, kinds, windows, block, "sdpa", True, short_w)
         assert flex["long"].full_kv_indices.data_ptr() == flex["short"].full_kv_indices.data_ptr()
         docs, pos = (idx == EOT).cumsum(-1), torch.arange(T)
         same_doc = (docs[:, :, None] == docs[:, None, :])[:, None]
@@ -423,9 +421,9 @@ def test_build_masks_token_windows_by_kind() -> None:
             rule = (pos[:, None] >= pos) & (pos[:, None] - pos <= W)
             assert torch.equal(sdpa[kind], rule & same_doc), kind
     # without document masking: the token rule alone, a float window taken as ⌊W⌋
-    plain = build_masks(idx, False, {"long"}, torch.tensor(2.6), block, "flex", token_window=True)
+    plain = build_masks(idx, False, {"long"}, torch.tensor(41.6), block, "flex", token_window=True)
     pos = torch.arange(T)
-    want = (pos[:, None] >= pos) & (pos[:, None] - pos <= 41)  # ⌊16·2.6⌋ = 41
+    want = (pos[:, None] >= pos) & (pos[:, None] - pos <= 41)  # ⌊41.6⌋ = 41
     assert torch.equal(effective_mask(plain["long"])[0, 0], want)
     blocks = build_masks(idx, True, kinds, torch.tensor(5), block, impl="sdpa")
     assert torch.equal(blocks["long"], dense_mask(document_ids(idx), T, torch.tensor(5), block,
@@ -441,11 +439,11 @@ def test_the_token_window_builder_traces_whole_without_recompiling() -> None:
         return gm.forward
 
     def masks(idx: Tensor, window: Tensor) -> dict:
-        return build_masks(idx, True, {"long", "short"}, window, 16, "flex", token_window=True)
+        return build_masks(idx, True, {"long", "short"}, window, 16, "flex", True, window // 2)
 
     compiled = torch.compile(masks, backend=counting, dynamic=False, fullgraph=True)
     idx = token_rows(200, 16)
-    for window in (3, 8):
+    for window in (48, 128):
         got, want = compiled(idx, torch.tensor(window)), masks(idx, torch.tensor(window))
         for kind, mask in want.items():
             for a, b in zip(tile_sets(got[kind]), tile_sets(mask), strict=True):

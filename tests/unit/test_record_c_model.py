@@ -1,0 +1,247 @@
+"""The 2025-11 record's model and loss options (RECORD_C.md C.1, C.2) against its formulas.
+
+`reference()` writes the forward pass out from C.1 with no module of the project: masks by
+loops over positions, rotary from the formula, the gates, smear, skip, backout and the packed
+scalars read by the record's indices, the merged qkvo read as the record's stored 768 × 3,072
+matrix. Each option alone and all of them together (the record at 4 layers: record layers
+0, 4, 7, 11) must give the model's logits and gradients in float64.
+"""
+
+import itertools
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, ModelConfig
+from model.plan import layer_plan
+
+EOT = 50256
+BASE = ModelConfig(n_layer=4, n_head=2, n_embd=32)
+RECORD_C = ModelConfig(
+    n_layer=12, n_head=6, n_embd=768, init_std=0.5, rope="half_truncated", rope_bf16=True,
+    attn_scale=0.1, x0_shortcut=True, x0_mix_a_init=1.1, value_embeds=".12......012",
+    attention_layers=".AAAAAA.AAAA", mlp_layers=".MMMMMMMMMMM", window="SSSSLSSSSSSL",
+    window_phases=[3, 7, 11], window_after=13, window_final_eval=20, window_granularity="token",
+    document_mask=True, softcap_form="sigmoid",
+    merged_qkvo=True, fc_in_out=True, attn_gate=True, smear=True, skip_from=4, skip_to=7,
+    backout_layer=8, packed_scalars=True, dtype="bf16", head_bf16=True, fp8_head=True,
+    yarn=True, loss_reduction="sum", loss_dtype="bf16",
+)  # fmt: skip
+# At 4 layers (record layers 0, 4, 7, 11): 4 -> 7 is 1 -> 2, and record layer 8 is nearest 7.
+TOY = replace(RECORD_C, n_layer=4, n_head=2, n_embd=32, window_block=8,
+              skip_from=1, skip_to=2, backout_layer=2,
+              dtype="fp32", head_bf16=False, fp8_head=False)  # fmt: skip
+# The same plan written per layer, which is what `reference` reads.
+TOY_4 = replace(TOY, value_embeds="...2", attention_layers=".A.A", mlp_layers=".MMM", window="SLSL")
+
+
+def norm(z: torch.Tensor) -> torch.Tensor:
+    return z / torch.sqrt(z.square().mean(-1, keepdim=True) + torch.finfo(z.dtype).eps)
+
+
+def yarn_steps(cfg: ModelConfig, stage: int | None) -> list[tuple[int, int]]:
+    """The window changes (W₀, W₁) in tokens up to `stage`."""
+    windows = [n * cfg.window_block for n in cfg.long_windows]
+    return list(itertools.pairwise(windows))[: stage or 0]
+
+
+def frequencies(model: GPT, cfg: ModelConfig, stage: int | None) -> torch.Tensor:
+    """ω from C.1 step 3 (half-truncated: 1024^(−j/(D/4 − 1)), then zeros) and YaRN's C.4
+    steps, in float64; checked against the model's fp32 table, whose values are then used
+    (the angles of an fp32 table in float64, as the float64 model computes them)."""
+    D, q = cfg.head_dim, cfg.head_dim // 4
+    j = torch.arange(D // 2, dtype=torch.float64)
+    if cfg.rope == "half_truncated":
+        omega = torch.where(j < q, 1024.0 ** (-j / (q - 1)), 0.0)
+    else:
+        omega = cfg.rope_base ** (-j / (D // 2))
+    table = model.rotary.inv_freq
+    for w0, w1 in yarn_steps(cfg, stage):
+        gamma = ((w0 * omega / (2 * math.pi) - 1) / 31).clamp(0, 1)
+        omega = omega * (w0 / w1 + gamma * (1 - w0 / w1))
+        table = model.rotary.stage_freqs[stage]
+    torch.testing.assert_close(table.double(), omega, rtol=1e-6, atol=0)
+    return table.double()
+
+
+def rotate(z: torch.Tensor, omega: torch.Tensor, bf16: bool) -> torch.Tensor:
+    D = z.size(-1)
+    angle = torch.arange(z.size(1), dtype=torch.float64)[:, None] * omega
+    cos, sin = angle.cos()[None, :, None], angle.sin()[None, :, None]
+    if bf16:  # tables stored in bf16
+        cos, sin = cos.bfloat16().double(), sin.bfloat16().double()
+    z1, z2 = z[..., : D // 2], z[..., D // 2 :]
+    return torch.cat([z1 * cos + z2 * sin, -z1 * sin + z2 * cos], -1)
+
+
+def allowed(idx: torch.Tensor, document: bool, w: int | None) -> torch.Tensor:
+    """j ≤ i, same segment (a segment starts at each EOT), i − j ≤ W tokens; by loops."""
+    B, T = idx.shape
+    out = torch.zeros(B, T, T, dtype=torch.bool)
+    for b in range(B):
+        docs = [int((idx[b, : t + 1] == EOT).sum()) for t in range(T)]
+        for i in range(T):
+            for j in range(i + 1):
+                out[b, i, j] = (docs[i] == docs[j] or not document) and (w is None or i - j <= w)
+    return out
+
+
+def reference(model: GPT, cfg: ModelConfig, idx: torch.Tensor, windows: dict, stage=None):
+    """Logits by C.1's forward pass; `cfg`'s per-layer patterns have n_layer characters."""
+    P, (B, T) = dict(model.named_parameters()), idx.shape
+    n, H, D, d = cfg.n_layer, cfg.n_head, cfg.head_dim, cfg.n_embd
+    s = P.get("scalars")  # the record's indices (C.1 "Scalar vector")
+
+    def scalar(name: str, layer: int = 0) -> torch.Tensor:
+        if s is None:
+            key = {"skip": "skip_gate", "smear": "smear_lambda", "back": "backout_lambda",
+                   "x0": f"blocks.{layer}.x0_mix",
+                   "vmix": f"blocks.{layer}.attn.value_mix"}  # fmt: skip
+            return P[key[name]]
+        at = {"skip": 1, "smear": 5 * n, "back": 5 * n + 1,
+              "x0": slice(n + 2 * layer, n + 2 * layer + 2),
+              "vmix": slice(3 * n + 2 * layer, 3 * n + 2 * layer + 2)}  # fmt: skip
+        return s[at[name]]
+
+    e = P["embed.weight"][idx]
+    if cfg.smear:  # e'_t = e_t + λ·σ(e_t[0:12]·wᵀ)·e_(t−1), t ≥ 1, per row
+        rows = [e[:, 0]]
+        for t in range(1, T):
+            g = torch.sigmoid(e[:, t, :12] @ P["smear_gate.weight"][0])[:, None]
+            rows.append(e[:, t] + scalar("smear") * g * e[:, t - 1])
+        e = torch.stack(rows, 1)
+    x = x0 = norm(e)
+    masks = {k: allowed(idx, cfg.document_mask, windows.get(k)) for k in (None, "long", "short")}
+    omega = frequencies(model, cfg, stage)
+    scale = cfg.attn_scale or 1 / math.sqrt(D)
+    for w0, w1 in yarn_steps(cfg, stage):
+        scale = scale * (1 + 0.2 * math.log(w1 / w0))
+    outputs = []
+    for layer in range(n):
+        pre = f"blocks.{layer}."
+        attn = not cfg.attention_layers or cfg.attention_layers[layer] == "A"
+        mlp = not cfg.mlp_layers or cfg.mlp_layers[layer] == "M"
+        if layer == cfg.skip_to:
+            x = x + torch.sigmoid(scalar("skip")) * outputs[cfg.skip_from]
+        if cfg.x0_shortcut and (attn or mlp):
+            a, b = scalar("x0", layer)
+            x = a * x + b * x0
+        if attn:
+            u = norm(x)
+            if cfg.merged_qkvo:  # the record's stored (d, 4d): matrix i = rows d/4·i … d/4·(i+1)
+                stored = P[pre + "attn.qkvo"].reshape(d, 4 * d)
+                wq, wk, wv, wo = (
+                    stored[i * d // 4 : (i + 1) * d // 4].reshape(d, d) for i in range(4)
+                )
+            else:
+                wq, wk, wv, wo = (P[pre + f"attn.{m}.weight"] for m in "qkvo")
+            q, k, v = ((u @ w.T).view(B, T, H, D) for w in (wq, wk, wv))
+            if cfg.value_embeds:
+                alpha, beta = scalar("vmix", layer)
+                ve = cfg.value_embeds[layer]
+                v = alpha * v + (beta * P[f"value_embeds.{ve}.weight"][idx].view(B, T, H, D)
+                                 if ve != "." else 0)  # fmt: skip
+            q = rotate(norm(q), omega, cfg.rope_bf16)
+            k = rotate(norm(k), omega, cfg.rope_bf16)
+            scores = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+            kind = None if not cfg.window else {"L": "long", "S": "short"}[cfg.window[layer]]
+            scores = scores.masked_fill(~masks[kind][:, None], -math.inf)
+            y = torch.einsum("bhij,bjhd->bihd", scores.softmax(-1), v)
+            if cfg.attn_gate:  # y_h ← y_h·σ(u[0:12]·G[h]ᵀ)
+                y = y * torch.sigmoid(u[..., :12] @ P[pre + "attn.gate.weight"].T)[..., None]
+            x = x + y.reshape(B, T, d) @ wo.T
+        if mlp:
+            fc = P[pre + "mlp.fc.weight"]
+            hidden = norm(x) @ (fc if cfg.fc_in_out else fc.T)
+            x = x + F.relu(hidden).square() @ P[pre + "mlp.proj.weight"].T
+        outputs.append(x)
+    if cfg.backout_layer >= 0:
+        x = x - scalar("back") * outputs[cfg.backout_layer]
+    z = norm(x) @ P["lm_head.weight"].T
+    if cfg.softcap_form == "sigmoid":  # C.2: 30·σ(z/7.5)
+        assert cfg.logit_softcap == 30
+        return 30 * torch.sigmoid(z / 7.5)
+    return cfg.logit_softcap * torch.tanh(z / cfg.logit_softcap)
+
+
+def randomised(cfg: ModelConfig, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(cfg).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (0.5 if p.ndim >= 2 else 0.3) + (p.ndim < 2) * 0.5)
+    return model
+
+
+def tokens(B: int = 2, T: int = 24) -> torch.Tensor:
+    idx = torch.randint(0, 50257, (B, T), generator=torch.Generator().manual_seed(1))
+    idx[0, [0, 7, 15]] = EOT  # segments of several lengths, one row starting mid-document
+    idx[1, [11]] = EOT
+    return idx
+
+
+TOKENS = dict(window_granularity="token", window="LSLS", window_tokens=8)
+PACKED = dict(packed_scalars=True, x0_shortcut=True, value_embeds="0..1", smear=True,
+              skip_from=1, skip_to=3, backout_layer=2)  # fmt: skip
+YARN = dict(
+    rope="half_truncated", rope_bf16=True, attn_scale=0.1, yarn=True, window="LLLL",
+    window_granularity="token", window_phases=[4, 9], window_after=16, window_block=1,
+)  # fmt: skip
+CASES = {  # (model config, window tokens (long, short), YaRN stage)
+    "record C at 4 layers": (TOY, (5, 2), 2),
+    "empty block 0": (replace(BASE, mlp_layers=".MMM", attention_layers=".AAA", x0_shortcut=True),),
+    "merged qkvo": (replace(BASE, merged_qkvo=True),),
+    "C_fc (in, out)": (replace(BASE, fc_in_out=True),),
+    "attention gate": (replace(BASE, attn_gate=True),),
+    "smear": (replace(BASE, smear=True),),
+    "gated skip": (replace(BASE, skip_from=0, skip_to=2),),
+    "backout": (replace(BASE, backout_layer=1),),
+    "packed scalars": (replace(BASE, **PACKED),),
+    "token windows": (replace(BASE, document_mask=True, **TOKENS), (3, 1)),
+    "yarn": (replace(BASE, **YARN), (16, 0), 1),
+}
+
+
+# The CPU's bf16 decides the rotary tables of these: CI reruns them emulated.
+BF16 = {"record C at 4 layers", "yarn"}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(c, marks=[pytest.mark.cpu_bf16] * (c in BF16)) for c in CASES]
+)
+def test_forward_and_gradients_match_the_formulas(name: str) -> None:
+    cfg, window, stage = (*CASES[name], None, None)[:3]
+    per_layer = TOY_4 if cfg is TOY else cfg
+    model = randomised(cfg)
+    idx = tokens()
+    args, windows = {}, {}
+    if window:
+        windows = {"long": window[0], "short": window[1]}
+        args = {"window_tokens": torch.tensor(window[0] + 0.5),  # the mask takes ⌊W⌋
+                "short_window_tokens": torch.tensor(float(window[1]))}  # fmt: skip
+    if stage is not None:
+        args["yarn_stage"] = torch.tensor(stage)
+    got = model(idx, **args)
+    want = reference(model, per_layer, idx, windows, stage)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    params = list(model.parameters())
+    g_got = torch.autograd.grad(got.square().mean(), params, allow_unused=True)
+    g_want = torch.autograd.grad(want.square().mean(), params, allow_unused=True)
+    for (pname, _), a, b in zip(model.named_parameters(), g_got, g_want, strict=True):
+        assert (a is None) == (b is None), pname
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-10, msg=pname)
+    if cfg.packed_scalars:  # entries nothing reads never move
+        n, used = cfg.n_layer, g_got[[p for p, _ in model.named_parameters()].index("scalars")] != 0
+        assert not used[[0, *range(2, n)]].any() and not used[5 * n + 2 :].any()
+        assert used[1] and used[5 * n] and used[5 * n + 1]
+
+
+def test_the_record_at_4_layers_is_its_layers_0_4_7_11() -> None:
+    assert layer_plan(TOY) == layer_plan(TOY_4)
+    plan = [(s.attention, s.mlp, s.window, s.value_embed) for s in layer_plan(RECORD_C)]
+    assert plan[:3] == [(False, False, "short", None), (True, True, "short", 1),
+                        (True, True, "short", 2)]  # fmt: skip
