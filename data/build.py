@@ -4,15 +4,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from data.config import DataConfig
-from data.loader import (
-    Batch,
-    SyntheticLoader,
-    TokenLoader,
-    synthetic_val_batches,
-    val_batches,
-)
+from data.loader import Batch, TokenLoader, val_batches
 from data.pieces import PieceLoader
 from data.shards import CorpusFiles
+from data.synthetic import SyntheticLoader, synthetic_val_batches
 
 
 def find_shards(cfg: DataConfig) -> CorpusFiles:

@@ -16,9 +16,6 @@ from data.tokenizer import EOT, GPT2_VOCAB_SIZE
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
-# Synthetic data: training and validation draw from separate random streams of one seed.
-_TRAIN_STREAM, _VAL_STREAM = 0, 1
-
 # The data.align choices whose rows are one window each (TokenLoader).
 _ROW_ALIGNS = ("stream", "bos")
 
@@ -30,11 +27,6 @@ def check_layout(batch_size: int, seq_len: int, rank: int, world_size: int) -> N
         raise ValueError(f"train.seq_len must be >= 1, got {seq_len}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world size {world_size}")
-
-
-def _check_seed(seed: int) -> None:
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
 
 
 def check_divisible(batch_size: int, world_size: int) -> None:
@@ -203,7 +195,7 @@ class TokenLoader:
         self._tokens = self._bos = self._next = None
 
 
-def _val_row_ranges(
+def val_row_ranges(
     n_seq: int, batch_size: int, rank: int, world_size: int
 ) -> Iterator[tuple[int, int]]:
     """This rank's [first, last) sequence indices of each global validation batch, if any.
@@ -268,7 +260,7 @@ def val_batches(
     n_seq = val_sequence_count(files, val_tokens, seq_len)
     stream = _read_prefix(files, n_seq * seq_len + 1)
     check_token_ids(", ".join(str(f) for f in files), stream, GPT2_VOCAB_SIZE)
-    ranges = _val_row_ranges(n_seq, batch_size, rank, world_size)
+    ranges = val_row_ranges(n_seq, batch_size, rank, world_size)
     return (
         _to_batch(stream[lo * seq_len : hi * seq_len + 1], hi - lo, seq_len) for lo, hi in ranges
     )
@@ -284,83 +276,3 @@ def _read_prefix(files: Sequence[Path], n_tokens: int) -> np.ndarray:
         parts.append(part)
         needed -= len(part)
     return np.concatenate(parts)
-
-
-def _generator(seed: int, stream: int, index: int) -> torch.Generator:
-    # SeedSequence mixes (seed, stream, index) so that nearby seeds give unrelated streams.
-    state = np.random.SeedSequence([seed, stream, index]).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator().manual_seed(int(state))
-
-
-def _random_tokens(seed: int, stream: int, index: int, shape: tuple[int, ...]) -> torch.Tensor:
-    generator = _generator(seed, stream, index)
-    return torch.randint(0, GPT2_VOCAB_SIZE, shape, generator=generator, dtype=torch.int64)
-
-
-class SyntheticLoader:
-    """Uniformly random tokens: the TokenLoader interface with no data, for speed and smoke runs.
-
-    Each global batch is a function of (seed, step) alone, so resume and any world size see
-    exactly the same tokens.
-    """
-
-    def __init__(
-        self, batch_size: int, seq_len: int, seed: int, rank: int = 0, world_size: int = 1
-    ) -> None:
-        check_layout(batch_size, seq_len, rank, world_size)
-        check_divisible(batch_size, world_size)
-        _check_seed(seed)
-        self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
-        self.rank, self.world_size = rank, world_size
-        self.local_batch_size = batch_size // world_size
-        self.step = 0
-
-    def next_batch(self, seq_len: int | None = None) -> Batch:
-        """This rank's (inputs, targets), int64 tensors of shape (batch_size // world, L), with
-        L = `seq_len`, or train.seq_len when None."""
-        seq_len = self.seq_len if seq_len is None else seq_len
-        if seq_len < 1:
-            raise ValueError(f"the step's sequence length must be >= 1, got {seq_len}")
-        tokens = _random_tokens(self.seed, _TRAIN_STREAM, self.step, (self.batch_size, seq_len + 1))
-        self.step += 1
-        rows = tokens[self.rank * self.local_batch_size : (self.rank + 1) * self.local_batch_size]
-        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
-
-    def state_dict(self) -> dict[str, int]:
-        """The global step: all there is to resume, on any world size."""
-        return {"step": self.step}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue exactly where `state_dict()` was taken."""
-        self.step = int(state["step"])
-
-
-def synthetic_val_batches(
-    seed: int,
-    val_tokens: int,
-    batch_size: int,
-    seq_len: int,
-    rank: int = 0,
-    world_size: int = 1,
-) -> Iterator[Batch]:
-    """The synthetic counterpart of `val_batches`, from a stream separate from training.
-
-    Sequence j is drawn from (seed, j) alone, so the set is the same for any batch size and
-    world size; average losses the way `val_batches` says.
-    """
-    check_layout(batch_size, seq_len, rank, world_size)
-    _check_seed(seed)
-    n_seq = val_tokens // seq_len
-    if n_seq < 1:
-        raise ValueError(
-            f"train.val_tokens={val_tokens} is less than one sequence of train.seq_len={seq_len}"
-        )
-    ranges = _val_row_ranges(n_seq, batch_size, rank, world_size)
-    return (_synthetic_val_rows(seed, seq_len, lo, hi) for lo, hi in ranges)
-
-
-def _synthetic_val_rows(seed: int, seq_len: int, lo: int, hi: int) -> Batch:
-    rows = torch.stack(
-        [_random_tokens(seed, _VAL_STREAM, j, (seq_len + 1,)) for j in range(lo, hi)]
-    )
-    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()

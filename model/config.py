@@ -7,8 +7,9 @@ same model, parameter for parameter and bit for bit. Per-layer options (`window`
 depth, one character per layer, and resampled to `n_layer` (`model/plan.py`).
 """
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from model.window_schedule import validate_window_schedule, window_at, window_schedule_at
 
 DTYPES = ("fp32", "bf16")
 ROPES = ("full", "half_truncated")
@@ -249,7 +250,7 @@ class ModelConfig:
         if self.window_tokens < 0:
             raise ValueError(f"model.window_tokens must be >= 0, got {self.window_tokens}")
         if self.window_phases:
-            self._validate_window_schedule()
+            validate_window_schedule(self)
         elif bool(self.window) != bool(self.window_tokens):
             raise ValueError(
                 "model.window (which layers have sliding windows) and model.window_tokens (how "
@@ -334,74 +335,3 @@ class ModelConfig:
                 "model.loss=fused computes in fp32: use model.loss=plain or auto "
                 "with model.loss_dtype=bf16"
             )
-
-    # --- window schedule by phase (the 2025-11 record) --------------------------------------
-    def _validate_window_schedule(self) -> None:
-        """The window_phases keys, with model.window_phases set."""
-        phases = list(self.window_phases)
-        if self.window_tokens:
-            raise ValueError(
-                "model.window_tokens (a window growing linearly) and model.window_phases (a "
-                "window by phase) exclude each other: set one, the other 0 / []"
-            )
-        if not self.window:
-            raise ValueError(
-                "model.window_phases needs model.window (which layers have the long window and "
-                "which the short one)"
-            )
-        if not all(isinstance(n, int) and n >= 1 for n in phases):
-            raise ValueError(f"model.window_phases must be whole blocks >= 1, got {phases}")
-        for key in ("window_after", "window_final_eval"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"model.{key} must be >= 0 blocks, got {getattr(self, key)}")
-
-
-# --- the window schedule by phase (the 2025-11 record): its phases, windows and stages ------
-def phase_index(step: int, scheduled_steps: int, phases: Sequence[object]) -> int:
-    """Which of P = len(phases) equal phases of the scheduled steps `step` is in:
-    min(⌊P·step / scheduled_steps⌋, P − 1), in integers (exact; the extension steps are in
-    the last). The 2025-11 record (P = 3, 2,120 scheduled): 0 up to 706, 1 for 707 ... 1413,
-    2 from 1414 on."""
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
-    n = len(phases)
-    return min(n * step // scheduled_steps, n - 1)
-
-
-def phase_start(index: int, scheduled_steps: int, n_phases: int) -> int:
-    """The first step of phase `index` of `n_phases` (`phase_index`): ⌈index · S / P⌉."""
-    return -(-index * scheduled_steps // n_phases)
-
-
-def window_schedule_at(
-    cfg: ModelConfig, step: int, scheduled_steps: int, final_eval: bool = False
-) -> tuple[int, int, int]:
-    """(long, short, stage) at `step` with model.window_phases: the long window in blocks
-    (its phase's, window_after from the end of the scheduled steps on), the short one ⌊long/2⌋
-    and the index of the long window in `cfg.long_windows` (the YaRN stage: the number of
-    changes so far where every entry differs from the one before, as in the record; an entry
-    equal to the one before makes a stage whose YaRN factors are exactly 1). The final
-    evaluation takes window_final_eval as its long window, keeping the short one and the
-    stage: the record's switch to 20 blocks is no YaRN step."""
-    if step >= scheduled_steps and cfg.window_after:
-        long, stage = cfg.window_after, len(cfg.window_phases)
-    else:
-        stage = phase_index(step, scheduled_steps, cfg.window_phases)
-        long = cfg.window_phases[stage]
-    short = long // 2
-    if final_eval and cfg.window_final_eval:
-        long = cfg.window_final_eval
-    return long, short, stage
-
-
-# --- end of the window schedule by phase ----------------------------------------------------
-
-
-def window_at(step: int, total_steps: int, final: int) -> float:
-    """The attention window for `step` (0 ... total_steps, so evaluation after the last update
-    has one too): max(final · step / total_steps, 1) tokens. The model rounds it up to whole
-    blocks, which for the 2025-01 record (final 1728, blocks of 128, 1770 steps) is
-    N(s) = max(1, ⌈9s/1180⌉): 1 block at step 0, 2 from step 132, ..., 14 at step 1770."""
-    if not 0 <= step <= total_steps:
-        raise ValueError(f"step must be in [0, {total_steps}], got {step}")
-    return max(final * step / total_steps, 1.0)

@@ -7,11 +7,7 @@ an unknown key or a value of the wrong type fails at startup with the key named.
 `Config.validate()` then checks every group's values (each group's `validate()`), the
 choices each field's metadata names (`check_choices`) and cross-group constraints.
 
-A field's `resume` metadata says how a checkpoint treats it (`resume_rule`): "must_match"
-(a resumed run must have the saved value: it decides which tensors exist or what the loader
-position means), "operational" (how a run executes or reports, never its numbers: a change
-passes silently); every other change is allowed with a warning. A group's rule covers its
-fields unless a field says otherwise.
+A field's `resume` metadata says how a checkpoint treats it (trainer/resume_rules.py).
 """
 
 import difflib
@@ -22,7 +18,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import II, DictConfig, OmegaConf
 
 from data.config import DataConfig
-from model.config import ModelConfig, phase_index, phase_start
+from model.config import ModelConfig
+from model.window_schedule import phase_index, phase_start
 from optim.config import OptimConfig
 from trainer.run_dir import register_resolvers
 
@@ -315,48 +312,6 @@ def check_choices(node: Any, prefix: str = "") -> None:
         elif "choices" in f.metadata and value not in f.metadata["choices"]:
             allowed = " | ".join(f.metadata["choices"])
             raise ValueError(f"{prefix}{f.name} must be one of {allowed}, got {value!r}")
-
-
-def resume_rule(key: str, schema: Any = Config) -> str | None:
-    """How a checkpoint treats dotted `key`: "must_match", "operational" or None (may change,
-    with a warning), from the `resume` metadata of the field or of its nearest group."""
-    rule, node = None, schema
-    for name in key.split("."):
-        found = {f.name: f for f in fields(node)}.get(name) if is_dataclass(node) else None
-        if found is None:
-            return rule  # a key the schema lacks (an older save's) keeps its group's rule
-        rule = found.metadata.get("resume", rule)
-        node = found.default_factory if found.default_factory is not MISSING else None
-    return rule
-
-
-# Keys moved since a checkpoint may have been saved: old dotted key -> today's.
-RENAMED = {"optim.schedule.window_tokens": "model.window_tokens"}
-
-
-def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
-    """A saved config (nested dict) with its keys under today's names (RENAMED)."""
-    out = OmegaConf.create(config)
-    for old, new in RENAMED.items():
-        value = OmegaConf.select(out, old)
-        if value is None:
-            continue
-        parent, _, leaf = old.rpartition(".")
-        node = OmegaConf.select(out, parent) if parent else out
-        node.pop(leaf)
-        OmegaConf.update(out, new, value, force_add=True)
-    return OmegaConf.to_container(out)
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested config dict as {"train.steps": 200, ...}, for comparing configs key by key."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def register_configs() -> None:

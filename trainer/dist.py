@@ -18,7 +18,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.config import Config, DistConfig, flatten
+from trainer.config import Config, DistConfig
+from trainer.resume_rules import flatten
 from trainer.runtime import Runtime, resolve_backend
 
 T = TypeVar("T")

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere
 
-from data.loader import SyntheticLoader
+from data.synthetic import SyntheticLoader
 from model import GPT
 from optim import build_optimizer
 from trainer.checkpointer import Checkpointer

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere
 
-from data.loader import SyntheticLoader
+from data.synthetic import SyntheticLoader
 from model import GPT, ModelConfig
 from optim import OptimConfig, build_optimizer
 from trainer.forward import forward_backward

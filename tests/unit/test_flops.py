@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
-from model.config import window_at
 from model.flops import attended_pairs, matmul_params, training_flops
 from model.masks import EOT, dense_mask, document_ids
+from model.window_schedule import window_at
 from tests.helpers import compose_config
 from trainer.config import Config, to_config
 from trainer.flops import PEAK_BF16, mfu, peak_flops

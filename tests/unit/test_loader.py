@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from data.loader import (
-    SyntheticLoader,
     TokenLoader,
     val_batches,
     val_sequence_count,
@@ -347,10 +346,3 @@ def test_bos_rejects_another_length(tmp_path):
         loader.next_batch(32)
     with pytest.raises(ValueError, match="TokenLoader cuts"):
         TokenLoader([path], batch_size=2, seq_len=16, align="pieces")
-
-
-def test_synthetic_takes_the_steps_length():
-    a, b = SyntheticLoader(4, 8, seed=1), SyntheticLoader(4, 16, seed=1)
-    assert torch.equal(a.next_batch(16)[0], b.next_batch()[0])  # a function of (seed, step, L)
-    x, y = a.next_batch(5)
-    assert x.shape == y.shape == (4, 5) and torch.equal(x[:, 1:], y[:, :-1])

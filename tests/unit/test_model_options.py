@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, ModelConfig
-from model.config import window_at
 from model.head import FP8Matmul
 from model.masks import EOT, block_mask, dense_mask, document_ids, tile_structure
 from model.plan import layer_plan, resample
+from model.window_schedule import window_at
 from optim import partition_params
 
 # The CPU's bf16 decides dtypes or tolerances here: CI reruns this file emulated.

@@ -11,8 +11,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from model.config import ModelConfig, phase_index, window_at
+from model.config import ModelConfig
 from model.rotary import Rotary
+from model.window_schedule import phase_index, window_at
 from model.yarn import yarn_table
 from optim.config import MuonConfig, ScheduleConfig
 from optim.schedule import lr_multiplier, muon_momentum, optim_values

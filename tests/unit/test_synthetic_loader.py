@@ -4,7 +4,7 @@ resumed like the token loader."""
 import pytest
 import torch
 
-from data.loader import SyntheticLoader, synthetic_val_batches
+from data.synthetic import SyntheticLoader, synthetic_val_batches
 from tests.unit.test_loader import _cat, _row_set
 
 # ---- synthetic ---------------------------------------------------------------------------
@@ -72,3 +72,10 @@ def test_synthetic_val_set():
     train_x, _ = SyntheticLoader(7, 8, seed=1).next_batch()
     assert not torch.equal(train_x[0], x1[0])
     assert not torch.equal(_cat(synthetic_val_batches(2, 60, 7, 8))[0], x1)
+
+
+def test_synthetic_takes_the_steps_length():
+    a, b = SyntheticLoader(4, 8, seed=1), SyntheticLoader(4, 16, seed=1)
+    assert torch.equal(a.next_batch(16)[0], b.next_batch()[0])  # a function of (seed, step, L)
+    x, y = a.next_batch(5)
+    assert x.shape == y.shape == (4, 5) and torch.equal(x[:, 1:], y[:, :-1])
