@@ -39,9 +39,11 @@ def attend(
 ) -> Tensor:
     """softmax(scale·q·kᵀ)·v over (B, H, T, D) tensors, causal or under `mask`. A 0-d tensor
     `scale` (YaRN's, which changes during a run) stays a tensor up to FlexAttention, through a
-    score_mod, so a compiled model neither syncs nor recompiles; SDPA takes a float."""
+    score_mod, so a compiled model neither syncs nor recompiles. SDPA takes only a float
+    scale, so there the tensor multiplies q (in q's dtype: one more rounding in bf16, none
+    that a host sync or a graph break would cost)."""
     if isinstance(scale, Tensor) and (mask is None or isinstance(mask, Tensor)):
-        scale = scale.item()
+        q, scale = q * scale.to(q.dtype), 1.0
     elif isinstance(scale, Tensor):
         s = scale
 

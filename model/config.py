@@ -326,6 +326,12 @@ class ModelConfig:
             raise ValueError(
                 "model.packed_scalars reads the skip gate at index 1: needs model.n_layer >= 2"
             )
+        if self.fp8_head and self.loss_reduction == "sum" and self.fp8_scales == "record_2025_01":
+            raise ValueError(
+                "model.loss_reduction=sum gives per-token logit gradients of O(1), which the "
+                "FP8 head's 2025-01 gradient scale (×2¹⁹) overflows in e5m2: set "
+                "model.fp8_scales=record_2025_11 (×448)"
+            )
         if self.head_bf16 and self.dtype != "bf16":
             raise ValueError("model.head_bf16=true needs model.dtype=bf16 (its inputs are bf16)")
         if self.window_granularity == "token" and not self.window:

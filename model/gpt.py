@@ -204,7 +204,8 @@ class GPT(nn.Module):
         if cfg.smear:
             e = self._smear(e)
         x = rms_norm(e)
-        stage = yarn_stage if cfg.yarn else None
+        # The loop hands step arguments over as float tensors; the stage indexes tables
+        stage = yarn_stage.long() if cfg.yarn and yarn_stage is not None else None
         scale = None  # the stage's attention scale; indexed on device, so no host sync
         if stage is not None:
             scale = self.yarn_scales.index_select(0, stage.reshape(1))[0]
@@ -238,7 +239,9 @@ class GPT(nn.Module):
             outputs.append(x)
         if cfg.backout_layer >= 0:  # take back part of an early layer's contribution
             x = x - self._scalar("backout") * outputs[cfg.backout_layer]
-        logits = head_logits(self.lm_head, rms_norm(x), cfg.fp8_head, self.micro_steps)
+        logits = head_logits(
+            self.lm_head, rms_norm(x), cfg.fp8_head, self.micro_steps, cfg.fp8_scales
+        )
         return model_loss(logits, targets, cfg, self.training)
 
     def _scalar(self, name: str) -> Tensor:

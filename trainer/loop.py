@@ -65,6 +65,8 @@ class Loop:
     flops: Callable[..., Tensor] | None = None
     peak_flops: float | None = None  # one GPU's bf16 peak; None: no MFU (CPU, unknown GPU)
     code: dict | None = None  # the code's commit and dirty flag, in the first metrics line
+    # The training loss is a sum over tokens (model.loss_reduction=sum): logged per token
+    summed_loss: bool = False
     # The forward's step arguments as device tensors, kept while their value holds
     _arg_tensors: dict[str, tuple[float, Tensor]] = field(
         default_factory=dict, init=False, repr=False
@@ -135,6 +137,8 @@ class Loop:
         args = self._on_device(values.model_args)
         flops = self._count_flops(batch[0], args)
         loss_t = forward_backward(self.model, batch, self.rt, self.accum_steps, self.no_sync, args)
+        if self.summed_loss:  # the model summed over each micro-batch's tokens: log the mean
+            loss_t = loss_t / (batch[0].numel() // self.accum_steps)
         if self.hook is not None:
             loss_t = self.hook(step, loss_t)
         bad_grads = nonfinite_grads(self.optimizer.params())

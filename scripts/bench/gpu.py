@@ -13,7 +13,9 @@ update and zero_grad (no DDP: one GPU). Random tokens carry an EOT every ~1000 t
 document masking has documents to mask. `--set key=value` adds Hydra overrides to every preset.
 
 A preset with a window schedule is measured at its first, middle and last window (steps 0,
-S/2 and S−1), one row each: the window changes what attention costs, and it reaches the
+S/2 and S−1), one row each (a preset with batch phases, the 2025-11 record's, at the first step
+of each phase: its sequence length and window; the record's per-phase times beside them):
+the window changes what attention costs, and it reaches the
 compiled graph as a tensor, so it should never recompile. Compile state is reset between
 presets; every window is warmed up (the first warm-up includes the compile), then evaluation
 once (eval mode, the validation shape); then `--steps` steps per window are timed, each with a
@@ -49,6 +51,7 @@ from model import GPT, ModelConfig
 from model.head import head_logits
 from model.layers import linear
 from model.masks import EOT
+from model.window_schedule import phase_index, phase_start
 from optim import CombinedOptimizer, build_optimizer
 from trainer.compile import CompileCounts, compile_model, reset_compile_state
 from trainer.config import Config, register_configs, to_config
@@ -59,10 +62,15 @@ from trainer.schedule import Schedule
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 GPUS = 8  # the records' world: each GPU runs batch_size / 8 sequences per step
-RECORD_STEP_MS = {"record_2024_11_06": 154.78, "record_2025_01_26": 100.0}
+# The records' own ms per step on one of their 8 GPUs; by batch phase for the 2025-11 record
+RECORD_STEP_MS = {
+    "record_2024_11_06": 154.78, "record_2025_01_26": 100.0,
+    "record_2025_11_29": (33.9, 60.1, 88.1),
+}  # fmt: skip
 PRESETS = {
     "record_2024_11_06": ["experiment=record_2024_11_06"],
     "record_2025_01_26": ["experiment=record_2025_01_26"],
+    "record_2025_11_29": ["experiment=record_2025_11_29"],
     "dense_124m": [  # GPT-2 small as it comes, compiled, 64 x 1024 tokens per GPU
         "model=gpt2_124m", "model.compile=true", "train.autocast=bf16", "train.seq_len=1024",
         f"train.batch_size={64 * GPUS}", "train.micro_batch_size=64",
@@ -74,6 +82,14 @@ TOY = [  # 3 layers (long, short, long windows in the 2025-01 layout), 16 blocks
     "train.val_seq_len=512",
 ]  # fmt: skip
 TOY_WINDOW = "model.window_tokens=192"  # 1 -> 12 of the 16 blocks, where windows grow
+# The 2025-11 record at 4 layers (record layers 0, 4, 7, 11: skip 4 -> 7 is 1 -> 2, the backout
+# of record layer 8 the nearest, 7) and its three sequence lengths at toy size
+TOY_EXTRA = {
+    "record_2025_11_29": [
+        "model.n_layer=4", "model.n_head=2", "model.skip_from=1", "model.skip_to=2",
+        "model.backout_layer=2", "train.seq_len_phases=[64,128,256]",
+    ],
+}  # fmt: skip
 # On a CPU: trace (graph breaks and recompiles are counted) without inductor's kernel builds.
 # Masks stay dense (attention_impl auto = sdpa here): FlexAttention has no backward on a CPU.
 TOY_CPU = ["model.compile=true", "model.compile_backend=eager"]
@@ -100,8 +116,9 @@ def compose(name: str, device: str, toy: bool, sets: list[str]) -> Config:
     """The preset's config: its overrides, then the toy's, then `--set`'s."""
     overrides = [*PRESETS.get(name, [f"experiment={name}"]), "run_dir=.", f"train.device={device}"]
     if toy:
-        overrides += [*TOY, *(TOY_CPU if device == "cpu" else [])]
-        if hydra_config([*overrides, *sets]).model.window:
+        overrides += [*TOY, *(TOY_CPU if device == "cpu" else []), *TOY_EXTRA.get(name, [])]
+        model = hydra_config([*overrides, *sets]).model
+        if model.window and not model.window_phases:
             overrides.append(TOY_WINDOW)
     return hydra_config([*overrides, *sets])
 
@@ -137,11 +154,28 @@ def random_batch(rows: int, seq_len: int, rng: np.random.Generator) -> Batch:
 
 
 def window_steps(b: Bench) -> list[int]:
-    """The steps whose windows stand for the schedule: first, middle, last (or just one)."""
-    steps = b.conf.train.steps
+    """The steps that stand for the schedule: the first of each batch phase
+    (train.seq_len_phases), else the first, middle and last window (or just one step)."""
+    t = b.conf.train
+    if t.seq_len_phases:
+        n = len(t.seq_len_phases)
+        return [phase_start(i, t.scheduled_steps, n) for i in range(n)]
     if not b.schedule.model_args(0):
         return [0]
-    return sorted({0, steps // 2, steps - 1})
+    return sorted({0, t.steps // 2, t.steps - 1})
+
+
+def seq_len(b: Bench, step: int) -> int:
+    """The per-GPU sequence length of `step` (its batch phase's)."""
+    return b.conf.train.seq_len_at(step)
+
+
+def record_ms(name: str, b: Bench, step: int) -> float | None:
+    """The record's own ms per step at `step` (its batch phase's, where it has phases)."""
+    ms = RECORD_STEP_MS.get(name)
+    if isinstance(ms, tuple):
+        return ms[phase_index(step, b.conf.train.scheduled_steps, ms)]
+    return ms
 
 
 def model_args(b: Bench, step: int) -> dict[str, Tensor]:
@@ -168,10 +202,12 @@ def timed(rt: Runtime, fn: Callable[..., object], *args: object) -> float:
 
 def window_label(b: Bench, step: int) -> str:
     """The window at `step` in blocks, long/short ("-": no window)."""
-    args = b.schedule.model_args(step)
+    args, block = b.schedule.model_args(step), b.conf.model.window_block
     if "window_tokens" not in args:
         return "-"
-    long = max(1, int(np.ceil(args["window_tokens"] / b.conf.model.window_block)))
+    long = max(1, int(np.ceil(args["window_tokens"] / block)))
+    if "short_window_tokens" in args:  # token windows by phase: both are whole blocks
+        return f"{long}/{int(args['short_window_tokens']) // block}"
     return f"{long}/{max(1, long // 2)}"
 
 
@@ -180,7 +216,7 @@ def warm_up(b: Bench, windows: list[int], steps: int, rng: np.random.Generator) 
     (eval mode, the validation shape train.py gives it) at the last window."""
     t, warm = b.conf.train, {}
     for s in windows:
-        batches = [random_batch(b.rows, t.seq_len, rng) for _ in range(steps)]
+        batches = [random_batch(b.rows, seq_len(b, s), rng) for _ in range(steps)]
         args = model_args(b, s)
         warm[s] = sum(timed(b.rt, train_step, b, s, batch, args) for batch in batches)
     val = [random_batch(t.val_rows(GPUS), t.val_seq_len or t.seq_len, rng)]  # as train.py
@@ -196,7 +232,7 @@ def time_window(
     args, before = model_args(b, step), CompileCounts.now()
     times, flops = [], []
     for _ in range(steps):
-        x, y = (u.to(b.rt.device) for u in random_batch(b.rows, b.conf.train.seq_len, rng))
+        x, y = (u.to(b.rt.device) for u in random_batch(b.rows, seq_len(b, step), rng))
         flops.append(b.count(x, **args))
         times.append(timed(b.rt, train_step, b, step, (x, y), args))
     recompiles = (CompileCounts.now() - before).graphs
@@ -207,8 +243,9 @@ def bench_preset(name: str, b: Bench, steps: int, warmup: int, peak: float | Non
     """Warm up every representative window and evaluation, then time each window's steps."""
     rng, windows, start = np.random.default_rng(0), window_steps(b), CompileCounts.now()
     warm = warm_up(b, windows, warmup, rng)
-    rows, tokens = [], b.rows * b.conf.train.seq_len
+    rows = []
     for s in windows:
+        tokens = b.rows * seq_len(b, s)
         step_s, flops, recompiles = time_window(b, s, steps, rng)
         seen = CompileCounts.now() - start
         rows.append({
@@ -217,7 +254,7 @@ def bench_preset(name: str, b: Bench, steps: int, warmup: int, peak: float | Non
             "step_ms": step_s * 1e3, "tokens_per_s": tokens / step_s,
             "mfu": mfu(flops, step_s, peak) if peak else None, "graphs": seen.graphs,
             "graph_breaks": seen.graph_breaks, "recompiles": recompiles,
-            "record_ms": RECORD_STEP_MS.get(name),
+            "record_ms": record_ms(name, b, s),
         })  # fmt: skip
     return rows
 

@@ -20,10 +20,19 @@ TOY = [
     "train.steps=8", "train.val_every=4", "train.val_tokens=1024", "train.device=cpu",
     "train.checkpoint_every=0", "train.checkpoint_at_end=false", "dist.timeout_s=60",
 ]  # fmt: skip
-RECORDS = ["record_2024_11_06", "record_2025_01_26"]
+RECORDS = ["record_2024_11_06", "record_2025_01_26", "record_2025_11_29"]
+# The 2025-11 record at 4 layers, as README's toy command: record layers 0, 4, 7, 11 (skip
+# 4 -> 7 is 1 -> 2, backout of record layer 8 from the nearest, 7 = 2), three batch phases of
+# 128 / 256 / 512 tokens over 6 scheduled steps and 2 extension steps, windows in blocks of 16.
+TOY_C = [
+    "model.skip_from=1", "model.skip_to=2", "model.backout_layer=2", "model.window_block=16",
+    "train.seq_len_phases=[128,256,512]", "train.extension_steps=2",
+    "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2",
+]  # fmt: skip
 # Record A has no windows to exercise: half the length halves its bf16 head, which dominates a
 # toy step where bf16 is emulated (an AVX2-only CPU).
-SHORTER = {"record_2024_11_06": ["train.seq_len=256"], "record_2025_01_26": []}
+SHORTER = {"record_2024_11_06": ["train.seq_len=256"], "record_2025_01_26": [],
+           "record_2025_11_29": TOY_C}  # fmt: skip
 
 
 def curve(run_dir: Path) -> list[tuple]:
@@ -73,7 +82,8 @@ def test_record_preset_resumes_exactly(
     straight: tuple[str, list[tuple]], tmp_path: Path, corpus_cache: Path
 ) -> None:
     """Stopped after step 5 and resumed: every loss of the uninterrupted run, bit for bit
-    (the window schedule, the FP8 head and the bf16 tables included)."""
+    (the window schedule, the FP8 head and the bf16 tables included; for the 2025-11 record
+    the save holds update 4's gradient, which Adam sums with update 5's)."""
     record, want = straight
     saving = [f"experiment={record}", *SHORTER[record], "train.checkpoint_at_end=true"]
     resumed = tmp_path / "resumed"
@@ -115,7 +125,8 @@ def test_gpu_benchmark_runs_at_toy_size_on_cpu() -> None:
     through the compiled step, record B at its three windows, and once warm nothing breaks
     the graph or recompiles (the toy traces with the eager backend)."""
     cmd = [sys.executable, "scripts/bench/gpu.py", "--experiment", "record_2025_01_26",
-           "record_2024_11_06", "--toy", "--device", "cpu", "--steps", "1"]  # fmt: skip
+           "record_2024_11_06", "record_2025_11_29", "--toy", "--device", "cpu", "--steps",
+           "1"]  # fmt: skip
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     header = next(line for line in out.stdout.splitlines() if line.startswith("| preset"))
@@ -125,8 +136,14 @@ def test_gpu_benchmark_runs_at_toy_size_on_cpu() -> None:
         for line in out.stdout.splitlines()
         if line.startswith("| record_")
     ]
-    assert [r["preset"] for r in rows] == ["record_2025_01_26"] * 3 + ["record_2024_11_06"]
+    assert [r["preset"] for r in rows] == (
+        ["record_2025_01_26"] * 3 + ["record_2024_11_06"] + ["record_2025_11_29"] * 3
+    )
     assert len({r["window (blocks, long/short)"] for r in rows[:3]}) == 3  # first, middle, last
+    # the 2025-11 record: one row per batch phase, its length, window and the record's time
+    phases = [(r["window (blocks, long/short)"], r["tokens/step/GPU"], r["record ms/step"])
+              for r in rows[4:]]  # fmt: skip
+    assert phases == [("3/1", "64", "33.90"), ("7/3", "128", "60.10"), ("11/5", "256", "88.10")]
     for r in rows:
         assert int(r["graphs"]) >= 1, r  # the counters see the compile
         assert (r["graph breaks"], r["recompiles"]) == ("0", "0"), r

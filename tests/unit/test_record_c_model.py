@@ -28,6 +28,7 @@ RECORD_C = ModelConfig(
     document_mask=True, softcap_form="sigmoid",
     merged_qkvo=True, fc_in_out=True, attn_gate=True, smear=True, skip_from=4, skip_to=7,
     backout_layer=8, packed_scalars=True, dtype="bf16", head_bf16=True, fp8_head=True,
+    fp8_scales="record_2025_11",
     yarn=True, loss_reduction="sum", loss_dtype="bf16",
 )  # fmt: skip
 # At 4 layers (record layers 0, 4, 7, 11): 4 -> 7 is 1 -> 2, and record layer 8 is nearest 7.
