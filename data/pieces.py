@@ -19,12 +19,12 @@ Every rank computes the whole global batch's cut, which is index arithmetic on t
 and gathers only its own rows, so the documents and their order do not depend on the world
 size, and the state (shard, cursor, epoch) resumes on any world size.
 
-Where RECORD_C.md C.5 leaves room, this reads it so: "too few BOS left" means the fill needs a
-piece at a cursor past the last BOS (the last document, running to the shard end, may serve);
-the discard rule is the global batch's, so shard ends fall at the same place on every world
-size too (the record only promises that away from shard ends); a shard without any BOS is
-skipped like a short one; inputs come back int64, like the targets (narrowing them is the
-consumer's choice).
+Where record C's batching (docs/records.md, C.5) leaves room, this reads it so: a shard
+"cannot fill the whole batch" when the fill needs a piece at a cursor past the last BOS (the
+last document, running to the shard end, may serve); the discard rule is the global batch's,
+so shard ends fall at the same place on every world size too (the record only promises that
+away from shard ends); a shard without any BOS is skipped like a short one; inputs come back
+int64, like the targets (narrowing them is the consumer's choice).
 """
 
 from collections.abc import Sequence

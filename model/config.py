@@ -121,7 +121,7 @@ class ModelConfig:
     """Softcapped cross-entropy: fused (chunked, for CPU caches) | plain (the formula, which
     torch.compile fuses on GPU) | auto: fused on CPU, plain elsewhere."""
 
-    # --- the 2025-11 record's options (docs RECORD_C.md C.1, C.2), each off by default ------
+    # --- the 2025-11 record's options (docs/records.md, record C: C.1, C.2), off by default ---
     mlp_layers: str = ""
     """Per-layer pattern: "M" MLP, "." none; "" = an MLP everywhere. A layer with neither
     attention nor MLP is skipped whole (no x0 mix). The 2025-11 record: ".MMMMMMMMMMM"."""

@@ -1,5 +1,5 @@
 """Every scalar of the model in one fp32 vector (model.packed_scalars), the 2025-11 record's
-layout (RECORD_C.md C.1, "Scalar vector"). For n layers:
+layout (record C's scalar vector, docs/records.md C.1). For n layers:
 
     0 … n−1            skip-gate logits, init −1.5; only index 1 is read (the record's w_skip,
                        whatever model.skip_from / skip_to say)

@@ -76,7 +76,7 @@ def test_micro_steps_change_nothing_outside_the_fp8_head() -> None:
 
 # --- the scales as divisors (model.fp8_scales) -------------------------------------------------
 
-RECORD_2025_01 = (2.0**-1, 2.0**-9, 2.0**-19)  # x_s, w_s, g_s as RECORD_C.md's divisors
+RECORD_2025_01 = (2.0**-1, 2.0**-9, 2.0**-19)  # divisors x_s, w_s, g_s (docs/records.md C.1)
 RECORD_2025_11 = (768**0.5 / 448, 2.0**-9, 1 / 448)
 
 
@@ -90,8 +90,8 @@ def signed(shape: tuple[int, int], scale: float, gen: torch.Generator) -> torch.
 
 
 def fp8_formula(x, w, g, scales, k):
-    """RECORD_C.md's head in float64 with every rounding written out (the quotients X / x_s
-    and G / g_s rounded to bf16 first, as a division on a bf16 tensor is)."""
+    """Record C's head (docs/records.md, C.1) in float64 with every rounding written out (the
+    quotients X / x_s and G / g_s rounded to bf16 first, as a division on a bf16 tensor is)."""
     x_s, w_s, g_s = scales
     bf16 = lambda t: t.bfloat16().double()  # noqa: E731
     x8 = bf16(x.double() / x_s).to(torch.float8_e4m3fn).double()

@@ -1,4 +1,5 @@
-"""The 2025-11 record's model and loss options (RECORD_C.md C.1, C.2) against its formulas.
+"""The 2025-11 record's model and loss options (docs/records.md, record C: C.1, C.2) against
+its formulas.
 
 `reference()` writes the forward pass out from C.1 with no module of the project: masks by
 loops over positions, rotary from the formula, the gates, smear, skip, backout and the packed

@@ -1,6 +1,6 @@
-"""The 2025-11 record's model (RECORD_C.md C.1, C.2): its parameter count, initial values,
-losses, YaRN table, token-window FLOPs and config checks. (The forward pass against the
-record's formulas: test_record_c_model.py.)"""
+"""The 2025-11 record's model (docs/records.md, record C: C.1, C.2): its parameter count,
+initial values, losses, YaRN table, token-window FLOPs and config checks. (The forward pass
+against the record's formulas: test_record_c_model.py.)"""
 
 import math
 from dataclasses import replace

@@ -1,6 +1,6 @@
-"""The 2025-11 record's schedules (RECORD_C.md C.4, record C): LR peaks by batch phase, the
-Muon momentum cooldown, the sequence length and the windows by phase, the extension steps and
-the YaRN table, through the objects a run calls (`Schedule.for_run`, `yarn_table`).
+"""The 2025-11 record's schedules (docs/records.md, record C (C.4)): LR peaks by batch phase,
+the Muon momentum cooldown, the sequence length and the windows by phase, the extension steps
+and the YaRN table, through the objects a run calls (`Schedule.for_run`, `yarn_table`).
 
 The expected numbers are C.4's table, copied to its printed digits, and a reference written
 from C.4's formulas below (no project module inside it). With the new keys at their defaults,
