@@ -36,7 +36,6 @@ tokens × 768 → 50,304 logits, compiled, in FP8 (`model.head.FP8Matmul`) and a
 import argparse
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +46,11 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere
 
-from model import GPT, ModelConfig
-from model.head import head_logits
-from model.layers import linear
+from model import GPT
 from model.masks import EOT
 from model.window_schedule import phase_index, phase_start
 from optim import CombinedOptimizer, build_optimizer
+from scripts.bench.head import bench_head, print_head, timed
 from trainer.compile import CompileCounts, compile_model, reset_compile_state
 from trainer.config import Config, register_configs, to_config
 from trainer.flops import mfu, peak_flops
@@ -191,15 +189,6 @@ def train_step(b: Bench, step: int, batch: Batch, args: dict[str, Tensor]) -> No
     b.opt.zero_grad(set_to_none=True)
 
 
-def timed(rt: Runtime, fn: Callable[..., object], *args: object) -> float:
-    """Seconds `fn(*args)` takes, queued device work included."""
-    rt.synchronize()
-    t0 = time.perf_counter()
-    fn(*args)
-    rt.synchronize()
-    return time.perf_counter() - t0
-
-
 def window_label(b: Bench, step: int) -> str:
     """The window at `step` in blocks, long/short ("-": no window)."""
     args, block = b.schedule.model_args(step), b.conf.model.window_block
@@ -276,52 +265,6 @@ def format_row(r: dict) -> str:
         f"{r['record_ms']:.2f}" if r["record_ms"] else "-",
     ]  # fmt: skip
     return "| " + " | ".join(cells) + " |"
-
-
-class Head(nn.Module):
-    """The GPT's LM head alone (a bf16-casting linear), FP8 or bf16 as `head_logits` runs it."""
-
-    def __init__(self, d: int, vocab: int, fp8: bool) -> None:
-        super().__init__()
-        self.head = linear(ModelConfig(n_embd=d, dtype="bf16"), d, vocab)
-        nn.init.normal_(self.head.weight, std=d**-0.5)
-        self.fp8 = fp8
-
-    def forward(self, x: Tensor) -> Tensor:
-        return head_logits(self.head, x, self.fp8)
-
-
-def head_step(head: Head, fn: nn.Module, x: Tensor, grad: Tensor) -> None:
-    fn(x).backward(grad)
-    x.grad = head.head.weight.grad = None
-
-
-def bench_head(shape: tuple[int, int, int], steps: int, rt: Runtime, backend: str) -> dict:
-    """Median ms of the head's compiled forward and backward, FP8 and bf16."""
-    tokens, d, vocab = shape
-    torch.manual_seed(0)
-    x = torch.randn(tokens, d, device=rt.device, dtype=torch.bfloat16, requires_grad=True)
-    grad = torch.randn(tokens, vocab, device=rt.device, dtype=torch.bfloat16) / tokens
-    out = {"shape": shape}
-    for fp8 in (True, False):
-        head = Head(d, vocab, fp8).to(rt.device)
-        fn = compile_model(head, backend)
-
-        for _ in range(3):
-            head_step(head, fn, x, grad)
-        times = [timed(rt, head_step, head, fn, x, grad) for _ in range(steps)]
-        out["fp8" if fp8 else "bf16"] = statistics.median(times)
-    return out
-
-
-def print_head(r: dict) -> None:
-    tokens, d, vocab = r["shape"]
-    print("\n| LM head fwd+bwd | FP8 ms | bf16 ms | FP8 / bf16 |\n|---|---|---|---|")
-    print(
-        f"| {tokens:,} × {d} → {vocab:,} | {r['fp8'] * 1e3:.2f} | {r['bf16'] * 1e3:.2f} "
-        f"| {r['fp8'] / r['bf16']:.2f} |",
-        flush=True,
-    )
 
 
 def parse_args() -> argparse.Namespace:
