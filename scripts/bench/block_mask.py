@@ -76,7 +76,11 @@ def _compiled_create_block_mask() -> Callable:
 
 
 def block_level(idx: Tensor, window: Tensor, block: int, tokens: bool = False) -> dict[str, object]:
-    return build_masks(idx, True, set(KINDS), window, block, "flex", token_window=tokens)
+    if tokens:  # the forward's arguments: the long and short windows in tokens
+        n = window_lengths(window)
+        return build_masks(idx, True, set(KINDS), n["long"] * block, block, "flex", True,
+                           n["short"] * block)  # fmt: skip
+    return build_masks(idx, True, set(KINDS), window, block, "flex")
 
 
 def median_ms(build: Callable, idx: Tensor, window: Tensor, block: int, reps: int) -> float:
