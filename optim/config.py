@@ -34,6 +34,18 @@ STATE_DTYPES = ("param", "bf16")
 COOLDOWN_FORMS = ("steps", "fraction")
 
 
+def check_choices(settings: object, prefix: str) -> None:
+    """Raise ValueError naming the first field of `settings` whose value is not one of the
+    `choices` its metadata lists (a standalone optimizer validates its settings here too)."""
+    for f in fields(settings):  # type: ignore[arg-type]
+        allowed = f.metadata.get("choices")
+        if allowed is not None and getattr(settings, f.name) not in allowed:
+            raise ValueError(
+                f"{prefix}{f.name} must be one of {' | '.join(allowed)}, "
+                f"got {getattr(settings, f.name)!r}"
+            )
+
+
 @dataclass
 class MuonConfig:
     """Muon's settings (`optim.muon`), one object from the config to the update arithmetic:
@@ -99,13 +111,7 @@ class MuonConfig:
         """Raise ValueError naming the `optim.muon.*` key that is wrong (a standalone `Muon`
         validates its settings here too, so the choices are checked here as well); with
         `total_steps` (train.steps) also that the momentum's warmup and cooldown fit in it."""
-        for f in fields(self):
-            allowed = f.metadata.get("choices")
-            if allowed is not None and getattr(self, f.name) not in allowed:
-                raise ValueError(
-                    f"optim.muon.{f.name} must be one of {' | '.join(allowed)}, "
-                    f"got {getattr(self, f.name)!r}"
-                )
+        check_choices(self, "optim.muon.")
         if not self.lr >= 0:
             raise ValueError(f"optim.muon.lr must be >= 0, got {self.lr}")
         for key in ("momentum", "momentum_warmup_start", "momentum_cooldown_end", "normuon_beta2"):
@@ -163,13 +169,7 @@ class AdamWConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the `optim.adamw.*` key that is wrong."""
-        for f in fields(self):
-            allowed = f.metadata.get("choices")
-            if allowed is not None and getattr(self, f.name) not in allowed:
-                raise ValueError(
-                    f"optim.adamw.{f.name} must be one of {' | '.join(allowed)}, "
-                    f"got {getattr(self, f.name)!r}"
-                )
+        check_choices(self, "optim.adamw.")
         if not (isinstance(self.update_every, int) and self.update_every >= 1):
             raise ValueError(
                 f"optim.adamw.update_every must be an integer >= 1, got {self.update_every!r}"
