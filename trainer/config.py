@@ -10,8 +10,7 @@ choices each field's metadata names (`check_choices`) and cross-group constraint
 A field's `resume` metadata says how a checkpoint treats it (trainer/resume_rules.py).
 """
 
-import difflib
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -21,6 +20,7 @@ from data.config import DataConfig
 from model.config import ModelConfig
 from model.window_schedule import phase_index, phase_start
 from optim.config import OptimConfig
+from trainer.config_checks import check_choices, check_known
 from trainer.run_dir import register_resolvers
 
 MUST_MATCH = {"resume": "must_match"}
@@ -293,6 +293,16 @@ class Config:
                 f"{self.train.scheduled_steps} scheduled steps (train.steps - "
                 "train.extension_steps)"
             )
+        if (
+            self.train.seq_len_phases
+            and self.data.source != "synthetic"
+            and self.data.align == "bos"
+        ):
+            raise ValueError(
+                "train.seq_len_phases changes the sequence length by phase, which "
+                "data.align=bos cannot follow (its rows are one length): use data.align=pieces "
+                "or stream"
+            )
         self.dist.validate(self.train)
         self.logging.validate()
         if self.model.attention_impl == "flex" and self.train.device == "cpu":
@@ -302,38 +312,12 @@ class Config:
             )
 
 
-def check_choices(node: Any, prefix: str = "") -> None:
-    """Every field whose metadata names its `choices` holds one of them, through the whole
-    tree of dataclasses: the one "must be one of" check of the config."""
-    for f in fields(node):
-        value = getattr(node, f.name)
-        if is_dataclass(value):
-            check_choices(value, f"{prefix}{f.name}.")
-        elif "choices" in f.metadata and value not in f.metadata["choices"]:
-            allowed = " | ".join(f.metadata["choices"])
-            raise ValueError(f"{prefix}{f.name} must be one of {allowed}, got {value!r}")
-
-
 def register_configs() -> None:
     """Register the schema so `conf/config.yaml` is type-checked against it, and the resolvers
     its `hydra:` section uses (rank-aware run directory and logging)."""
     register_resolvers()
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
-
-
-def check_known(values: dict[str, Any], schema: Any, prefix: str = "") -> None:
-    """Raise ValueError naming the first key of `values` that the dataclass `schema` lacks,
-    with the nearest real key: `+train.step=3` would otherwise be accepted and ignored."""
-    known = {f.name: f for f in fields(schema)}
-    for key, value in values.items():
-        if key not in known:
-            near = difflib.get_close_matches(str(key), list(known), n=1)
-            hint = f"; did you mean {prefix}{near[0]}?" if near else ""
-            raise ValueError(f"unknown config key {prefix}{key}{hint}")
-        group = known[key].default_factory  # a nested group's dataclass
-        if isinstance(value, dict) and group is not MISSING and is_dataclass(group):
-            check_known(value, group, f"{prefix}{key}.")
 
 
 def to_config(cfg: DictConfig | Config | dict[str, Any]) -> Config:

@@ -286,3 +286,12 @@ def test_build_data_makes_a_piece_loader(tmp_path):
     gx, wx = torch.cat([b[0] for b in got]), torch.cat([b[0] for b in want])
     gy, wy = torch.cat([b[1] for b in got]), torch.cat([b[1] for b in want])
     assert len(gx) == 5 and torch.equal(gx, wx) and torch.equal(gy, wy)
+
+
+def test_phases_with_a_loader_of_one_length_are_refused_before_work() -> None:
+    from tests.helpers import compose_config
+    from trainer.config import to_config
+
+    with pytest.raises(ValueError, match=r"train\.seq_len_phases .* data\.align=bos"):
+        to_config(compose_config(["data.align=bos", "train.seq_len=256",
+                                  "train.seq_len_phases=[128,256]", "run_dir=."]))  # fmt: skip

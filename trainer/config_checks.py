@@ -1,0 +1,32 @@
+"""Checks of a config tree against its schema: choices named in field metadata, and keys the
+schema lacks (an unknown `+train.step=3` would otherwise be accepted and ignored)."""
+
+import difflib
+from dataclasses import MISSING, fields, is_dataclass
+from typing import Any
+
+
+def check_choices(node: Any, prefix: str = "") -> None:
+    """Every field whose metadata names its `choices` holds one of them, through the whole
+    tree of dataclasses: the one "must be one of" check of the config."""
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if is_dataclass(value):
+            check_choices(value, f"{prefix}{f.name}.")
+        elif "choices" in f.metadata and value not in f.metadata["choices"]:
+            allowed = " | ".join(f.metadata["choices"])
+            raise ValueError(f"{prefix}{f.name} must be one of {allowed}, got {value!r}")
+
+
+def check_known(values: dict[str, Any], schema: Any, prefix: str = "") -> None:
+    """Raise ValueError naming the first key of `values` that the dataclass `schema` lacks,
+    with the nearest real key: `+train.step=3` would otherwise be accepted and ignored."""
+    known = {f.name: f for f in fields(schema)}
+    for key, value in values.items():
+        if key not in known:
+            near = difflib.get_close_matches(str(key), list(known), n=1)
+            hint = f"; did you mean {prefix}{near[0]}?" if near else ""
+            raise ValueError(f"unknown config key {prefix}{key}{hint}")
+        group = known[key].default_factory  # a nested group's dataclass
+        if isinstance(value, dict) and group is not MISSING and is_dataclass(group):
+            check_known(value, group, f"{prefix}{key}.")
