@@ -8,10 +8,11 @@ head weight (V×d, fp32 or bf16) and three fixed scales written as divisors x_s,
                ∂L/∂X = bf16((G₈·W₈)·g_s·w_s),  ∂L/∂W = ((X₈ᵀ·G₈)·x_s·g_s)ᵀ in fp32,
                then cast to W's dtype
 
-each product an FP8 tensor-core GEMM (`torch._scaled_mm`; fast accumulation forward), reusing
-X₈ and W₈ from forward. Each division happens in its operand's dtype (bf16 for X and G) before
-the cast, as `X.div(x_s)` on a bf16 tensor does. Casts round to nearest without saturating; the
-scales keep values in range. In evaluation the head is the ordinary bf16 matmul.
+each product an FP8 GEMM (`model.fp8.scaled_mm`: the tensor-core kernel on CUDA, with fast
+accumulation forward; its exact fp32 emulation on a CPU), reusing X₈ and W₈ from forward. Each
+division happens in its operand's dtype (bf16 for X and G) before the cast, as `X.div(x_s)` on
+a bf16 tensor does. Casts round to nearest without saturating; the scales keep values in
+range. In evaluation the head is the ordinary bf16 matmul.
 
 The scales (model.fp8_scales, `FP8_SCALES`):
 - record_2025_01: x_s = 1/2, w_s = 2⁻⁹, g_s = 2⁻¹⁹ (the 2025-01 record's multipliers 2, 512,
@@ -36,6 +37,8 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
+
+from model.fp8 import scaled_mm
 
 
 class FP8Scales(NamedTuple):
@@ -81,10 +84,9 @@ class FP8Matmul(torch.autograd.Function):
     ) -> Tensor:
         x8 = x.div(scales.x).to(torch.float8_e4m3fn)
         w8 = w.div(scales.w).to(torch.float8_e4m3fn)
-        out = torch._scaled_mm(
+        out = scaled_mm(
             x8, w8.T,  # row-major × column-major, as the FP8 GEMM wants
-            scale_a=_scale(scales.x, x), scale_b=_scale(scales.w, x),
-            out_dtype=torch.bfloat16, use_fast_accum=True,
+            _scale(scales.x, x), _scale(scales.w, x), torch.bfloat16, use_fast_accum=True,
         )  # fmt: skip
         ctx.save_for_backward(x8, w8)
         ctx.scales, ctx.micro_steps, ctx.w_dtype = scales, micro_steps, w.dtype
@@ -99,15 +101,12 @@ class FP8Matmul(torch.autograd.Function):
             scaled = scaled.mul(k)
         g8 = scaled.to(torch.float8_e5m2)
         g_s = scales.g / k  # the divisor G₈ was taken at, relative to this G
-        grad_x = torch._scaled_mm(
-            g8, w8.T.contiguous().T,
-            scale_a=_scale(g_s, grad), scale_b=_scale(scales.w, grad),
-            out_dtype=torch.bfloat16,
-        )  # fmt: skip
-        grad_w = torch._scaled_mm(
-            x8.T.contiguous(), g8.T.contiguous().T,
-            scale_a=_scale(scales.x, grad), scale_b=_scale(g_s, grad),
-            out_dtype=torch.float32,
+        grad_x = scaled_mm(
+            g8, w8.T.contiguous().T, _scale(g_s, grad), _scale(scales.w, grad), torch.bfloat16
+        )
+        grad_w = scaled_mm(
+            x8.T.contiguous(), g8.T.contiguous().T, _scale(scales.x, grad), _scale(g_s, grad),
+            torch.float32,
         ).T  # fmt: skip
         return grad_x, grad_w.to(ctx.w_dtype), None, None
 

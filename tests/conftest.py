@@ -1,11 +1,15 @@
 """Fixtures shared across test modules, and how the suite shares two CPU cores.
 
 The suite runs under pytest-xdist (`-n 2`, README): each worker process runs its tests with
-one torch thread, so two workers use the two cores without oversubscribing them (a test that
-spawns ranks gives each rank one thread too). The sample corpus is built once per session
-and shared by the workers.
+one torch thread, so two workers use the two cores without oversubscribing them. Every
+process a test starts (a `python train.py`, torchrun's or `dist.nproc`'s ranks) inherits
+OMP_NUM_THREADS=1 and computes with one thread too: a CPU's kernels may sum in an order that
+depends on the thread count, and runs the suite compares bit for bit must use the same one,
+whatever the machine's core count. The sample corpus is built once per session and shared by
+the workers.
 """
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,8 +18,8 @@ from filelock import FileLock
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if hasattr(config, "workerinput"):  # an xdist worker: one core of its own
-        torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"  # for the processes tests start
+    torch.set_num_threads(1)  # an xdist worker: one core of its own; a plain run: the same
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch import nn
@@ -92,7 +93,21 @@ class Checkpointer:
                 _ranks(loaded.meta.get("world_size")),
                 _ranks(self.rt.world_size),
             )
+            self._check_threads(loaded)
         return progress
+
+    def _check_threads(self, loaded: Loaded) -> None:
+        """Say so when a CPU run resumes on another number of torch threads per rank: the
+        bitwise promise of a resume (README, "Exact resume") holds for the same one."""
+        saved, now = loaded.meta.get("threads"), torch.get_num_threads()
+        if self.rt.device.type != "cpu" or saved is None or saved == now:
+            return
+        log.warning(
+            "this run computes with %d torch thread(s) per rank, the checkpoint's with %d: on "
+            "some CPUs a kernel's sums depend on the thread count, so the losses may differ in "
+            "their last bits from a run that never stopped. train.threads=%d matches it.",
+            now, saved, saved,
+        )  # fmt: skip
 
     def save(self, progress: Progress) -> Path:
         """Write a checkpoint of `progress`; a collective: every rank must call it.
@@ -109,6 +124,7 @@ class Checkpointer:
         }
         meta = {
             "world_size": self.rt.world_size,
+            "threads": torch.get_num_threads() if self.rt.device.type == "cpu" else None,
             "tokens": progress.tokens,
             "train_time_s": progress.train_time_s,
             "val_loss": progress.val_loss,

@@ -48,10 +48,14 @@ class FaultConfig:
     """Make this step's training loss NaN on every rank."""
     nonfinite_grad_at_step: int = 0
     """Make a gradient NaN (the loss stays finite) on every rank."""
+    slow_step_at: int = 0
+    """Hold rank `rank` inside this step for slow_step_s seconds, as one long kernel does."""
+    slow_step_s: float = 0.0
 
     @property
     def enabled(self) -> bool:
-        return any(getattr(self, f.name) for f in fields(self) if f.name != "rank")
+        settings = ("rank", "slow_step_s")  # where and how long, not faults of their own
+        return any(getattr(self, f.name) for f in fields(self) if f.name not in settings)
 
     def validate(self) -> None:
         for f in fields(self):
@@ -90,6 +94,10 @@ class TrainConfig:
     """A console line every this many steps."""
     device: str = field(default="auto", metadata={"choices": DEVICES, **OPERATIONAL})
     """auto (cuda when available, else cpu) | cpu | cuda."""
+    threads: int = 0
+    """torch threads per rank on a CPU; 0 = as launched (torch's default, one core per rank
+    under torchrun or dist.nproc). A CPU's kernels may sum in an order that depends on it, so
+    runs compared bit for bit (a resume, a test) use the same number."""
     autocast: str = field(default="auto", metadata={"choices": AUTOCASTS})
     """bf16: matmuls in bf16, fp32 master weights | none: fp32 | auto: bf16 on CUDA and on
     CPUs with native bf16 matmuls, fp32 elsewhere."""
@@ -170,7 +178,7 @@ class TrainConfig:
             if getattr(self, key) <= 0:
                 raise ValueError(f"train.{key} must be positive, got {getattr(self, key)}")
         for key in ("val_seq_len", "micro_batch_size", "val_every", "checkpoint_every",
-                    "untimed_steps", "target_val_loss"):  # fmt: skip
+                    "untimed_steps", "target_val_loss", "threads"):  # fmt: skip
             if getattr(self, key) < 0:
                 raise ValueError(f"train.{key} must be >= 0, got {getattr(self, key)}")
         val_seq = self.val_seq_len or self.seq_len

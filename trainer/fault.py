@@ -8,11 +8,14 @@ directory (a marker file remembers it), so the run that resumes and passes the s
 lives on. `signal_at_step` sends that rank a SIGTERM instead, once, as a scheduler does before
 pre-empting a job: the loop sees it in the same step's reduction, finishes the step, saves and
 stops. `nonfinite_at_step` makes that step's loss NaN on every rank; `nonfinite_grad_at_step`
-makes one gradient NaN under a finite loss.
+makes one gradient NaN under a finite loss. `slow_step_at` holds that rank's main thread for
+`slow_step_s` seconds with SIGTERM and SIGINT held off, as one long kernel does (a Python
+signal handler runs only once it returns): the case a stop request must still be announced in.
 """
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -44,6 +47,8 @@ class Faults:
                 os.kill(os.getpid(), signal.SIGKILL)
             if c.signal_at_step == step and self._first_time("signal", step):
                 os.kill(os.getpid(), signal.SIGTERM)
+            if c.slow_step_at == step:
+                _hold(c.slow_step_s)
         return loss
 
     def _first_time(self, kind: str, step: int) -> bool:
@@ -52,3 +57,14 @@ class Faults:
             return False
         marker.write_text(f"rank {self.rank}: {kind} during step {step}\n")
         return True
+
+
+def _hold(seconds: float) -> None:
+    """Block the main thread `seconds` with SIGTERM and SIGINT masked in it: a signal sent
+    meanwhile goes to another thread, and its Python handler waits until this returns."""
+    held = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        time.sleep(seconds)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)

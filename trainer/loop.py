@@ -127,6 +127,7 @@ class Loop:
     def _train_step(self, p: Progress) -> tuple[dict, bool]:
         """One optimizer step; advances `p` and returns the step's record and whether to stop."""
         step = p.step + 1
+        self._doing(f"step {step} of {self.cfg.steps}")
         self.rt.synchronize()
         t0 = time.perf_counter()
         values = self.schedule.at(step - 1)
@@ -152,6 +153,7 @@ class Loop:
         self.optimizer.zero_grad(set_to_none=True)
         self.rt.synchronize()
         dt = time.perf_counter() - t0
+        self._doing(None)
         tokens = self.cfg.step_tokens(step - 1)
         timed = step > self.cfg.untimed_steps  # the records time from step 10 on
         p.step, p.tokens = step, p.tokens + tokens
@@ -238,7 +240,16 @@ class Loop:
         sequences = self.cfg.val_tokens // (self.cfg.val_seq_len or self.cfg.seq_len)
         batches = math.ceil(sequences / rows)
         report = EvalProgress(self.sink, step, batches) if self.rt.is_main else None
-        return evaluate(self.model, self.val_batches(), self.rt, args, stop, report)
+        self._doing(f"the validation after step {step}", "it stops at its next batch")
+        try:
+            return evaluate(self.model, self.val_batches(), self.rt, args, stop, report)
+        finally:
+            self._doing(None)
+
+    def _doing(self, what: str | None, until: str = "the run stops when it ends") -> None:
+        """Tell the stop requests what runs now, for a request's announcement."""
+        if self.stop is not None:
+            self.stop.doing(what, until)
 
     def _on_device(self, args: dict[str, float]) -> dict[str, Tensor]:
         """The schedule's forward arguments as device tensors (a changing Python number would

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from trainer.config import Config
@@ -175,6 +176,10 @@ def describe_run(
     if m.dtype == "bf16":
         precision = f"bf16 model ({precision} for the rest)"
     ranks = count = f"{rt.world_size} rank" + ("s" if rt.world_size > 1 else "")
+    where = rt.device.type
+    if where == "cpu":  # what a bitwise comparison must match (README, "Exact resume")
+        threads = torch.get_num_threads()
+        where += f" ({threads} thread{'s' if threads > 1 else ''}/rank)"
     if conf.dist.strategy == "fsdp":
         from trainer.strategy import resolve_param_dtype
 
@@ -183,7 +188,7 @@ def describe_run(
     return (
         (
             f"model {m.n_layer} layers, d {m.n_embd}, {m.n_head} heads: {n_params:,} "
-            f"parameters | {optimizer} | {ranks} on {rt.device.type}, {precision} | "
+            f"parameters | {optimizer} | {ranks} on {where}, {precision} | "
             f"{t.batch_size * t.seq_len} tokens/step = {count} x {accum_steps} micro-step"
             f"{'s' if accum_steps > 1 else ''} "
             f"x {micro} x {t.seq_len}"

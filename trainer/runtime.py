@@ -6,7 +6,8 @@ a single process. Multi-process setup builds on `Runtime` without changing its c
 
 import os
 import random
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +109,21 @@ def init_runtime(device: str, autocast: str) -> Runtime:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     return Runtime(rank, world_size, local_rank, dev, resolve_autocast(autocast, dev))
+
+
+@contextmanager
+def cpu_threads(threads: int, device: torch.device) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` (train.threads) for the block on a CPU, and
+    put back after it (a caller such as a test runner keeps its own); 0 leaves them."""
+    if threads <= 0 or device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def seed_everything(seed: int) -> None:

@@ -33,7 +33,13 @@ from trainer.loop import Loop
 from trainer.metrics import METRICS_FILE, MetricsSink, describe_run
 from trainer.provenance import code_version
 from trainer.run_dir import check_writable, set_aside_previous
-from trainer.runtime import Runtime, emulated_bf16_slowdown, init_runtime, seed_everything
+from trainer.runtime import (
+    Runtime,
+    cpu_threads,
+    emulated_bf16_slowdown,
+    init_runtime,
+    seed_everything,
+)
 from trainer.schedule import Schedule
 from trainer.signals import StopRequests
 from trainer.strategy import fsdp_no_sync, resolve_param_dtype, shard_model
@@ -63,7 +69,7 @@ def run_rank(conf: Config, parts: Parts) -> float:
     """This rank's share of the run (the whole run in a single process)."""
     rt = init_runtime(conf.train.device, conf.train.autocast)
     conf.train.accumulation_steps(rt.world_size)  # fails before any work
-    with process_group(rt, conf.dist) as group:
+    with cpu_threads(conf.train.threads, rt.device), process_group(rt, conf.dist) as group:
         conf = agree_on_config(conf, rt)
         return _run(conf, parts, rt, group)
 

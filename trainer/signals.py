@@ -6,6 +6,12 @@ loop stops at the next safe point (between validation batches, or after the step
 saves a checkpoint if anything changed since the last one, and raises `Stopped`. A second
 Ctrl-C interrupts at once.
 
+A Python signal handler runs only between two operations of the main thread, and one
+operation (a kernel of a slow step) can take minutes. So the request is also announced from a
+watcher thread, woken by the signal itself (`signal.set_wakeup_fd`): it says at once what the
+run waits for (`StopRequests.doing`: "step 7 of 100, running for 42 s"). A second Ctrl-C that
+the main thread cannot act on within `QUIT_GRACE_S` ends the process from that thread.
+
 The handlers belong to the program that owns the process: `python train.py`, or a rank that
 a launcher started (`claim_signals()` marks both). When `train()` runs inside another program
 (a test runner, a notebook, a sweep driver) the process keeps that program's handling, so its
@@ -14,7 +20,9 @@ process a real SIGTERM.
 """
 
 import logging
+import os
 import signal
+import socket
 import threading
 import time
 from types import FrameType, TracebackType
@@ -28,6 +36,9 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # dist.nproc) forwards its own copy to its ranks a moment later: a SIGINT this soon after the
 # first is the same keypress, not a second one.
 SAME_PRESS_S = 1.0
+# A second Ctrl-C quits at once: if the main thread has not acted on it this long after it
+# arrived (it is inside one long operation), the watcher thread ends the process.
+QUIT_GRACE_S = 2.0
 
 _claimed = False
 
@@ -48,7 +59,15 @@ class StopRequests:
         self.requested: str | None = None
         self.force, self.announce = force, announce
         self._first_at = 0.0
+        self._quitting = False  # the main thread took the second Ctrl-C
         self._previous: dict[int, object] = {}
+        self._doing: tuple[str, str, float] | None = None
+        self._watcher: _Watcher | None = None
+
+    def doing(self, what: str | None, until: str = "the run stops when it ends") -> None:
+        """What the run is busy with from now on ("step 7 of 100"; None: nothing long) and
+        when a stop request takes effect, for the announcement of a stop request."""
+        self._doing = (what, until, time.monotonic()) if what else None
 
     def __enter__(self) -> "StopRequests":
         owned = _claimed or under_torchelastic() or self.force
@@ -57,6 +76,7 @@ class StopRequests:
         if owned and threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
+            self._watcher = _Watcher(self)
         return self
 
     def __exit__(
@@ -65,6 +85,9 @@ class StopRequests:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self._previous.clear()
@@ -74,15 +97,75 @@ class StopRequests:
         now = time.monotonic()
         if self.requested is not None:
             if signum == signal.SIGINT and now - self._first_at > SAME_PRESS_S:
+                self._quitting = True
                 raise KeyboardInterrupt  # a second Ctrl-C: the user wants out now
             return
         self.requested, self._first_at = name, now
-        if self.announce:
-            log.warning(
-                "%s received: stopping at the next safe point (a checkpoint is saved if "
-                "anything changed since the last one). Ctrl-C again quits at once.",
-                name,
-            )
+        if self.announce and self._watcher is None:  # else the watcher has said it
+            log.warning("%s", self.message(name))
+
+    def message(self, name: str) -> str:
+        """The announcement of a stop request by signal `name`: what it waits for."""
+        doing = self._doing
+        if doing is None:
+            wait = "stopping at the next safe point"
+        else:
+            what, until, since = doing
+            wait = f"{what} has been running for {time.monotonic() - since:.1f}s; {until}"
+        return (
+            f"{name} received: {wait} (a checkpoint is saved if anything changed since the "
+            "last one). Ctrl-C again quits at once."
+        )
+
+
+class _Watcher:
+    """A daemon thread woken by every signal (through `signal.set_wakeup_fd`) while the main
+    thread may be inside one long operation: it announces the first stop request at once and
+    carries out a second Ctrl-C that the main thread does not get to."""
+
+    def __init__(self, stop: StopRequests) -> None:
+        self.stop = stop
+        self._read, self._write = socket.socketpair()
+        self._write.setblocking(False)
+        self._old_fd = signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._run, name="stop-requests", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self._old_fd)
+        self._write.send(b"\0")  # not a signal number: the thread's cue to end
+        self._thread.join(timeout=5)
+        self._read.close()
+        self._write.close()
+
+    def _run(self) -> None:
+        first_at: float | None = None
+        while True:
+            data = self._read.recv(64)
+            if not data:
+                return
+            for signum in data:
+                if signum == 0:
+                    return
+                if signum not in SIGNALS:
+                    continue
+                now = time.monotonic()
+                if first_at is None:
+                    first_at = now
+                    if self.stop.announce:
+                        log.warning("%s", self.stop.message(signal.Signals(signum).name))
+                elif signum == signal.SIGINT and now - first_at > SAME_PRESS_S:
+                    self._quit_unless_handled()
+
+    def _quit_unless_handled(self) -> None:
+        deadline = time.monotonic() + QUIT_GRACE_S
+        while time.monotonic() < deadline:
+            if self.stop._quitting:
+                return
+            time.sleep(0.05)
+        log.warning("Ctrl-C again: quitting now, inside a running operation, without saving")
+        logging.shutdown()
+        os._exit(128 + signal.SIGINT)
 
 
 class Stopped(Exception):

@@ -158,3 +158,35 @@ def test_ctrl_c_on_two_ranks_is_one_message(tmp_path: Path, corpus_cache: Path) 
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
     assert len(list((tmp_path / "run" / "checkpoints").glob("step_*"))) == 1
     assert "To continue: python train.py" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_stop_during_a_slow_step_is_announced_at_once(tmp_path: Path, corpus_cache: Path) -> None:
+    """Step 3 holds the main thread for 8 s inside one operation (train.fault.slow_step_at),
+    where no Python signal handler can run: the SIGTERM is still announced within a second or
+    two, naming the step and how long it has run; the run stops after that step, saved."""
+    hold = 8.0
+    args = [
+        *TINY, "train.steps=6", "train.val_every=0", "train.checkpoint_at_end=true",
+        "train.fault.slow_step_at=3", f"train.fault.slow_step_s={hold}",
+        f"data.cache_dir={corpus_cache}",
+    ]  # fmt: skip
+    proc = _start(args, tmp_path)
+    _wait_for(proc, "step 2/6")  # step 3 starts now, and is held
+    time.sleep(1.5)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    said = _wait_for(proc, "SIGTERM received", timeout=hold)[-1]
+    announced = time.monotonic() - sent
+    out, _ = proc.communicate(timeout=120)
+    ended = time.monotonic() - sent
+    assert announced < 3, f"announced {announced:.1f}s after the signal: {said}"
+    assert ended > hold - 3, f"the run ended {ended:.1f}s after the signal: no step was held"
+    running = float(said.split("step 3 of 6 has been running for ")[1].split("s;")[0])
+    assert 1.0 <= running < hold, said
+    assert "the run stops when it ends" in said
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert out.count("SIGTERM received") == 0  # said once, before
+    assert "stopped by SIGTERM after step 3" in out, out[-3000:]
+    assert (tmp_path / "run" / "checkpoints" / "step_000003").is_dir()

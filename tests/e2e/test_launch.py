@@ -56,7 +56,7 @@ def test_torchrun_two_ranks_write_one_run_directory(tmp_path: Path, corpus_cache
     assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "metrics.jsonl", "train.log"]
     assert steps(run_dir) == [0, 1, 2]
     log = (run_dir / "train.log").read_text()
-    assert "2 ranks on cpu" in log and "final val loss" in log
+    assert "2 ranks on cpu (1 thread/rank)" in log and "final val loss" in log
     assert log.count("step 2/2") == 1, "more than one rank logged"
 
 
@@ -148,7 +148,11 @@ def test_multirun_points_can_be_multi_process(tmp_path: Path, corpus_cache: Path
     for job in run_dirs(tmp_path):
         assert steps(job) == [0, 1, 2]
         log = (job / "train.log").read_text()
-        assert "starting 2 ranks" in log and "2 ranks on cpu" in log and "final val loss" in log
+        assert (
+            "starting 2 ranks" in log
+            and "2 ranks on cpu (1 thread/rank)" in log
+            and "final val loss" in log
+        )
 
 
 @pytest.mark.timeout(120)

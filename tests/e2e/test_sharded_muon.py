@@ -6,6 +6,11 @@ ones (a 1-row matrix: rank 1 holds nothing), stacked 3×d×d weights and tall ma
 classic and Polar Express coefficients and both momentum forms, in the factored form. The
 gram form agrees to rounding (GRAM_TOL). The step must never gather a whole parameter
 (`full_tensor`), which the test counts.
+
+Bitwise in bf16 needs a CPU whose bf16 batched matmul gives a matrix the same bits whatever
+else is in its batch (the ranks batch other matrices together than one process does). Some
+CPUs' kernels do not (Intel AMX tiles: 3.4e-4 apart here); there bf16 must agree to rounding,
+as the gram form does, and fp32 stays bitwise.
 """
 
 from pathlib import Path
@@ -82,6 +87,20 @@ def _sharded(settings: dict, dtype: torch.dtype, mesh) -> tuple[list[torch.Tenso
     return [p.detach().full_tensor() for p in shards], gathers
 
 
+def bf16_batches_are_invariant() -> bool:
+    """Whether this CPU's bf16 (b)mm gives each matrix of a batch the bits it gets alone."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 16, 48, generator=gen).bfloat16()
+    y = torch.randn(5, 48, 48, generator=gen).bfloat16()
+    whole = [x @ x.mT, x @ y, torch.baddbmm(x, x @ x.mT, x, beta=0.5, alpha=2.0)]
+    alone = [
+        torch.stack([m @ m.T for m in x]),
+        torch.stack([a @ b for a, b in zip(x, y, strict=True)]),
+        torch.stack([torch.addmm(m, m @ m.T, m, beta=0.5, alpha=2.0) for m in x]),
+    ]
+    return all(torch.equal(a, b) for a, b in zip(whole, alone, strict=True))
+
+
 def _rank_main(rank: int, world: int, out: str) -> None:
     mesh = init_device_mesh("cpu", (world,))
     one_row = local(distribute_tensor(torch.zeros(1, 16), mesh, [Shard(0)]))
@@ -94,7 +113,7 @@ def _rank_main(rank: int, world: int, out: str) -> None:
             equal = all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
             worst = max((a - b).abs().max().item() for a, b in zip(got, want, strict=True))
             results.append((settings, str(dtype), equal, worst, gathers))
-    torch.save(results, Path(out) / f"rank{rank}.pt")
+    torch.save((results, bf16_batches_are_invariant()), Path(out) / f"rank{rank}.pt")
     dist.barrier()
 
 
@@ -102,12 +121,14 @@ def _rank_main(rank: int, world: int, out: str) -> None:
 def test_sharded_muon_is_bitwise_single_process(tmp_path: Path) -> None:
     run_ranks(_rank_main, WORLD, str(tmp_path))
     for rank in range(WORLD):
-        for settings, dtype, equal, worst, gathers in torch.load(tmp_path / f"rank{rank}.pt"):
-            if settings["ns_form"] == "gram":
-                assert worst <= GRAM_TOL[dtype], f"rank {rank} {dtype}: gram off by {worst}"
+        results, invariant = torch.load(tmp_path / f"rank{rank}.pt")
+        for settings, dtype, equal, worst, gathers in results:
+            if settings["ns_form"] != "gram":
+                assert gathers == 0, f"{settings}: the step gathered {gathers} whole parameters"
+            if settings["ns_form"] == "gram" or (dtype == "torch.bfloat16" and not invariant):
+                assert worst <= GRAM_TOL[dtype], f"rank {rank} {dtype}: off by {worst}"
                 continue
             assert equal, f"rank {rank} {settings} {dtype}: differs from one process by {worst}"
-            assert gathers == 0, f"{settings}: the step gathered {gathers} whole parameters"
 
 
 def test_row_counts_follow_torch_chunk() -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
+from model.fp8 import scaled_mm
 from model.head import FP8_SCALES, FP8Scales, fp8_scales, head_logits
 from trainer.forward import forward_backward
 from trainer.runtime import init_runtime
@@ -120,16 +121,13 @@ def test_record_2025_01_as_divisors_gives_the_multiply_forms_bits() -> None:
     w = torch.randn(96, 64, generator=gen) * 0.05
     g = torch.randn(32, 96, generator=gen).bfloat16() * 1e-4
 
-    def multiply_form(k: int):
+    def multiply_form(k: int):  # the same FP8 product (model.fp8), the record's operands
         one = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
         x8, w8 = (x * 2.0).to(torch.float8_e4m3fn), (w * 512.0).to(torch.float8_e4m3fn)
         g8 = (g * (2.0**19 * k)).to(torch.float8_e5m2)
-        out = torch._scaled_mm(x8, w8.T, scale_a=one(1 / 2), scale_b=one(1 / 512),
-                               out_dtype=torch.bfloat16, use_fast_accum=True)  # fmt: skip
-        gx = torch._scaled_mm(g8, w8.T.contiguous().T, scale_a=one(1 / (2.0**19 * k)),
-                              scale_b=one(1 / 512), out_dtype=torch.bfloat16)  # fmt: skip
-        gw = torch._scaled_mm(x8.T.contiguous(), g8.T.contiguous().T, scale_a=one(1 / 2),
-                              scale_b=one(1 / (2.0**19 * k)), out_dtype=torch.float32)  # fmt: skip
+        out = scaled_mm(x8, w8.T, one(1 / 2), one(1 / 512), torch.bfloat16)
+        gx = scaled_mm(g8, w8, one(1 / (2.0**19 * k)), one(1 / 512), torch.bfloat16)
+        gw = scaled_mm(x8.T, g8, one(1 / 2), one(1 / (2.0**19 * k)), torch.float32)
         return out, gx, gw.T
 
     for k in (1, 3, 8):
@@ -149,10 +147,10 @@ def test_record_2025_01_as_divisors_gives_the_multiply_forms_bits() -> None:
 )
 def test_fp8_head_is_the_formula_with_explicit_casts(scales, w_dtype, k) -> None:
     """Logits, ∂X and ∂W (in W's dtype) against the float64 formula. Power-of-two scales:
-    the same bits. x_s = √768/448 and g_s = 1/448 are not exact in fp32 and the CPU's
-    `_scaled_mm` scales the operands before the product, so there the fp32 products may differ
-    in their last bits: bf16 results within one unit in the last place and nearly all equal,
-    fp32 ones within a few (and a tiny absolute error where a sum cancels)."""
+    the same bits. x_s = √768/448 and g_s = 1/448 are not exact in fp32 (the scales and their
+    product are rounded there), so the fp32 results may differ in their last bits: bf16
+    results within one unit in the last place and nearly all equal, fp32 ones within a few
+    (and a tiny absolute error where a sum cancels)."""
     gen = torch.Generator().manual_seed(1)
     x_s, w_s, g_s = scales
     x = signed((16, 32), x_s, gen).bfloat16()

@@ -65,3 +65,55 @@ def test_the_stop_message_says_what_was_kept() -> None:
     fresh = Stopped("SIGINT", None, None)
     assert "no checkpoint written" in str(fresh) and fresh.exit_code == 130
     assert "the ranks said" in str(Stopped.by_ranks("SIGTERM"))
+
+
+def test_the_announcement_names_what_runs_and_for_how_long(monkeypatch) -> None:
+    stop = StopRequests()
+    assert "stopping at the next safe point" in stop.message("SIGTERM")
+    clock = iter([100.0, 142.5])
+    monkeypatch.setattr(signals.time, "monotonic", lambda: next(clock))
+    stop.doing("step 7 of 100")
+    said = stop.message("SIGTERM")
+    assert said.startswith("SIGTERM received: step 7 of 100 has been running for 42.5s; the run")
+    stop.doing(None)
+    assert "next safe point" in stop.message("SIGINT")
+
+
+HELD = """
+import os, signal, sys, time
+sys.path.insert(0, {repo!r})
+import trainer.signals as s
+from trainer.fault import _hold
+s.claim_signals()
+with s.StopRequests() as stop:
+    stop.doing("step 1 of 2")
+    print("holding", flush=True)
+    _hold(30)  # one long operation: no Python handler runs in it
+print("the hold ended", flush=True)
+"""
+
+
+def test_a_second_ctrl_c_quits_from_inside_a_long_operation(tmp_path) -> None:
+    """The main thread is held for 30 s: the first Ctrl-C is announced at once and a second
+    (after SAME_PRESS_S) ends the process QUIT_GRACE_S later, not when the hold ends."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[2])
+    script = tmp_path / "held.py"
+    script.write_text(HELD.format(repo=repo))
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout.readline().strip() == "holding"
+    proc.send_signal(signal.SIGINT)
+    time.sleep(signals.SAME_PRESS_S + 0.5)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=20)[0]
+    took = time.monotonic() - sent
+    assert proc.returncode == 128 + signal.SIGINT, out
+    assert took < signals.QUIT_GRACE_S + 3, took
+    assert "SIGINT received: step 1 of 2 has been running for" in out, out
+    assert "quitting now" in out and "the hold ended" not in out, out

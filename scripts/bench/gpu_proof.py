@@ -1,0 +1,170 @@
+"""Everything a GPU must show, in one command that ends within ten minutes on one H100.
+
+    python -m scripts.bench.gpu_proof                          # on the GPU: results/gpu_proof/
+    python -m scripts.bench.gpu_proof --toy --device cpu       # the plumbing, in seconds
+    python -m scripts.bench.gpu_proof --render results/gpu_proof/gpu_proof.json  # -> README
+
+It runs the parts of `scripts/bench/proof_parts.py` one after another, each in a process of its
+own under its own time cap (`CAPS`, `--cap part=seconds`) and all of them under `--budget`: a
+part that passes its cap is stopped and reported as skipped, so one slow compile cannot eat the
+time of the others. The parts: each record preset's compiled step at its first, middle and
+last window and batch phase (ms/step beside the record's own per-GPU step, tokens/s, MFU,
+compile time, graph breaks, recompiles), the dense 124M model, the FP8 head against the bf16
+head, fsdp and offloaded optimizer state against ddp, a 100-step run of the newest preset on
+the sample corpus (its loss must fall and stay finite), and the environment.
+
+Out: `gpu_proof.json` (every number), `gpu_proof.md` (the tables) and `gpu_proof.log` (each
+part's output) in `--out`. `--render` writes a JSON's tables into the README between the
+`gpu-proof` markers, so the README's GPU table is always one run's numbers.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+# Seconds each part may take on one H100 (the sum, 600, is the budget); a toy part takes 60.
+CAPS = {
+    "env": 20, "record_2024_11_06": 80, "record_2025_01_26": 90, "record_2025_11_29": 110,
+    "dense_124m": 60, "head": 40, "strategies": 80, "real_run": 120,
+}  # fmt: skip
+TOY_CAP = 60
+BUDGET_S = 570  # of the ten minutes: the rest is this process and the writing
+MIN_PART_S = 10  # a part is not started with less time than this left
+BEGIN, END = "<!-- gpu-proof:begin -->", "<!-- gpu-proof:end -->"
+
+
+def run_part(name: str, device: str, toy: bool, data_dir: Path) -> dict[str, Any]:
+    """One part, in this process (the proof calls this through `--part`)."""
+    from scripts.bench import proof_parts as parts
+
+    if name == "env":
+        return parts.environment(device)
+    if name in parts.PRESETS:
+        return parts.preset(name, device, toy)
+    if name == "head":
+        return parts.head(device, toy)
+    if name == "strategies":
+        return parts.strategies(device, toy, data_dir)
+    if name == "real_run":
+        return parts.real_run(device, toy, data_dir)
+    raise ValueError(f"no part {name!r}; the parts: {', '.join(CAPS)}")
+
+
+def run_capped(name: str, cap: float, args: argparse.Namespace, log) -> dict[str, Any]:
+    """Part `name` in a child process, stopped (its whole process group) after `cap` s."""
+    result_file = args.out / f".{name}.json"
+    result_file.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "scripts.bench.gpu_proof", "--part", name,
+           "--result", str(result_file), "--device", args.device,
+           "--data-dir", str(args.data_dir), *(["--toy"] if args.toy else [])]  # fmt: skip
+    log.write(f"\n===== {name} (cap {cap:.0f}s)\n")
+    log.flush()
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        code = proc.wait(timeout=cap)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return {"status": "skipped", "seconds": cap, "note": f"its cap of {cap:.0f}s was reached"}
+    seconds = time.monotonic() - t0
+    if code != 0 or not result_file.exists():
+        return {"status": "failed", "seconds": seconds, "note": f"exit {code}: gpu_proof.log"}
+    out = json.loads(result_file.read_text())
+    result_file.unlink()
+    ok = out.pop("ok", True)
+    note = "" if ok else "its check failed (see its row)"
+    return {"status": "ok" if ok else "failed", "seconds": seconds, "note": note, **out}
+
+
+def prove(args: argparse.Namespace) -> dict[str, Any]:
+    """Every selected part under its cap and the budget; the results as one dict."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + args.budget
+    caps = {**CAPS, **dict(_cap(c) for c in args.cap)}
+    results: dict[str, Any] = {"toy": args.toy, "device": args.device, "parts": {}}
+    with open(args.out / "gpu_proof.log", "w") as log:
+        for name in args.parts or list(CAPS):
+            cap = min(TOY_CAP if args.toy else caps[name], deadline - time.monotonic())
+            if cap < MIN_PART_S:
+                part = {"status": "skipped", "seconds": 0.0, "note": "the budget was spent"}
+            else:
+                part = run_capped(name, cap, args, log)
+            results["parts"][name] = part
+            print(f"{name}: {part['status']} in {part['seconds']:.0f}s {part['note']}", flush=True)
+    return results
+
+
+def _cap(text: str) -> tuple[str, float]:
+    name, _, seconds = text.partition("=")
+    if name not in CAPS or not seconds:
+        raise SystemExit(f"--cap takes part=seconds with a part of {', '.join(CAPS)}: {text!r}")
+    return name, float(seconds)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The proof's tables."""
+    from scripts.bench.proof_tables import tables
+
+    return tables(results)
+
+
+def render(json_path: Path, readme: Path) -> None:
+    """Replace the README's text between the gpu-proof markers by the tables of `json_path`."""
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{readme} has no {BEGIN} ... {END} section to write the tables into")
+    results = json.loads(json_path.read_text())
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    readme.write_text(f"{head}{BEGIN}\n{markdown(results)}\n{END}{tail}")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("parts", nargs="*", metavar="PART", help=f"some of: {', '.join(CAPS)}")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--toy", action="store_true", help="tiny models: the plumbing, on a CPU")
+    p.add_argument("--out", type=Path, default=Path("results/gpu_proof"))
+    p.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for all parts")
+    p.add_argument("--cap", action="append", default=[], metavar="PART=SECONDS")
+    p.add_argument("--data-dir", type=Path, default=Path("~/.cache/gpt-speedrun").expanduser(),
+                   help="the sample corpus cache (data.cache_dir)")  # fmt: skip
+    p.add_argument("--render", type=Path, metavar="JSON", help="write JSON's tables to --readme")
+    p.add_argument("--readme", type=Path, default=REPO / "README.md")
+    p.add_argument("--part", help=argparse.SUPPRESS)  # a child: run one part, write --result
+    p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    unknown = [n for n in args.parts if n not in CAPS]
+    if unknown:
+        p.error(f"unknown part(s) {', '.join(unknown)}; the parts: {', '.join(CAPS)}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.render:
+        render(args.render, args.readme)
+        return
+    if args.part:
+        args.result.write_text(json.dumps(run_part(args.part, args.device, args.toy,
+                                                   args.data_dir)))  # fmt: skip
+        return
+    results = prove(args)
+    (args.out / "gpu_proof.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "gpu_proof.md").write_text(markdown(results) + "\n")
+    print(f"\n{markdown(results)}\n\nwritten to {args.out}/gpu_proof.{{json,md,log}}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""The parts of the GPU proof (`scripts/bench/gpu_proof.py`), each a function that measures one
+thing and returns it as plain data. The proof runs each part in a process of its own, under
+that part's time cap; `--toy` makes every part tiny, so a CPU runs all of them in seconds.
+
+- a record preset or the dense 124M model: `scripts/bench/gpu.py`'s rows (one GPU's share of
+  the global batch, compiled, at the first, middle and last window or batch phase);
+- the LM head alone, FP8 against bf16;
+- ddp, fsdp and ddp with `optim.offload=true`, each a short train.py run on random tokens;
+- a real run of the newest preset on the sample corpus, whose loss must fall and stay finite;
+- the environment: torch, CUDA, the device, the date, the code's commit.
+"""
+
+import math
+import statistics
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scripts.bench.gpu import HEAD_SHAPE, HEAD_TOY_SHAPE, bench_preset, build, compose, hydra_config
+from scripts.bench.head import bench_head
+from trainer.compile import reset_compile_state
+from trainer.flops import peak_flops
+from trainer.provenance import code_version
+from trainer.runtime import init_runtime
+
+NEWEST = "record_2025_11_29"
+PRESETS = ("record_2024_11_06", "record_2025_01_26", NEWEST, "dense_124m")
+# Timed steps and warm-up steps per window of a preset
+STEPS, WARMUP = 5, 1
+# The strategy runs: GPT-2 small on random tokens, eager (the comparison, not the compile)
+STRATEGY_RUN = ["experiment=synthetic_throughput", "model.compile=false", "train.steps=12"]
+STRATEGY_TOY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=64", "train.seq_len=128",
+                "train.batch_size=2", "train.steps=6"]  # fmt: skip
+STRATEGIES = {
+    "ddp": [],
+    "fsdp": ["dist.strategy=fsdp"],
+    "ddp + offload": ["optim.offload=true"],
+}
+UNTIMED = 2  # the strategy runs' first steps, left out of the median (warm-up)
+# The real run: the newest preset, one sequence per step (one GPU, no accumulation), 100 steps
+REAL_RUN = [
+    f"experiment={NEWEST}", "data=sample", "train.steps=100", "train.batch_size=1",
+    "train.val_every=50", "train.val_tokens=65536", "train.log_every=10",
+]  # fmt: skip
+REAL_TOY = [
+    f"experiment={NEWEST}", "data=sample", "model.n_layer=4", "model.n_head=2",
+    "model.n_embd=64", "model.skip_from=1", "model.skip_to=2", "model.backout_layer=2",
+    "model.window_block=16", "model.compile=false", "train.seq_len=512",
+    "train.seq_len_phases=[128,256,512]", "train.batch_size=2", "train.steps=8",
+    "train.extension_steps=2", "optim.muon.momentum_warmup_steps=3",
+    "optim.muon.momentum_cooldown_steps=2", "train.val_every=4", "train.val_tokens=4096",
+]  # fmt: skip
+QUIET = ["train.checkpoint_every=0", "train.checkpoint_at_end=false"]
+
+
+def preset(name: str, device: str, toy: bool) -> dict[str, Any]:
+    """A preset's compiled step at its representative windows and batch phases."""
+    reset_compile_state()
+    b = build(compose(name, device, toy, []))
+    rows = bench_preset(name, b, STEPS, WARMUP, peak_flops(b.rt.device))
+    return {"rows": rows}
+
+
+def head(device: str, toy: bool) -> dict[str, Any]:
+    """The LM head's forward and backward, compiled, FP8 against bf16."""
+    rt = init_runtime(device, "none")
+    backend = "inductor" if rt.device.type == "cuda" else "eager"
+    r = bench_head(HEAD_TOY_SHAPE if toy else HEAD_SHAPE, 10, rt, backend)
+    tokens, d, vocab = r["shape"]
+    return {"rows": [{"shape": f"{tokens:,} × {d} → {vocab:,}", "fp8_ms": r["fp8"] * 1e3,
+                      "bf16_ms": r["bf16"] * 1e3, "ratio": r["fp8"] / r["bf16"]}]}  # fmt: skip
+
+
+def strategies(device: str, toy: bool, data_dir: Path) -> dict[str, Any]:
+    """ddp, fsdp and ddp with offloaded optimizer state on one device: median ms per step."""
+    rows, base = [], None
+    for label, overrides in STRATEGIES.items():
+        records = _train(
+            [*STRATEGY_RUN, *(STRATEGY_TOY if toy else []), *overrides], device, data_dir
+        )
+        steps = [r for r in records if r.get("step", 0) > UNTIMED and "step_ms" in r]
+        ms = statistics.median(r["step_ms"] for r in steps)
+        base = base or ms
+        tokens = statistics.median(r["tokens_per_s"] for r in steps)
+        rows.append({"run": label, "step_ms": ms, "tokens_per_s": tokens, "vs_ddp": ms / base})
+    return {"rows": rows}
+
+
+def real_run(device: str, toy: bool, data_dir: Path) -> dict[str, Any]:
+    """The newest preset on the sample corpus: its loss must fall and stay finite."""
+    records = _train([*(REAL_TOY if toy else REAL_RUN)], device, data_dir)
+    train = [r["train_loss"] for r in records if "train_loss" in r]
+    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    finite = all(x is not None and math.isfinite(x) for x in train + [v for _, v in val])
+    k = max(1, len(train) // 10)
+    first, last = statistics.mean(train[:k]), statistics.mean(train[-k:])
+    falls = finite and last < first and val[-1][1] < val[0][1]
+    row = {
+        "steps": len(train), "train_loss_first": first, "train_loss_last": last,
+        "val_first": val[0], "val_last": val[-1], "finite": finite, "falls": falls,
+        "step_ms": statistics.median(r["step_ms"] for r in records if "step_ms" in r),
+    }  # fmt: skip
+    return {"rows": [row], "ok": falls}
+
+
+def environment(device: str) -> dict[str, Any]:
+    dev = init_runtime(device, "none").device
+    env = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "code": code_version(),
+    }
+    return {"env": env}
+
+
+def _train(overrides: list[str], device: str, data_dir: Path) -> list[dict]:
+    """train.py's run of `overrides` in a scratch run directory: its metrics records."""
+    import json
+
+    from train import train
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        conf = hydra_config([
+            *overrides, *QUIET, f"train.device={device}", f"run_dir={run_dir}",
+            f"data.cache_dir={data_dir}",
+        ])  # fmt: skip
+        train(conf)
+        lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]

@@ -1,0 +1,100 @@
+"""The GPU proof's results (`scripts/bench/gpu_proof.py`'s JSON) as Markdown tables: the same
+text goes to `gpu_proof.md` and, through `--render`, into the README."""
+
+from typing import Any
+
+PRESET_COLUMNS = (
+    "| preset | window (blocks, long/short) | tokens/step/GPU | ms/step | record ms/step/GPU "
+    "| tokens/s | MFU | compile s (train / eval) | graphs | graph breaks | recompiles |"
+)
+
+
+def tables(results: dict[str, Any]) -> str:
+    parts = results["parts"]
+    env = parts.get("env", {}).get("env", {})
+    what = (
+        "**Toy size on a CPU: this proves the plumbing, not the speed.**\n\n"
+        if results.get("toy")
+        else ""
+    )
+    code = env.get("code") or {}
+    commit = code.get("commit", "?")[:10] + (" (dirty)" if code.get("dirty") else "")
+    out = [
+        f"{what}{env.get('device', results.get('device'))}, torch {env.get('torch', '?')}, "
+        f"CUDA {env.get('cuda') or '-'}, {env.get('date', '?')}, commit {commit}.",
+        "",
+        PRESET_COLUMNS,
+        "|---" * PRESET_COLUMNS.count(" | ") + "|---|",
+    ]
+    for part in parts.values():
+        if "preset" in _first(part):
+            out += [_preset_row(r) for r in part["rows"]]
+    out += _head(parts.get("head")) + _strategies(parts.get("strategies"))
+    out += _real_run(parts.get("real_run")) + _status(parts)
+    return "\n".join(out)
+
+
+def _first(part: dict) -> dict:
+    rows = part.get("rows") or [{}]
+    return rows[0]
+
+
+def _preset_row(r: dict) -> str:
+    warm = f"{r['warmup_s']:.1f}" + (
+        f" / {r['eval_warmup_s']:.1f}" if r.get("eval_warmup_s") is not None else ""
+    )
+    cells = [
+        r["preset"], r["window"], f"{r['tokens']:,}", f"{r['step_ms']:.1f}",
+        f"{r['record_ms']:.1f}" if r.get("record_ms") else "-", f"{r['tokens_per_s']:,.0f}",
+        f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-", warm, str(r["graphs"]),
+        str(r["graph_breaks"]), str(r["recompiles"]),
+    ]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+
+def _head(part: dict | None) -> list[str]:
+    if not part or not part.get("rows"):
+        return []
+    r = part["rows"][0]
+    return [
+        "",
+        "| LM head fwd+bwd, compiled | FP8 ms | bf16 ms | FP8 / bf16 |",
+        "|---|---|---|---|",
+        f"| {r['shape']} | {r['fp8_ms']:.2f} | {r['bf16_ms']:.2f} | {r['ratio']:.2f} |",
+    ]
+
+
+def _strategies(part: dict | None) -> list[str]:
+    if not part or not part.get("rows"):
+        return []
+    out = ["", "| GPT-2 small, random tokens, eager | ms/step | tokens/s | vs ddp |",
+           "|---|---|---|---|"]  # fmt: skip
+    for r in part["rows"]:
+        out.append(
+            f"| {r['run']} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {r['vs_ddp']:.2f} |"
+        )
+    return out
+
+
+def _real_run(part: dict | None) -> list[str]:
+    if not part or not part.get("rows"):
+        return []
+    r = part["rows"][0]
+    (s0, v0), (s1, v1) = r["val_first"], r["val_last"]
+    verdict = "falls and stays finite" if r["falls"] else "**does not fall, or is not finite**"
+    return [
+        "",
+        "| newest preset on the sample corpus | steps | train loss (first → last tenth) "
+        "| val loss | ms/step | the loss |",
+        "|---|---|---|---|---|---|",
+        f"| record_2025_11_29, 1 sequence/step | {r['steps']} | {r['train_loss_first']:.3f} → "
+        f"{r['train_loss_last']:.3f} | {v0:.3f} @{s0} → {v1:.3f} @{s1} | {r['step_ms']:.0f} "
+        f"| {verdict} |",
+    ]
+
+
+def _status(parts: dict) -> list[str]:
+    out = ["", "| part | status | s | note |", "|---|---|---|---|"]
+    for name, p in parts.items():
+        out.append(f"| {name} | {p['status']} | {p['seconds']:.0f} | {p.get('note', '')} |")
+    return out
