@@ -20,8 +20,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	@echo "== installing $(TORCH) into $(VENV) (the CUDA build is several GB; see README)"
 	$(BIN)/python -m pip install $(TORCH)
-	@echo "== installing the project and its dependencies (pyproject.toml)"
-	$(BIN)/python -m pip install ".[dev]"
+	@echo "== installing the project and its dependencies (pyproject.toml) with uv (~10x pip's speed)"
+	$(BIN)/python -m pip install "uv>=0.9,<1"
+	$(BIN)/uv pip install --python $(BIN)/python ".[dev]"
 	touch $(STAMP)
 
 train: $(STAMP)

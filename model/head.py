@@ -85,8 +85,8 @@ class FP8Matmul(torch.autograd.Function):
         x8 = x.div(scales.x).to(torch.float8_e4m3fn)
         w8 = w.div(scales.w).to(torch.float8_e4m3fn)
         out = scaled_mm(
-            x8, w8.T,  # row-major × column-major, as the FP8 GEMM wants
-            _scale(scales.x, x), _scale(scales.w, x), torch.bfloat16, use_fast_accum=True,
+            x8, w8.T, _scale(scales.x, x), _scale(scales.w, x), torch.bfloat16,
+            use_fast_accum=True,
         )  # fmt: skip
         ctx.save_for_backward(x8, w8)
         ctx.scales, ctx.micro_steps, ctx.w_dtype = scales, micro_steps, w.dtype
@@ -101,12 +101,9 @@ class FP8Matmul(torch.autograd.Function):
             scaled = scaled.mul(k)
         g8 = scaled.to(torch.float8_e5m2)
         g_s = scales.g / k  # the divisor G₈ was taken at, relative to this G
-        grad_x = scaled_mm(
-            g8, w8.T.contiguous().T, _scale(g_s, grad), _scale(scales.w, grad), torch.bfloat16
-        )
+        grad_x = scaled_mm(g8, w8, _scale(g_s, grad), _scale(scales.w, grad), torch.bfloat16)
         grad_w = scaled_mm(
-            x8.T.contiguous(), g8.T.contiguous().T, _scale(scales.x, grad), _scale(g_s, grad),
-            torch.float32,
+            x8.T, g8, _scale(scales.x, grad), _scale(g_s, grad), torch.float32
         ).T  # fmt: skip
         return grad_x, grad_w.to(ctx.w_dtype), None, None
 

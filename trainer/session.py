@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
@@ -25,6 +24,7 @@ from trainer.checkpoint_files import CHECKPOINTS_DIR
 from trainer.checkpointer import Checkpointer
 from trainer.compile import compile_model
 from trainer.config import Config
+from trainer.cpu_cost import cpu_cost_warning
 from trainer.dist import agree_on_config, local_main_first, main_decides, process_group, wrap_ddp
 from trainer.fault import Faults
 from trainer.flops import peak_flops
@@ -33,13 +33,7 @@ from trainer.loop import Loop
 from trainer.metrics import METRICS_FILE, MetricsSink, describe_run
 from trainer.provenance import code_version
 from trainer.run_dir import check_writable, set_aside_previous
-from trainer.runtime import (
-    Runtime,
-    cpu_threads,
-    emulated_bf16_slowdown,
-    init_runtime,
-    seed_everything,
-)
+from trainer.runtime import Runtime, cpu_threads, init_runtime, seed_everything
 from trainer.schedule import Schedule
 from trainer.signals import StopRequests
 from trainer.strategy import fsdp_no_sync, resolve_param_dtype, shard_model
@@ -110,15 +104,8 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
     sink = MetricsSink.for_run(conf, rt, start, checkpoints.last)
     sink.info("%s", describe_run(conf, rt, model, optimizer.summary, accum_steps))
     sink.info("param groups:\n%s", optimizer.groups_table)
-    if rt.is_main and (rt.autocast_dtype == torch.bfloat16 or conf.model.dtype == "bf16"):
-        slower = emulated_bf16_slowdown(rt.device)
-        if slower is not None:
-            fix = "" if conf.model.dtype == "bf16" else " train.autocast=none runs in fp32."
-            sink.warning(
-                "bf16 is emulated on this CPU (no AVX-512 BF16 or AMX): a bf16 matmul runs %.0fx "
-                "slower than an fp32 one here, so this run is several times slower than on a "
-                "CPU with native bf16.%s", slower, fix,
-            )  # fmt: skip
+    if rt.is_main and (warning := cpu_cost_warning(conf, rt)) is not None:
+        sink.warning("%s", warning)
     # The handlers are the command line's or a launched rank's (trainer/signals.py); the
     # test-only SIGTERM fault needs them wherever train() runs.
     with StopRequests(force=t.fault.signal_at_step > 0, announce=rt.is_main) as stop, sink:

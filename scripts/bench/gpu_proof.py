@@ -19,10 +19,13 @@ part's output) in `--out`. `--render` writes a JSON's tables into the README bet
 """
 
 import argparse
+import contextlib
 import json
+import logging
+import multiprocessing
+import multiprocessing.context
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,7 +44,7 @@ BEGIN, END = "<!-- gpu-proof:begin -->", "<!-- gpu-proof:end -->"
 
 
 def run_part(name: str, device: str, toy: bool, data_dir: Path) -> dict[str, Any]:
-    """One part, in this process (the proof calls this through `--part`)."""
+    """One part, in this process (the proof's child for it calls this)."""
     from scripts.bench import proof_parts as parts
 
     if name == "env":
@@ -57,29 +60,33 @@ def run_part(name: str, device: str, toy: bool, data_dir: Path) -> dict[str, Any
     raise ValueError(f"no part {name!r}; the parts: {', '.join(CAPS)}")
 
 
-def run_capped(name: str, cap: float, args: argparse.Namespace, log) -> dict[str, Any]:
-    """Part `name` in a child process, stopped (its whole process group) after `cap` s."""
+def run_capped(name: str, cap: float, args: argparse.Namespace, log: Path) -> dict[str, Any]:
+    """Part `name` in a child process, stopped (with everything it started) after `cap` s.
+
+    Children fork from a server that has imported torch and the parts once (multiprocessing's
+    forkserver, which never touches CUDA itself), so a part starts in a moment instead of
+    paying the imports again; each child leads a session of its own, so that a compile's
+    worker processes go with it."""
     result_file = args.out / f".{name}.json"
     result_file.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "scripts.bench.gpu_proof", "--part", name,
-           "--result", str(result_file), "--device", args.device,
-           "--data-dir", str(args.data_dir), *(["--toy"] if args.toy else [])]  # fmt: skip
-    log.write(f"\n===== {name} (cap {cap:.0f}s)\n")
-    log.flush()
+    with open(log, "a") as f:
+        f.write(f"\n===== {name} (cap {cap:g}s)\n")
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    try:
-        code = proc.wait(timeout=cap)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return {"status": "skipped", "seconds": cap, "note": f"its cap of {cap:.0f}s was reached"}
+    child = _context().Process(
+        target=_child, args=(name, args.device, args.toy, args.data_dir, result_file, log)
+    )
+    child.start()
+    child.join(timeout=cap)
+    if child.is_alive():
+        with contextlib.suppress(ProcessLookupError):  # not yet its own session: no group
+            os.killpg(child.pid, signal.SIGKILL)
+        child.kill()
+        child.join()
+        return {"status": "skipped", "seconds": cap, "note": f"its cap of {cap:g}s was reached"}
     seconds = time.monotonic() - t0
-    if code != 0 or not result_file.exists():
-        return {"status": "failed", "seconds": seconds, "note": f"exit {code}: gpu_proof.log"}
+    if child.exitcode != 0 or not result_file.exists():
+        note = f"exit {child.exitcode}: gpu_proof.log"
+        return {"status": "failed", "seconds": seconds, "note": note}
     out = json.loads(result_file.read_text())
     result_file.unlink()
     ok = out.pop("ok", True)
@@ -87,21 +94,42 @@ def run_capped(name: str, cap: float, args: argparse.Namespace, log) -> dict[str
     return {"status": "ok" if ok else "failed", "seconds": seconds, "note": note, **out}
 
 
+def _context() -> multiprocessing.context.BaseContext:
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["scripts.bench.proof_parts"])
+    return ctx
+
+
+def _child(name: str, device: str, toy: bool, data_dir: Path, result: Path, log: Path) -> None:
+    """A part in a child process: its own session, its output into the log, its result as
+    JSON into `result`."""
+    os.setsid()
+    with open(log, "a") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
+    result.write_text(json.dumps(run_part(name, device, toy, data_dir)))
+
+
 def prove(args: argparse.Namespace) -> dict[str, Any]:
     """Every selected part under its cap and the budget; the results as one dict."""
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget
-    caps = {**CAPS, **dict(_cap(c) for c in args.cap)}
+    caps = {name: TOY_CAP if args.toy else cap for name, cap in CAPS.items()}
+    caps |= dict(_cap(c) for c in args.cap)
     results: dict[str, Any] = {"toy": args.toy, "device": args.device, "parts": {}}
-    with open(args.out / "gpu_proof.log", "w") as log:
-        for name in args.parts or list(CAPS):
-            cap = min(TOY_CAP if args.toy else caps[name], deadline - time.monotonic())
-            if cap < MIN_PART_S:
-                part = {"status": "skipped", "seconds": 0.0, "note": "the budget was spent"}
-            else:
-                part = run_capped(name, cap, args, log)
-            results["parts"][name] = part
-            print(f"{name}: {part['status']} in {part['seconds']:.0f}s {part['note']}", flush=True)
+    log = args.out / "gpu_proof.log"
+    log.write_text("")
+    for name in args.parts or list(CAPS):
+        left = deadline - time.monotonic()
+        if left < MIN_PART_S:
+            part = {"status": "skipped", "seconds": 0.0, "note": "the budget was spent"}
+        else:
+            part = run_capped(name, min(caps[name], left), args, log)
+        results["parts"][name] = part
+        print(f"{name}: {part['status']} in {part['seconds']:.0f}s {part['note']}", flush=True)
     return results
 
 
@@ -142,8 +170,6 @@ def parse_args() -> argparse.Namespace:
                    help="the sample corpus cache (data.cache_dir)")  # fmt: skip
     p.add_argument("--render", type=Path, metavar="JSON", help="write JSON's tables to --readme")
     p.add_argument("--readme", type=Path, default=REPO / "README.md")
-    p.add_argument("--part", help=argparse.SUPPRESS)  # a child: run one part, write --result
-    p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     unknown = [n for n in args.parts if n not in CAPS]
     if unknown:
@@ -155,10 +181,6 @@ def main() -> None:
     args = parse_args()
     if args.render:
         render(args.render, args.readme)
-        return
-    if args.part:
-        args.result.write_text(json.dumps(run_part(args.part, args.device, args.toy,
-                                                   args.data_dir)))  # fmt: skip
         return
     results = prove(args)
     (args.out / "gpu_proof.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -42,8 +42,11 @@ def head_step(head: Head, fn: nn.Module, x: Tensor, grad: Tensor) -> None:
     x.grad = head.head.weight.grad = None
 
 
-def bench_head(shape: tuple[int, int, int], steps: int, rt: Runtime, backend: str) -> dict:
-    """Median ms of the head's compiled forward and backward, FP8 and bf16."""
+def bench_head(
+    shape: tuple[int, int, int], steps: int, rt: Runtime, backend: str, warmup: int = 3
+) -> dict:
+    """Median ms of the head's compiled forward and backward, FP8 and bf16, after `warmup`
+    calls of each."""
     tokens, d, vocab = shape
     torch.manual_seed(0)
     x = torch.randn(tokens, d, device=rt.device, dtype=torch.bfloat16, requires_grad=True)
@@ -53,7 +56,7 @@ def bench_head(shape: tuple[int, int, int], steps: int, rt: Runtime, backend: st
         head = Head(d, vocab, fp8).to(rt.device)
         fn = compile_model(head, backend)
 
-        for _ in range(3):
+        for _ in range(warmup):
             head_step(head, fn, x, grad)
         times = [timed(rt, head_step, head, fn, x, grad) for _ in range(steps)]
         out["fp8" if fp8 else "bf16"] = statistics.median(times)

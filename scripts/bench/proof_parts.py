@@ -28,12 +28,16 @@ from trainer.runtime import init_runtime
 
 NEWEST = "record_2025_11_29"
 PRESETS = ("record_2024_11_06", "record_2025_01_26", NEWEST, "dense_124m")
-# Timed steps and warm-up steps per window of a preset
+# Timed steps and warm-up steps per window of a preset (at toy size: one each)
 STEPS, WARMUP = 5, 1
+HEAD_STEPS = 10
+# At toy size the presets run eagerly: the proof's plumbing, in seconds (the compile's graphs,
+# breaks and recompiles at toy size: tests/e2e/test_static_compile.py)
+TOY_SETS = ["model.compile=false"]
 # The strategy runs: GPT-2 small on random tokens, eager (the comparison, not the compile)
 STRATEGY_RUN = ["experiment=synthetic_throughput", "model.compile=false", "train.steps=12"]
-STRATEGY_TOY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=64", "train.seq_len=128",
-                "train.batch_size=2", "train.steps=6"]  # fmt: skip
+STRATEGY_TOY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=64", "train.seq_len=64",
+                "train.batch_size=2", "train.steps=4", "train.val_tokens=128"]  # fmt: skip
 STRATEGIES = {
     "ddp": [],
     "fsdp": ["dist.strategy=fsdp"],
@@ -48,10 +52,10 @@ REAL_RUN = [
 REAL_TOY = [
     f"experiment={NEWEST}", "data=sample", "model.n_layer=4", "model.n_head=2",
     "model.n_embd=64", "model.skip_from=1", "model.skip_to=2", "model.backout_layer=2",
-    "model.window_block=16", "model.compile=false", "train.seq_len=512",
-    "train.seq_len_phases=[128,256,512]", "train.batch_size=2", "train.steps=8",
-    "train.extension_steps=2", "optim.muon.momentum_warmup_steps=3",
-    "optim.muon.momentum_cooldown_steps=2", "train.val_every=4", "train.val_tokens=4096",
+    "model.window_block=16", "model.compile=false", "train.seq_len=256",
+    "train.seq_len_phases=[64,128,256]", "train.batch_size=2", "train.steps=6",
+    "train.extension_steps=1", "optim.muon.momentum_warmup_steps=3",
+    "optim.muon.momentum_cooldown_steps=2", "train.val_every=3", "train.val_tokens=1024",
 ]  # fmt: skip
 QUIET = ["train.checkpoint_every=0", "train.checkpoint_at_end=false"]
 
@@ -59,8 +63,8 @@ QUIET = ["train.checkpoint_every=0", "train.checkpoint_at_end=false"]
 def preset(name: str, device: str, toy: bool) -> dict[str, Any]:
     """A preset's compiled step at its representative windows and batch phases."""
     reset_compile_state()
-    b = build(compose(name, device, toy, []))
-    rows = bench_preset(name, b, STEPS, WARMUP, peak_flops(b.rt.device))
+    b = build(compose(name, device, toy, TOY_SETS if toy else []))
+    rows = bench_preset(name, b, 1 if toy else STEPS, WARMUP, peak_flops(b.rt.device))
     return {"rows": rows}
 
 
@@ -68,7 +72,8 @@ def head(device: str, toy: bool) -> dict[str, Any]:
     """The LM head's forward and backward, compiled, FP8 against bf16."""
     rt = init_runtime(device, "none")
     backend = "inductor" if rt.device.type == "cuda" else "eager"
-    r = bench_head(HEAD_TOY_SHAPE if toy else HEAD_SHAPE, 10, rt, backend)
+    shape, steps = (HEAD_TOY_SHAPE, 1) if toy else (HEAD_SHAPE, HEAD_STEPS)
+    r = bench_head(shape, steps, rt, backend, warmup=1 if toy else 3)
     tokens, d, vocab = r["shape"]
     return {"rows": [{"shape": f"{tokens:,} × {d} → {vocab:,}", "fp8_ms": r["fp8"] * 1e3,
                       "bf16_ms": r["bf16"] * 1e3, "ratio": r["fp8"] / r["bf16"]}]}  # fmt: skip

@@ -1,7 +1,8 @@
 """Training computes what it computed: short runs against curves recorded from an earlier
 version of the code (`tests/e2e/baselines/tiny_curves.json`, fp32 so that it travels well).
 
-On the machine they were recorded on (same torch, CPU and core count) every loss must be bit
+On the machine they were recorded on (same torch, CPU, core count and threads: one per
+process, as every process of the suite computes, tests/conftest.py) every loss must be bit
 for bit the recorded one: a refactor of the loop, the optimizers or the config may not move
 a single bit. Elsewhere the CPU's kernels may round differently, and the losses must agree to
 1e-4, which still catches any change to what is computed (a schedule, a group's LR, an

@@ -1,0 +1,74 @@
+"""The GPU proof's plumbing at toy size on a CPU: every part runs in its own process under its
+cap, the JSON and the tables are written, a part past its cap is skipped with a note while the
+others go on, and `--render` puts the tables into a README between its markers."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.bench.gpu_proof import BEGIN, CAPS, END, render
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def proof(tmp_path: Path, cache: Path, *args: str) -> tuple[dict, str, str]:
+    out = tmp_path / "proof"
+    cmd = [sys.executable, "-m", "scripts.bench.gpu_proof", "--toy", "--device", "cpu",
+           "--out", str(out), "--data-dir", str(cache), *args]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((out / "gpu_proof.json").read_text())
+    return results, (out / "gpu_proof.md").read_text(), (out / "gpu_proof.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_every_part_runs_at_toy_size_and_writes_its_tables(
+    tmp_path: Path, corpus_cache: Path
+) -> None:
+    results, md, log = proof(tmp_path, corpus_cache)
+    parts = results["parts"]
+    assert list(parts) == list(CAPS)
+    failed = {k: p["note"] for k, p in parts.items() if p["status"] != "ok"}
+    assert not failed, f"{failed}\n{log[-4000:]}"
+    assert parts["env"]["env"]["device"] == "cpu" and parts["env"]["env"]["torch"]
+    presets = [r for name in ("record_2024_11_06", "record_2025_01_26", "record_2025_11_29",
+                              "dense_124m") for r in parts[name]["rows"]]  # fmt: skip
+    for r in presets:
+        assert r["step_ms"] > 0 and r["graph_breaks"] == 0 and r["recompiles"] == 0, r
+    assert len(parts["record_2025_11_29"]["rows"]) == 3  # the three batch phases
+    assert [r["run"] for r in parts["strategies"]["rows"]] == ["ddp", "fsdp", "ddp + offload"]
+    run = parts["real_run"]["rows"][0]
+    assert run["finite"] and run["falls"], run
+    assert "Toy size on a CPU" in md and "| record_2025_11_29 | 3/1 |" in md
+    assert "| fsdp |" in md and "falls and stays finite" in md
+    assert md.count("| ok |") == len(CAPS)
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n{BEGIN}\nold table\n{END}\nafter\n")
+    render(tmp_path / "proof" / "gpu_proof.json", readme)
+    text = readme.read_text()
+    assert "old table" not in text and md.strip() in text
+    assert text.startswith("# x\n\nbefore\n") and text.endswith(f"{END}\nafter\n")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_part_past_its_cap_is_skipped_and_the_rest_go_on(
+    tmp_path: Path, corpus_cache: Path
+) -> None:
+    results, md, _ = proof(tmp_path, corpus_cache, "head", "env", "--cap", "head=0.5")
+    parts = results["parts"]
+    assert parts["head"]["status"] == "skipped" and "cap of 0.5s" in parts["head"]["note"]
+    assert parts["env"]["status"] == "ok"
+    assert "| head | skipped |" in md
+
+
+def test_render_refuses_a_readme_without_markers(tmp_path: Path) -> None:
+    (tmp_path / "r.json").write_text(json.dumps({"parts": {}}))
+    (tmp_path / "README.md").write_text("no markers\n")
+    with pytest.raises(SystemExit, match="gpu-proof:begin"):
+        render(tmp_path / "r.json", tmp_path / "README.md")
