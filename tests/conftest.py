@@ -17,6 +17,12 @@ import torch
 from filelock import FileLock
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow runs first: the two workers then end on short tests, not one on a long run
+    while the other waits (xdist's worksteal hands out the list in order)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"  # for the processes tests start
     torch.set_num_threads(1)  # an xdist worker: one core of its own; a plain run: the same
