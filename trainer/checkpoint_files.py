@@ -7,7 +7,8 @@ Layout under `<run_dir>/checkpoints/`:
         optimizers.pt         every optimizer's state_dict, in order    } (dist.strategy=ddp)
         dcp/                  model + optimizer state, each rank's shards (layout dcp, fsdp)
         trainer.pt            loader position, per-rank RNG states, step, tokens, train time
-        meta.json             format version, layout, step, world size, config, file sizes
+        meta.json             format version, layout, step, world size, threads, config,
+                              file sizes
     latest                    the name of the newest complete save, replaced atomically
     .tmp-step_000100-<pid>/   a save in progress (or one a crash abandoned): never loaded
 

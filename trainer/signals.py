@@ -88,6 +88,13 @@ class StopRequests:
         if self._watcher is not None:
             self._watcher.close()
             self._watcher = None
+        if exc_type is not None and under_torchelastic():
+            # A rank leaving on an error: torch's `record` now writes its error file while
+            # torchrun, seeing a failed peer, SIGTERMs every rank. The default handler would
+            # kill this one mid-write, and torchrun fails on the empty file. The process ends
+            # here, so the flag-setting handlers stay.
+            self._previous.clear()
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self._previous.clear()

@@ -26,15 +26,8 @@ from trainer.nonfinite import NonFiniteStep
 from trainer.signals import Stopped
 
 REPO = Path(__file__).resolve().parents[2]
-RUN = [
-    *TINY,
-    "train.steps=20",
-    "train.val_every=5",
-    "train.val_tokens=512",
-    "train.checkpoint_every=5",
-    "train.checkpoint_at_end=true",
-    "dist.timeout_s=60",
-]
+RUN = [*TINY, "train.steps=20", "train.val_every=5", "train.val_tokens=512",
+       "train.checkpoint_every=5", "train.checkpoint_at_end=true", "dist.timeout_s=60"]  # fmt: skip
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -182,15 +175,9 @@ def test_one_rank_checkpoint_resumes_on_two_ranks(tmp_path: Path, corpus_cache: 
 def test_sigterm_from_outside_saves_and_the_rerun_continues_exactly(
     tmp_path: Path, corpus_cache: Path
 ) -> None:
-    # The same torch threads in this process and the command's: a CPU's sums (matmuls,
-    # reductions) may depend on them, and the promise is for the same number (README).
-    overrides = [
-        *RUN,
-        "train.steps=12",
-        "train.checkpoint_every=0",
-        "train.threads=1",
-        f"data.cache_dir={corpus_cache}",
-    ]
+    # The same torch threads here and in the command: the promise is for the same number.
+    overrides = [*RUN, "train.steps=12", "train.checkpoint_every=0", "train.threads=1",
+                 f"data.cache_dir={corpus_cache}"]  # fmt: skip
     straight = tmp_path / "straight"
     final = train(compose_config([*overrides, f"run_dir={straight}"]))
     run_dir = tmp_path / "cli"
@@ -267,10 +254,19 @@ def test_resuming_a_finished_run_does_no_work(
 def test_changed_values_are_named_and_take_effect(
     tmp_path: Path, corpus_cache: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A changed LR is named and used; so is another thread count, which also says that the
+    bitwise promise needs the saved one (README, "Exact resume"), and is this run's alone."""
+    assert torch.get_num_threads() == 1  # the suite's (tests/conftest.py)
     run_until_stopped(tmp_path, corpus_cache, "train.fault.signal_at_step=4")
+    meta = tmp_path / "checkpoints" / "step_000004" / "meta.json"
+    assert json.loads(meta.read_text())["threads"] == 1
     with caplog.at_level(logging.WARNING, logger="train"):
-        run(tmp_path, corpus_cache, "optim.adamw.head_lr=0.001")
-    assert "optim.adamw.head_lr: 0.008 -> 0.001" in caplog.text
+        run(tmp_path, corpus_cache, "optim.adamw.head_lr=0.001", "train.threads=2")
+    for said in ("optim.adamw.head_lr: 0.008 -> 0.001", "train.threads: 0 -> 2",
+                 "computes with 2 torch thread(s) per rank, the checkpoint's with 1",
+                 "train.threads=1 matches it"):  # fmt: skip
+        assert said in caplog.text, said
+    assert torch.get_num_threads() == 1, "the caller's threads are put back"
     groups = final_state(tmp_path)["optimizers"][-1]["param_groups"]
     assert {g["initial_lr"] for g in groups if g["name"] == "head"} == {0.001}
 

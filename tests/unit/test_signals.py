@@ -117,3 +117,24 @@ def test_a_second_ctrl_c_quits_from_inside_a_long_operation(tmp_path) -> None:
     assert took < signals.QUIT_GRACE_S + 3, took
     assert "SIGINT received: step 1 of 2 has been running for" in out, out
     assert "quitting now" in out and "the hold ended" not in out, out
+
+
+def test_a_rank_leaving_on_an_error_keeps_its_handlers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun an error exit keeps the flag-setting handlers (a SIGTERM from torchrun
+    must not kill the rank while torch writes its error file); a normal exit puts the
+    previous ones back."""
+    _own(monkeypatch, False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    before, before_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        with StopRequests() as stop:
+            pass
+        assert signal.getsignal(signal.SIGTERM) is before
+        with pytest.raises(RuntimeError), StopRequests() as stop:
+            raise RuntimeError("a peer died")
+        assert signal.getsignal(signal.SIGTERM) == stop._handle
+        os.kill(os.getpid(), signal.SIGTERM)  # only asks
+        assert stop.requested == "SIGTERM"
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGINT, before_int)
