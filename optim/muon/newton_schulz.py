@@ -17,8 +17,11 @@ Two coefficient sets:
   counts get the schedule the same recipe computes for them (optim/muon/ns_schedule.py).
 """
 
+import functools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -128,10 +131,36 @@ def ns_coefficients(name: str, steps: int) -> list[Coefficients]:
     return [iterations[min(i, len(iterations) - 1)] for i in range(steps)]
 
 
+# The CPU flags of native bf16 matmul instructions (Linux /proc/cpuinfo names)
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
 def bf16_matmul_is_fast(device: torch.device) -> bool:
-    """Whether bf16 matmuls beat fp32 on `device`: always on CUDA; on a CPU only with native
-    bf16 kernels (AVX-512 BF16 or AMX), without which they are emulated, ~10x slower."""
-    return device.type == "cuda" or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """Whether `device` has native bf16 matmuls: always on CUDA; on a CPU, AVX-512 BF16 or
+    AMX instructions that oneDNN is allowed to use (`ONEDNN_MAX_CPU_ISA` can hold it below
+    them). Without them oneDNN emulates bf16, 5-90x slower than fp32 (README, "Every CPU
+    kind"). torch's own check (`_is_mkldnn_bf16_supported`) also says yes on AVX-512 CPUs
+    without BF16, where bf16 is emulated, so this reads the CPU's flags."""
+    if device.type == "cuda":
+        return True
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return False
+    flags = cpu_flags()
+    if flags is not None and not any(f in flags for f in BF16_FLAGS):
+        return False
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "ALL"))
+    return cap.upper() in ("ALL", "DEFAULT") or any(k in cap.upper() for k in ("BF16", "AMX"))
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str] | None:
+    """This CPU's feature flags from /proc/cpuinfo; None where there is none (not Linux)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    line = next((x for x in text.splitlines() if x.startswith("flags")), None)
+    return frozenset(line.split(":", 1)[1].split()) if line else None
 
 
 def resolve_ns_dtype(setting: str, device: torch.device) -> torch.dtype:
