@@ -51,6 +51,7 @@ class FaultConfig:
     slow_step_at: int = 0
     """Hold rank `rank` inside this step for slow_step_s seconds, as one long kernel does."""
     slow_step_s: float = 0.0
+    """How long slow_step_at holds the step, in seconds."""
 
     @property
     def enabled(self) -> bool:

@@ -42,7 +42,7 @@ def cpu_cost_warning(conf: Config, rt: Runtime) -> str | None:
     if slower is None or slower <= SLOWER:
         return None
     if bf16_matmul_is_fast(rt.device):
-        why = "bf16 is native on this CPU (AVX-512 BF16, no AMX) but slower than fp32 here"
+        why = "bf16 is native on this CPU but its matmuls lose to fp32 here"
     else:
         why = "bf16 is emulated on this CPU (no AVX-512 BF16 or AMX)"
     return (

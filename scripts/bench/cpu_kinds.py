@@ -31,7 +31,7 @@ KINDS = {
     "AVX-512, no bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "ATEN_CPU_CAPABILITY": "avx512"},
     "AVX2 only": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
 }
-# The README's toy commands ("Speedrun records"), as tests/unit/test_readme.py checks
+# The README's toy commands ("Speedrun records"); tests/unit/test_readme.py checks they are
 TOYS = {
     "record #21 toy (s)": (
         "experiment=record_2025_01_26 data=sample model.n_layer=4 model.n_head=2 "

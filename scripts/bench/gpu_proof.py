@@ -118,7 +118,7 @@ def prove(args: argparse.Namespace) -> dict[str, Any]:
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget
     caps = {name: TOY_CAP if args.toy else cap for name, cap in CAPS.items()}
-    caps |= dict(_cap(c) for c in args.cap)
+    caps |= args.cap
     results: dict[str, Any] = {"toy": args.toy, "device": args.device, "parts": {}}
     log = args.out / "gpu_proof.log"
     log.write_text("")
@@ -135,9 +135,15 @@ def prove(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cap(text: str) -> tuple[str, float]:
     name, _, seconds = text.partition("=")
-    if name not in CAPS or not seconds:
-        raise SystemExit(f"--cap takes part=seconds with a part of {', '.join(CAPS)}: {text!r}")
-    return name, float(seconds)
+    try:
+        value = float(seconds)
+    except ValueError:
+        value = -1.0
+    if name not in CAPS or value <= 0:
+        raise SystemExit(
+            f"--cap takes part=seconds (> 0) with a part of {', '.join(CAPS)}, got {text!r}"
+        )
+    return name, value
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -174,6 +180,7 @@ def parse_args() -> argparse.Namespace:
     unknown = [n for n in args.parts if n not in CAPS]
     if unknown:
         p.error(f"unknown part(s) {', '.join(unknown)}; the parts: {', '.join(CAPS)}")
+    args.cap = dict(_cap(c) for c in args.cap)  # before any work or any file
     return args
 
 

@@ -94,3 +94,12 @@ def test_each_script_takes_the_flags_the_readme_gives_it(
     out = capsys.readouterr().out
     missing = [flag for flag in sorted(readme_scripts()[script]) if flag not in out]
     assert not missing, f"README.md gives {script} {missing}, which its --help lacks"
+
+
+def test_the_cpu_kinds_benchmark_times_the_readmes_toy_commands() -> None:
+    """scripts/bench/cpu_kinds.py --toys times the toy commands as README shows them."""
+    from scripts.bench.cpu_kinds import TOYS
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    for name, overrides in TOYS.items():
+        assert f"python train.py {overrides}" in text, name

@@ -54,10 +54,16 @@ def test_native_bf16_follows_the_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> N
     for flags, native in [({"avx512f"}, False), ({"avx512_bf16"}, True), ({"amx_bf16"}, True)]:
         monkeypatch.setattr(ns, "cpu_flags", lambda flags=flags: frozenset(flags))
         assert bf16_matmul_is_fast(cpu) is native, flags
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_VNNI")
-    assert not bf16_matmul_is_fast(cpu)
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
-    assert bf16_matmul_is_fast(cpu)
+    for cap, native in [
+        ("AVX512_CORE_VNNI", False),
+        ("avx2", False),
+        ("AVX512_CORE_BF16", True),
+        ("AVX512_CORE_FP16", True),
+        ("AVX512_CORE_AMX", True),
+        ("ALL", True),
+    ]:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert bf16_matmul_is_fast(cpu) is native, cap  # fmt: skip
     assert bf16_matmul_is_fast(torch.device("cuda"))  # asks no device
     assert bf16_slowdown(torch.device("cuda")) is None
 
