@@ -12,8 +12,9 @@ pair costs 2·d for q·kᵀ and 2·d for scores·v forward, three times that wit
 
 PaLM counts every pair of the sequence. Here each layer counts the pairs its mask allows, by
 the rule of `model/masks.py`: query i sees key j ≤ i, within its document with
-model.document_mask, and within ⌊i/b⌋ − ⌊j/b⌋ ≤ N − 1 with a sliding window (long layers N(s)
-blocks, short max(1, N(s)//2)); with token windows (model.window_granularity=token) within
+model.attention.document_mask, and within ⌊i/b⌋ − ⌊j/b⌋ ≤ N − 1 with a sliding window (long
+layers N(s) blocks, short max(1, N(s)//2)); with token windows
+(model.attention.window_granularity=token) within
 i − j ≤ W tokens, long W = window_tokens and short W = short_window_tokens, counted exactly
 the same way; MLP-only and empty layers none. A document-masked, windowed model is so
 credited with the attention it computes, not with a whole packed sequence's: over the 2025-01
@@ -85,23 +86,27 @@ def training_flops(
     the count free of host syncs)."""
     kinds = Counter(s.window for s in layer_plan(cfg) if s.attention)
     lengths: dict[str, Tensor] = {}
-    token = cfg.window_granularity == "token"
+    token = cfg.attention.window_granularity == "token"
     if window_tokens is not None and token:
         for kind, w in (("long", window_tokens), ("short", short_window_tokens)):
             if w is not None:
                 lengths[kind] = torch.as_tensor(w, device=idx.device).floor().long()
         if "short" in kinds and "short" not in lengths:
-            raise ValueError("model.window_granularity=token: count FLOPs with short_window_tokens")
+            raise ValueError(
+                "model.attention.window_granularity=token: count FLOPs with short_window_tokens"
+            )
     elif window_tokens is not None:
         tokens = torch.as_tensor(window_tokens, dtype=torch.float64, device=idx.device)
-        lengths = window_lengths(torch.ceil(tokens / cfg.window_block).long())
+        lengths = window_lengths(torch.ceil(tokens / cfg.attention.window_block).long())
     elif kinds.keys() - {None}:
-        raise ValueError("model.window is set but no window size was given to count FLOPs")
+        raise ValueError(
+            "model.attention.window is set but no window size was given to count FLOPs"
+        )
     pairs = torch.zeros((), dtype=torch.int64, device=idx.device)
     for kind, layers in kinds.items():
         n_blocks = lengths[kind] if kind is not None else None
         pairs = pairs + layers * attended_pairs(
-            idx, cfg.document_mask, n_blocks, cfg.window_block, token
+            idx, cfg.attention.document_mask, n_blocks, cfg.attention.window_block, token
         )
     return 6.0 * n_params * idx.numel() + 12.0 * cfg.n_embd * pairs.double()
 

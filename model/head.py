@@ -1,6 +1,6 @@
 """The LM head: an untied linear map to the (padded) vocabulary, optionally in FP8.
 
-FP8 (model.fp8_head, training only): with X the normed final activations (T×d, bf16), W the
+FP8 (model.head.fp8, training only): with X the normed final activations (T×d, bf16), W the
 head weight (V×d, fp32 or bf16) and three fixed scales written as divisors x_s, w_s, g_s,
 
     forward:   X₈ = e4m3(X / x_s), W₈ = e4m3(W / w_s);  logits = bf16((X₈·W₈ᵀ)·x_s·w_s)
@@ -14,7 +14,7 @@ division happens in its operand's dtype (bf16 for X and G) before the cast, as `
 a bf16 tensor does. Casts round to nearest without saturating; the scales keep values in
 range. In evaluation the head is the ordinary bf16 matmul.
 
-The scales (model.fp8_scales, `FP8_SCALES`):
+The scales (model.numerics.fp8_scales, `FP8_SCALES`):
 - record_2025_01: x_s = 1/2, w_s = 2⁻⁹, g_s = 2⁻¹⁹ (the 2025-01 record's multipliers 2, 512,
   2¹⁹). All powers of two, so every division and rescale is exact and gives the same bits as
   multiplying by the reciprocals.
@@ -56,12 +56,12 @@ FP8_SCALES = {
 
 
 def fp8_scales(scales: str | FP8Scales) -> FP8Scales:
-    """`scales` by its model.fp8_scales name, or as given."""
+    """`scales` by its model.numerics.fp8_scales name, or as given."""
     if isinstance(scales, FP8Scales):
         return scales
     if scales not in FP8_SCALES:
         raise ValueError(
-            f"model.fp8_scales must be one of {' | '.join(FP8_SCALES)}, got {scales!r}"
+            f"model.numerics.fp8_scales must be one of {' | '.join(FP8_SCALES)}, got {scales!r}"
         )
     return FP8_SCALES[scales]
 
@@ -116,7 +116,8 @@ def head_logits(
     scales: str | FP8Scales = "record_2025_01",
 ) -> Tensor:
     """The head's logits for x (..., d): FP8 when `fp8` and training, else `head(x)`;
-    `micro_steps`: the gradient accumulation, `scales`: model.fp8_scales (module docstring)."""
+    `micro_steps`: the gradient accumulation, `scales`: model.numerics.fp8_scales (module
+    docstring)."""
     if fp8 and head.training:
         flat = FP8Matmul.apply(x.flatten(0, -2), head.weight, micro_steps, fp8_scales(scales))
         return flat.view(*x.shape[:-1], -1)

@@ -16,21 +16,22 @@ def rms_norm(x: Tensor) -> Tensor:
 
 class CastedLinear(nn.Linear):
     """y = x · bf16(W)ᵀ for bf16 x: the fp32 master weight is cast to the input's dtype in
-    forward, so a bf16 model runs bf16 matmuls without autocast (model.dtype=bf16)."""
+    forward, so a bf16 model runs bf16 matmuls without autocast (model.numerics.dtype=bf16)."""
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight.to(x.dtype))
 
 
 def linear(cfg: ModelConfig, fan_in: int, fan_out: int) -> nn.Linear:
-    """A bias-free linear layer of the model's kind (`CastedLinear` when model.dtype=bf16)."""
-    cls = CastedLinear if cfg.dtype == "bf16" else nn.Linear
+    """A bias-free linear layer of the model's kind (`CastedLinear` when
+    model.numerics.dtype=bf16)."""
+    cls = CastedLinear if cfg.numerics.dtype == "bf16" else nn.Linear
     return cls(fan_in, fan_out, bias=False)
 
 
 class InOutLinear(nn.Module):
     """y = x · W with W stored (in, out), as the 2025-11 record stores its MLP's C_fc: the
-    stored shape decides which axis NorMuon normalises (model.fc_in_out). The weight is cast
+    stored shape decides which axis NorMuon normalises (model.mlp.fc_in_out). The weight is cast
     to the input's dtype, as `CastedLinear`'s."""
 
     def __init__(self, fan_in: int, fan_out: int) -> None:
@@ -47,7 +48,7 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         d = cfg.n_embd
-        self.fc = InOutLinear(d, 4 * d) if cfg.fc_in_out else linear(cfg, d, 4 * d)
+        self.fc = InOutLinear(d, 4 * d) if cfg.mlp.fc_in_out else linear(cfg, d, 4 * d)
         self.proj = linear(cfg, 4 * cfg.n_embd, cfg.n_embd)
 
     def forward(self, x: Tensor) -> Tensor:

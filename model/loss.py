@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.config import ModelConfig
+from model.config import HeadConfig
 
 # Rows per chunk on CPU: 128 × 50304 fp32 logits are 26 MB, which mostly stays in cache across
 # the passes below (measured fastest of 4..2048 rows: 0.9 s vs 2.5 s for 2048 × 50304 logits,
@@ -90,17 +90,17 @@ def softcap_cross_entropy(
     return _SoftcapCrossEntropy.apply(logits, targets, cap, chunk, reduction == "mean")
 
 
-def model_loss(logits: Tensor, targets: Tensor | None, cfg: ModelConfig, training: bool) -> Tensor:
+def model_loss(logits: Tensor, targets: Tensor | None, cfg: HeadConfig, training: bool) -> Tensor:
     """The model's output from its head's logits (B, T, V): the softcapped logits (at least
-    fp32) when `targets` is None, else the loss as the config asks.
+    fp32) when `targets` is None, else the loss as `cfg` (model.head) asks.
 
-    model.loss_reduction=sum sums over tokens in training only; evaluation is always the mean.
-    model.loss_dtype=bf16 caps in the logits' own dtype and, in training, takes the
+    model.head.reduction=sum sums over tokens in training only; evaluation is always the mean.
+    model.head.loss_dtype=bf16 caps in the logits' own dtype and, in training, takes the
     cross-entropy in it too (evaluation: in fp32 at least); that is never the fused path, which
-    computes in fp32 (model.loss=fused is refused with it, auto takes the plain formula).
+    computes in fp32 (model.head.loss=fused is refused with it, auto takes the plain formula).
     """
-    cap = cfg.logit_softcap
-    reduction = "sum" if training and cfg.loss_reduction == "sum" else "mean"
+    cap = cfg.softcap
+    reduction = "sum" if training and cfg.reduction == "sum" else "mean"
     low = cfg.loss_dtype == "bf16"
     fused = cfg.loss == "fused" or (cfg.loss == "auto" and logits.device.type == "cpu")
     if targets is not None and cap > 0 and fused and not low:

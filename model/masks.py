@@ -220,7 +220,8 @@ def build_masks(
 
     `window_blocks`: without `token_window`, the long window N in blocks (short: `window_lengths`)
     or each kind's N ({"long": N, "short": n}, for a short window that is not ⌊N/2⌋). With
-    `token_window` (model.window_granularity=token) the windows are token-granular, i − j ≤ W:
+    `token_window` (model.attention.window_granularity=token) the windows are token-granular,
+    i − j ≤ W:
     `window_blocks` is the long W in tokens and `short_window` the short one (0-d tensors).
     `impl`: "sdpa" for dense boolean masks, "flex" for block masks, "auto" for flex on CUDA
     and sdpa elsewhere. Block masks share one tile structure; only the window's lists differ.
@@ -228,7 +229,7 @@ def build_masks(
     if not document and kinds <= {None}:
         return None
     if kinds - {None} and window_blocks is None:
-        raise ValueError("model.window is set but no window size was given to forward()")
+        raise ValueError("model.attention.window is set but no window size was given to forward()")
     if impl == "auto":
         impl = "flex" if idx.device.type == "cuda" else "sdpa"
     if impl not in ("sdpa", "flex"):
@@ -238,7 +239,7 @@ def build_masks(
     if token_window:
         if "short" in kinds and short_window is None:
             raise ValueError(
-                "model.window_granularity=token: short-window layers need the forward's "
+                "model.attention.window_granularity=token: short-window layers need the forward's "
                 "short_window_tokens"
             )
         lengths = {"long": window_blocks, "short": short_window}

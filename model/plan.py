@@ -7,8 +7,8 @@ patterns over a reference depth, one character per layer; a pattern of another l
 resampled to `n_layer` by the nearest-layer rule: layer ℓ of n takes the character of
 reference layer round(ℓ·(m−1)/(n−1)) of m. At the reference depth that is the pattern itself;
 the 2025-01 record's 12-layer layout at 4 layers becomes: layer 0 = record layer 0, 1 = 4,
-2 = 7 (no attention), 3 = 11; the 2025-11 record's (`mlp_layers` ".MMMMMMMMMMM",
-`attention_layers` ".AAAAAA.AAAA") becomes: 0 empty, 1 attention + MLP, 2 MLP only,
+2 = 7 (no attention), 3 = 11; the 2025-11 record's (`mlp.layers` ".MMMMMMMMMMM",
+`attention.layers` ".AAAAAA.AAAA") becomes: 0 empty, 1 attention + MLP, 2 MLP only,
 3 attention + MLP. A layer with neither attention nor MLP is skipped whole. The U-net pairing
 is structural: the first n//2 layers are the encoder; decoder layer E+i adds the output of
 encoder layer E−1−i (when there is one).
@@ -42,14 +42,15 @@ def resample(pattern: str, n: int) -> str:
 
 def layer_plan(cfg: ModelConfig) -> list[LayerSpec]:
     n = cfg.n_layer
-    attention = resample(cfg.attention_layers, n) if cfg.attention_layers else "A" * n
-    window = resample(cfg.window, n) if cfg.window else None
-    tables = resample(cfg.value_embeds, n) if cfg.value_embeds else "." * n
-    mlps = resample(cfg.mlp_layers, n) if cfg.mlp_layers else "M" * n
+    att, tables = cfg.attention, cfg.embed.value_embeds
+    attention = resample(att.layers, n) if att.layers else "A" * n
+    window = resample(att.window, n) if att.window else None
+    tables = resample(tables, n) if tables else "." * n
+    mlps = resample(cfg.mlp.layers, n) if cfg.mlp.layers else "M" * n
     encoder = n // 2
     plan = []
     for layer in range(n):
-        skip = encoder - 1 - (layer - encoder) if cfg.unet and layer >= encoder else None
+        skip = encoder - 1 - (layer - encoder) if cfg.residual.unet and layer >= encoder else None
         plan.append(
             LayerSpec(
                 attention=attention[layer] == "A",

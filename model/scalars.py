@@ -1,13 +1,13 @@
-"""Every scalar of the model in one fp32 vector (model.packed_scalars), the 2025-11 record's
-layout (record C's scalar vector, docs/records.md C.1). For n layers:
+"""Every scalar of the model in one fp32 vector (model.numerics.packed_scalars), the 2025-11
+record's layout (record C's scalar vector, docs/records.md C.1). For n layers:
 
     0 … n−1            skip-gate logits, init −1.5; only index 1 is read (the record's w_skip,
-                       whatever model.skip_from / skip_to say)
+                       whatever model.residual.skip_from / skip_to say)
     n + 2ℓ, n + 2ℓ + 1     (a_ℓ, b_ℓ): the x0 shortcut's mix of layer ℓ, init (x0_mix_a_init, 0)
     3n + 2ℓ, 3n + 2ℓ + 1   (α_ℓ, β_ℓ): the value mix of layer ℓ, init (0.5, 0.5)
     5n                 λ_smear, init 0
     5n + 1             λ_back (backout), init 0.5
-    then ones up to a multiple of model.scalars_multiple
+    then ones up to a multiple of model.numerics.scalars_multiple
 
 The record pads to a multiple of its world size (8), so its count depends on the rank count;
 here the multiple is a config key (8 by default), the same on any rank count. One vector means
@@ -18,7 +18,9 @@ so never move.
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from model.config import ModelConfig
 
 SKIP_GATE_INIT = -1.5  # σ(−1.5) = 0.18: the skip starts mostly closed
 VALUE_MIX_INIT = 0.5
@@ -63,3 +65,32 @@ class ScalarLayout:
         v[3 * n : 5 * n] = VALUE_MIX_INIT
         v[self.smear], v[self.backout] = SMEAR_INIT, BACKOUT_INIT
         return v
+
+
+def build_scalars(owner: nn.Module, cfg: ModelConfig) -> ScalarLayout | None:
+    """The model-level scalars on `owner`: the packed vector `scalars` (its layout returned),
+    or, one parameter each, `skip_gate`, `smear_lambda` and `backout_lambda` for the options
+    that are on (None returned). The per-layer ones (x0 mix, value mix) are their modules'."""
+    if cfg.numerics.packed_scalars:
+        layout = ScalarLayout(cfg.n_layer, cfg.numerics.scalars_multiple)
+        owner.scalars = nn.Parameter(torch.empty(layout.size))
+        return layout
+    if cfg.residual.skip_from >= 0:
+        owner.skip_gate = nn.Parameter(torch.tensor(SKIP_GATE_INIT))
+    if cfg.embed.smear:
+        owner.smear_lambda = nn.Parameter(torch.tensor(SMEAR_INIT))
+    if cfg.residual.backout_layer >= 0:
+        owner.backout_lambda = nn.Parameter(torch.tensor(BACKOUT_INIT))
+    return None
+
+
+OWN = {"skip": ("skip_gate", "skip_gate"), "smear": ("smear_lambda", "smear"),
+       "backout": ("backout_lambda", "backout")}  # fmt: skip
+
+
+def scalar(owner: nn.Module, name: str) -> Tensor:
+    """The skip gate's logit, λ_smear or λ_back ("skip", "smear", "backout"): an entry of the
+    packed vector, or its own parameter."""
+    own, index = OWN[name]
+    layout = owner.layout
+    return getattr(owner, own) if layout is None else owner.scalars[getattr(layout, index)]

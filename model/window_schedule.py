@@ -1,12 +1,12 @@
 """The attention window's schedules: by phase (the 2025-11 record) and linear (the 2025-01).
 
 By phase: the scheduled steps split into P equal phases (`phase_index`), each with its long
-window in blocks (model.window_phases), then model.window_after over the extension steps and
-model.window_final_eval for the final evaluation only; the short window is ⌊long/2⌋ and the
-YaRN stage is the index of the long window (`window_schedule_at`). Linear: the long window
-grows with the step to model.window_tokens (`window_at`). `ModelConfig.step_args` turns either
-into the forward's arguments; the sequence length by phase (train.seq_len_phases) uses the
-same phases.
+window in blocks (model.attention.window_phases), then model.attention.window_after over the
+extension steps and model.attention.window_final_eval for the final evaluation only; the short
+window is ⌊long/2⌋ and the YaRN stage is the index of the long window (`window_schedule_at`).
+Linear: the long window grows with the step to model.attention.window_tokens (`window_at`).
+`ModelConfig.step_args` turns either into the forward's arguments; the sequence length by
+phase (train.seq_len_phases) uses the same phases.
 """
 
 from collections.abc import Sequence
@@ -14,7 +14,7 @@ from typing import Protocol
 
 
 class WindowSettings(Protocol):
-    """The `model` keys the window schedule reads (a `ModelConfig`)."""
+    """The `model.attention` keys the window schedule reads (an `AttentionConfig`)."""
 
     window: str
     window_tokens: int
@@ -42,9 +42,9 @@ def phase_start(index: int, scheduled_steps: int, n_phases: int) -> int:
 def window_schedule_at(
     cfg: WindowSettings, step: int, scheduled_steps: int, final_eval: bool = False
 ) -> tuple[int, int, int]:
-    """(long, short, stage) at `step` with model.window_phases: the long window in blocks
-    (its phase's, window_after from the end of the scheduled steps on), the short one ⌊long/2⌋
-    and the index of the long window in `cfg.long_windows` (the YaRN stage: the number of
+    """(long, short, stage) at `step` with model.attention.window_phases: the long window in
+    blocks (its phase's, window_after from the end of the scheduled steps on), the short one
+    ⌊long/2⌋ and the index of the long window in `cfg.long_windows` (the YaRN stage: the number of
     changes so far where every entry differs from the one before, as in the record; an entry
     equal to the one before makes a stage whose YaRN factors are exactly 1). The final
     evaluation takes window_final_eval as its long window, keeping the short one and the
@@ -71,20 +71,22 @@ def window_at(step: int, total_steps: int, final: int) -> float:
 
 
 def validate_window_schedule(cfg: WindowSettings) -> None:
-    """Raise ValueError naming the window_phases key that is wrong (model.window_phases set)."""
+    """Raise ValueError naming the window key that is wrong (model.attention.window_phases
+    set)."""
     phases = list(cfg.window_phases)
     if cfg.window_tokens:
         raise ValueError(
-            "model.window_tokens (a window growing linearly) and model.window_phases (a "
-            "window by phase) exclude each other: set one, the other 0 / []"
+            "model.attention.window_tokens (a window growing linearly) and "
+            "model.attention.window_phases (a window by phase) exclude each other: set one, "
+            "the other 0 / []"
         )
     if not cfg.window:
         raise ValueError(
-            "model.window_phases needs model.window (which layers have the long window and "
-            "which the short one)"
+            "model.attention.window_phases needs model.attention.window (which layers have the "
+            "long window and which the short one)"
         )
     if not all(isinstance(n, int) and n >= 1 for n in phases):
-        raise ValueError(f"model.window_phases must be whole blocks >= 1, got {phases}")
+        raise ValueError(f"model.attention.window_phases must be whole blocks >= 1, got {phases}")
     for key in ("window_after", "window_final_eval"):
         if getattr(cfg, key) < 0:
-            raise ValueError(f"model.{key} must be >= 0 blocks, got {getattr(cfg, key)}")
+            raise ValueError(f"model.attention.{key} must be >= 0 blocks, got {getattr(cfg, key)}")

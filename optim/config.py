@@ -105,7 +105,7 @@ class MuonConfig:
     the row shards, in place)."""
     qk_clip: float = 0.0
     """QK-clip τ: after each step, heads whose max logit exceeded τ get W_q, W_k scaled by
-    √(τ/max); 0 = off. Acts only with model.qk_norm=false."""
+    √(τ/max); 0 = off. Acts only with model.attention.qk_norm=false."""
 
     def validate(self, total_steps: int | None = None) -> None:
         """Raise ValueError naming the `optim.muon.*` key that is wrong (a standalone `Muon`

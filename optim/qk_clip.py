@@ -9,10 +9,10 @@ attention head h, let S_h be the largest pre-softmax logit scale·q·kᵀ it pro
 so that the same inputs would give the head logits scaled by τ/S_h: a maximum of exactly τ.
 Heads at or below τ are left untouched.
 
-With QK-norm on (model.qk_norm, the default) q and k are RMS-normalised before the logits,
+With QK-norm on (model.attention.qk_norm, the default) q and k are RMS-normalised before the logits,
 which removes any scale of W_q and W_k: the clip still rescales the weights, but the next
 logits come out the same, so it bounds nothing there (the norm already bounds the logits by
-scale·head_dim). The rule only acts on the logits with model.qk_norm=false.
+scale·head_dim). The rule only acts on the logits with model.attention.qk_norm=false.
 
 Usage, on every rank alike (apply() is a collective when a process group is given):
 

@@ -28,11 +28,12 @@ generation, stopping early at <|endoftext|> (it prints as text), torch.compile.
 import argparse
 import sys
 import warnings
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
 from data.tokenizer import GPT2_VOCAB_SIZE, encode_document, gpt2_encoding
@@ -78,11 +79,15 @@ def find_checkpoint(setting: str) -> Path:
 
 
 def model_config(saved: dict[str, Any], path: Path) -> ModelConfig:
-    """The checkpoint's ModelConfig; a key an older save lacks takes the field's default."""
-    unknown = sorted(saved.keys() - {f.name for f in fields(ModelConfig)})
-    if unknown:
-        raise files.CheckpointError(f"{path} was saved with model options unknown here: {unknown}")
-    return ModelConfig(**{**saved, "compile": False})
+    """The checkpoint's ModelConfig (a saved config under today's keys, `upgrade_saved`); a key
+    an older save lacks takes the field's default."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), {**saved, "compile": False})
+    except OmegaConfBaseException as e:
+        reason = str(e).splitlines()[0]
+        msg = f"{path} was saved with model options unknown here: {reason}"
+        raise files.CheckpointError(msg) from None
+    return OmegaConf.to_object(merged)
 
 
 def read_state(path: Path, layout: str) -> dict[str, Tensor]:

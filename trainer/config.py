@@ -296,9 +296,10 @@ class Config:
         self.data.validate()
         self.train.validate()
         self.optim.validate(self.train.steps, self.train.scheduled_steps)
-        if len(self.model.window_phases) > self.train.scheduled_steps:
+        if len(self.model.attention.window_phases) > self.train.scheduled_steps:
             raise ValueError(
-                f"model.window_phases has {len(self.model.window_phases)} phases, more than the "
+                f"model.attention.window_phases has {len(self.model.attention.window_phases)} "
+                "phases, more than the "
                 f"{self.train.scheduled_steps} scheduled steps (train.steps - "
                 "train.extension_steps)"
             )
@@ -314,10 +315,10 @@ class Config:
             )
         self.dist.validate(self.train)
         self.logging.validate()
-        if self.model.attention_impl == "flex" and self.train.device == "cpu":
+        if self.model.attention.impl == "flex" and self.train.device == "cpu":
             raise ValueError(
-                "model.attention_impl=flex can't train on a CPU (FlexAttention has no CPU "
-                "backward in this torch); use model.attention_impl=auto or sdpa there"
+                "model.attention.impl=flex can't train on a CPU (FlexAttention has no CPU "
+                "backward in this torch); use model.attention.impl=auto or sdpa there"
             )
 
 

@@ -3,7 +3,8 @@
 Only bf16 depends on the CPU kind this much. Without AVX-512 BF16 or AMX, oneDNN emulates it
 and a bf16 matmul runs 5–90× slower than fp32; with AVX-512 BF16 but no AMX it is native but
 can still lose to the fp32 BLAS (about 2× on a Xeon here); with AMX it is faster. bf16
-reaches the matmuls through `train.autocast`, `model.dtype` and `optim.muon.ns_dtype`: a run
+reaches the matmuls through `train.autocast`, `model.numerics.dtype` and
+`optim.muon.ns_dtype`: a run
 that uses any of them measures the ratio (`bf16_slowdown`, ~0.2 s) and, where bf16 is more
 than `SLOWER` times slower, says so with the factor and each setting's way out. FP8 products
 never depend on the kind (model/fp8.py emulates them in fp32 on every CPU), nor do fp32 runs.
@@ -25,8 +26,10 @@ def bf16_settings(conf: Config, rt: Runtime) -> list[str]:
     used = []
     if rt.autocast_dtype == torch.bfloat16:
         used.append(f"train.autocast={conf.train.autocast} (train.autocast=none: fp32)")
-    if conf.model.dtype == "bf16":
-        used.append("model.dtype=bf16 (the preset's bf16 model; model.dtype=fp32: fp32)")
+    if conf.model.numerics.dtype == "bf16":
+        used.append(
+            "model.numerics.dtype=bf16 (the preset's bf16 model; model.numerics.dtype=fp32: fp32)"
+        )
     if conf.optim.muon.ns_dtype == "bf16":
         used.append("optim.muon.ns_dtype=bf16 (optim.muon.ns_dtype=fp32: fp32)")
     return used

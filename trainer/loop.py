@@ -65,7 +65,7 @@ class Loop:
     flops: Callable[..., Tensor] | None = None
     peak_flops: float | None = None  # one GPU's bf16 peak; None: no MFU (CPU, unknown GPU)
     code: dict | None = None  # the code's commit and dirty flag, in the first metrics line
-    # The training loss is a sum over tokens (model.loss_reduction=sum): logged per token
+    # The training loss is a sum over tokens (model.head.reduction=sum): logged per token
     summed_loss: bool = False
     # The forward's step arguments as device tensors, kept while their value holds
     _arg_tensors: dict[str, tuple[float, Tensor]] = field(

@@ -173,7 +173,7 @@ def describe_run(
     n_params = sum(p.numel() for p in model.parameters())
     micro = t.micro_batch(rt.world_size)
     precision = "bf16 autocast" if rt.autocast_dtype else "fp32"
-    if m.dtype == "bf16":
+    if m.numerics.dtype == "bf16":
         precision = f"bf16 model ({precision} for the rest)"
     ranks = count = f"{rt.world_size} rank" + ("s" if rt.world_size > 1 else "")
     where = rt.device.type

@@ -10,12 +10,15 @@ package-qualified override, a config from another directory) it leaves to Hydra.
 """
 
 import difflib
+import re
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from model.config.moved import MOVED, moved_message
 
 # Hydra's command-line flags that point it at other configs: their overrides mean something
 # this module cannot see.
@@ -48,6 +51,11 @@ def compose_and_validate(overrides: list[str], conf_dir: Path) -> None:
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             cfg = compose(config_name="config", overrides=overrides)
+    except Exception as e:  # a YAML file (an experiment of one's own) with a flat model key
+        moved = re.search(r"Key '(\w+)' not in 'ModelConfig'", f"{e} {e.__cause__}")
+        if moved and moved.group(1) in MOVED:
+            raise ValueError(f"{moved_message(moved.group(1))}, in a config file") from None
+        raise
     finally:
         GlobalHydra.instance().clear()  # hydra.main initialises its own
     cfg.run_dir = "."  # Hydra's output directory does not exist yet
@@ -114,6 +122,8 @@ def _known_node(root: DictConfig, key: str, schema: Any, conf_dir: Path) -> Any:
     goes); ValueError naming the first unknown part, with the nearest real names."""
     node: Any = root
     parts = key.split(".")
+    if len(parts) == 2 and parts[0] == "model" and parts[1] in MOVED:
+        raise ValueError(moved_message(parts[1]))
     for depth, part in enumerate(parts):
         if not isinstance(node, DictConfig):
             raise ValueError(f"unknown config key {key}: {'.'.join(parts[:depth])} has no keys")

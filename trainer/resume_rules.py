@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from model.config.moved import MOVED
 from trainer.config import Config
 
 
@@ -30,8 +31,12 @@ def resume_rule(key: str, schema: Any = Config) -> str | None:
     return rule
 
 
-# Keys moved since a checkpoint may have been saved: old dotted key -> today's.
-RENAMED = {"optim.schedule.window_tokens": "model.window_tokens"}
+# Keys moved since a checkpoint may have been saved: old dotted key -> today's (the window's
+# width left optim.schedule for model; then the model's keys went into groups).
+RENAMED = {
+    "optim.schedule.window_tokens": "model.attention.window_tokens",
+    **{f"model.{old}": f"model.{new}" for old, new in MOVED.items()},
+}
 
 
 def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:

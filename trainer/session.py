@@ -114,6 +114,6 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
             val_batches, t, rt, sink, checkpoints, accum_steps=accum_steps, no_sync=no_sync,
             stop=stop, hook=Faults(t.fault, rt.rank, run_dir, model) if t.fault.enabled else None,
             flops=model.count_flops, peak_flops=peak_flops(rt.device), code=code_version(),
-            summed_loss=conf.model.loss_reduction == "sum",
+            summed_loss=conf.model.head.reduction == "sum",
         )  # fmt: skip
         return loop.run(start)

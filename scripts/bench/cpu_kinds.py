@@ -40,8 +40,9 @@ TOYS = {
     ),
     "record #46 toy (s)": (
         "experiment=record_2025_11_29 data=sample model.n_layer=4 model.n_head=2 "
-        "model.n_embd=64 model.skip_from=1 model.skip_to=2 model.backout_layer=2 "
-        "model.window_block=16 train.seq_len=512 train.seq_len_phases=[128,256,512] "
+        "model.n_embd=64 model.residual.skip_from=1 model.residual.skip_to=2 "
+        "model.residual.backout_layer=2 "
+        "model.attention.window_block=16 train.seq_len=512 train.seq_len_phases=[128,256,512] "
         "train.batch_size=2 train.steps=8 train.extension_steps=2 "
         "optim.muon.momentum_warmup_steps=3 optim.muon.momentum_cooldown_steps=2 "
         "train.val_every=4 train.val_tokens=4096 model.compile=false "

@@ -1,7 +1,7 @@
 """What train.py's step costs on one GPU: ms/step, tokens/s, MFU, warm-up, graph breaks.
 
     python scripts/bench/gpu.py                  # both records, a dense GPT-2 small, the head
-    python scripts/bench/gpu.py --experiment record_2025_01_26 --set model.fp8_head=false
+    python scripts/bench/gpu.py --experiment record_2025_01_26 --set model.head.fp8=false
     python scripts/bench/gpu.py --head           # the LM head alone: FP8 against bf16
     python scripts/bench/gpu.py --experiment record_2025_01_26 --toy --device cpu --steps 2
 
@@ -75,17 +75,18 @@ PRESETS = {
     ],
 }  # fmt: skip
 TOY = [  # 3 layers (long, short, long windows in the 2025-01 layout), 16 blocks of 16 tokens
-    "model.n_layer=3", "model.n_embd=64", "model.n_head=1", "model.window_block=16",
+    "model.n_layer=3", "model.n_embd=64", "model.n_head=1", "model.attention.window_block=16",
     "train.seq_len=256", f"train.batch_size={GPUS}", "train.micro_batch_size=1",
     "train.val_seq_len=512",
 ]  # fmt: skip
-TOY_WINDOW = "model.window_tokens=192"  # 1 -> 12 of the 16 blocks, where windows grow
+TOY_WINDOW = "model.attention.window_tokens=192"  # 1 -> 12 of the 16 blocks, where windows grow
 # The 2025-11 record at 4 layers (record layers 0, 4, 7, 11: skip 4 -> 7 is 1 -> 2, the backout
 # of record layer 8 the nearest, 7) and its three sequence lengths at toy size
 TOY_EXTRA = {
     "record_2025_11_29": [
-        "model.n_layer=4", "model.n_head=2", "model.skip_from=1", "model.skip_to=2",
-        "model.backout_layer=2", "train.seq_len_phases=[64,128,256]",
+        "model.n_layer=4", "model.n_head=2", "model.residual.skip_from=1",
+        "model.residual.skip_to=2",
+        "model.residual.backout_layer=2", "train.seq_len_phases=[64,128,256]",
     ],
 }  # fmt: skip
 # On a CPU: trace (graph breaks and recompiles are counted) without inductor's kernel builds.
@@ -116,7 +117,7 @@ def compose(name: str, device: str, toy: bool, sets: list[str]) -> Config:
     if toy:
         overrides += [*TOY, *(TOY_CPU if device == "cpu" else []), *TOY_EXTRA.get(name, [])]
         model = hydra_config([*overrides, *sets]).model
-        if model.window and not model.window_phases:
+        if model.attention.window and not model.attention.window_phases:
             overrides.append(TOY_WINDOW)
     return hydra_config([*overrides, *sets])
 
@@ -191,7 +192,7 @@ def train_step(b: Bench, step: int, batch: Batch, args: dict[str, Tensor]) -> No
 
 def window_label(b: Bench, step: int) -> str:
     """The window at `step` in blocks, long/short ("-": no window)."""
-    args, block = b.schedule.model_args(step), b.conf.model.window_block
+    args, block = b.schedule.model_args(step), b.conf.model.attention.window_block
     if "window_tokens" not in args:
         return "-"
     long = max(1, int(np.ceil(args["window_tokens"] / block)))

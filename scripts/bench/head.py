@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from model import ModelConfig
+from model.config import update
 from model.head import head_logits
 from model.layers import linear
 from trainer.compile import compile_model
@@ -29,7 +30,7 @@ class Head(nn.Module):
 
     def __init__(self, d: int, vocab: int, fp8: bool) -> None:
         super().__init__()
-        self.head = linear(ModelConfig(n_embd=d, dtype="bf16"), d, vocab)
+        self.head = linear(update(ModelConfig(n_embd=d), {"numerics.dtype": "bf16"}), d, vocab)
         nn.init.normal_(self.head.weight, std=d**-0.5)
         self.fp8 = fp8
 

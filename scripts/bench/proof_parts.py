@@ -51,8 +51,9 @@ REAL_RUN = [
 ]  # fmt: skip
 REAL_TOY = [
     f"experiment={NEWEST}", "data=sample", "model.n_layer=4", "model.n_head=2",
-    "model.n_embd=64", "model.skip_from=1", "model.skip_to=2", "model.backout_layer=2",
-    "model.window_block=16", "model.compile=false", "train.seq_len=256",
+    "model.n_embd=64", "model.residual.skip_from=1", "model.residual.skip_to=2",
+    "model.residual.backout_layer=2",
+    "model.attention.window_block=16", "model.compile=false", "train.seq_len=256",
     "train.seq_len_phases=[64,128,256]", "train.batch_size=2", "train.steps=6",
     "train.extension_steps=1", "optim.muon.momentum_warmup_steps=3",
     "optim.muon.momentum_cooldown_steps=2", "train.val_every=3", "train.val_tokens=1024",

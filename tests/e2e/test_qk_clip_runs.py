@@ -2,13 +2,13 @@
 `optim.muon.qk_clip` through `train()` logs and clips (unit checks: tests/unit/test_qk_clip.py)."""
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from model.config import update
 from optim.qk_clip import QKClip
 from tests.dist_utils import run_ranks
 from tests.helpers import TINY, compose_config
@@ -23,7 +23,7 @@ def _fsdp_rank(rank: int, world: int, taus: dict, out: str) -> None:
     mesh = init_device_mesh("cpu", (world,))
     results = {}
     for merged in (False, True):
-        model = build(replace(SHARDED, merged_qkv=merged))
+        model = build(update(SHARDED, {"attention.merged_qkv": merged}))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -47,7 +47,7 @@ def test_fsdp_shards_clip_as_one_process(world: int, tmp_path: Path) -> None:
     that sees every rank's batch as a micro-batch."""
     want, taus = {}, {}
     for merged in (False, True):
-        model = build(replace(SHARDED, merged_qkv=merged))
+        model = build(update(SHARDED, {"attention.merged_qkv": merged}))
         clip = QKClip(model, 1.0)
         clip.start()
         for rank in range(world):
@@ -74,7 +74,7 @@ def test_training_with_qk_clip_logs_and_clips(tmp_path: Path, corpus_cache: Path
     are clipped, and with a τ no logit reaches nothing changes (the run equals one without)."""
 
     def run(name: str, *extra: str) -> list[dict]:
-        cfg = [*TINY, "model.qk_norm=false", f"run_dir={tmp_path / name}",
+        cfg = [*TINY, "model.attention.qk_norm=false", f"run_dir={tmp_path / name}",
                f"data.cache_dir={corpus_cache}", *extra]  # fmt: skip
         train(compose_config(cfg))
         lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()

@@ -25,7 +25,8 @@ RECORDS = ["record_2024_11_06", "record_2025_01_26"]  # the 2025-11 record: its 
 # 4 -> 7 is 1 -> 2, backout of record layer 8 from the nearest, 7 = 2), three batch phases of
 # 128 / 256 / 512 tokens over 6 scheduled steps and 2 extension steps, windows in blocks of 16.
 TOY_C = [
-    "model.skip_from=1", "model.skip_to=2", "model.backout_layer=2", "model.window_block=16",
+    "model.residual.skip_from=1", "model.residual.skip_to=2", "model.residual.backout_layer=2",
+    "model.attention.window_block=16",
     "train.seq_len_phases=[128,256,512]", "train.extension_steps=2",
     "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2",
 ]  # fmt: skip

@@ -341,4 +341,4 @@ def test_a_checkpoint_from_before_a_new_option_resumes(tmp_path: Path, corpus_ca
         run(tmp_path / "a", corpus_cache, "train.steps=3", f"train.resume={source}")
     )
     with pytest.raises(CheckpointError, match=r"model\.unet: False saved, True now"):
-        run(tmp_path / "b", corpus_cache, "model.unet=true", f"train.resume={source}")
+        run(tmp_path / "b", corpus_cache, "model.residual.unet=true", f"train.resume={source}")

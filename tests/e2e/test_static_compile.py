@@ -25,7 +25,7 @@ from trainer.schedule import Schedule
 
 TOY = [
     "model.n_layer=4", "model.n_head=2", "model.n_embd=64", "model.compile=false",
-    "model.loss=plain", "train.seq_len=512",
+    "model.head.loss=plain", "train.seq_len=512",
     "train.batch_size=2", "train.micro_batch_size=1", "train.val_seq_len=1024", "run_dir=.",
 ]  # fmt: skip
 
@@ -72,7 +72,7 @@ def test_one_static_training_graph_without_breaks_or_recompiles(record: str, imp
     # Record A has no windows: half the lengths halve its bf16 head, which is emulated (slow)
     # on an AVX2-only CPU; the shapes are as static at any length.
     shorter = ["train.seq_len=256", "train.val_seq_len=512"]
-    overrides = [f"experiment={record}", *TOY, f"model.attention_impl={impl}"]
+    overrides = [f"experiment={record}", *TOY, f"model.attention.impl={impl}"]
     if record == "record_2024_11_06":
         overrides += shorter
     conf = to_config(compose_config(overrides))

@@ -186,7 +186,7 @@ def test_required_key_names_exist(tmp_path: Path) -> None:
         ("dist.backend=mpi", "dist.backend"),
         ("dist.timeout_s=0", "dist.timeout_s"),
         ("dist.backend=nccl train.device=cpu", "dist.backend=nccl"),
-        ("model.attention_impl=flex train.device=cpu", "model.attention_impl=flex"),
+        ("model.attention.impl=flex train.device=cpu", "model.attention.impl=flex"),
         ("train.checkpoint_every=-5", "train.checkpoint_every"),
         ("train.checkpoint_keep=0", "train.checkpoint_keep"),
         ("train.resume=''", "train.resume"),

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
+from model.config import update
 from model.flops import attended_pairs, matmul_params, training_flops
 from model.masks import EOT, dense_mask, document_ids
 from model.window_schedule import window_at
@@ -50,8 +51,15 @@ def test_windows_and_documents_worked_by_hand() -> None:
     long, short = torch.tensor(2), torch.tensor(1)
     assert attended_pairs(idx, True, long, 2).item() == 19 + 24
     assert attended_pairs(idx, True, short, 2).item() == 11 + 12
-    cfg = ModelConfig(n_layer=2, n_head=1, n_embd=8, window="LS", window_block=2, window_tokens=4,
-                      document_mask=True)  # fmt: skip
+    cfg = update(
+        ModelConfig(n_layer=2, n_head=1, n_embd=8),
+        {
+            "attention.window": "LS",
+            "attention.window_block": 2,
+            "attention.window_tokens": 4,
+            "attention.document_mask": True,
+        },
+    )
     n = matmul_params(meta_gpt(cfg))
     want = 6 * n * 16 + 12 * 8 * (43 + 23)
     assert training_flops(idx, cfg, n, torch.tensor(4.0, dtype=torch.float64)).item() == want
@@ -73,7 +81,7 @@ def test_pairs_are_the_mask_s_allowed_entries(blocks: int | None, document: bool
 
 def test_mlp_only_layers_add_no_flops() -> None:
     d, idx = 128, torch.zeros(1, 16, dtype=torch.long)
-    full, fewer = ModelConfig(), ModelConfig(attention_layers="A.A.")
+    full, fewer = ModelConfig(), update(ModelConfig(), {"attention.layers": "A.A."})
     causal = 16 * 17 // 2
     assert training_flops(idx, full, 0).item() == 12 * d * 4 * causal
     assert training_flops(idx, fewer, 0).item() == 12 * d * 2 * causal
@@ -89,7 +97,7 @@ def test_record_b_mfu_is_plausible_at_its_step_time() -> None:
     tokens = rng.integers(0, EOT, conf.train.seq_len)
     tokens[rng.random(tokens.size) < 1e-3] = EOT
     idx = torch.from_numpy(tokens)[None]
-    steps, final = conf.train.steps, conf.model.window_tokens
+    steps, final = conf.train.steps, conf.model.attention.window_tokens
     for step in (0, steps // 2, steps - 1):
         flops = count(idx, window_at(step, steps, final)).item()
         assert 0.10 < mfu(flops, 0.100, H100) < 0.60, (step, flops)

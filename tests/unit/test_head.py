@@ -8,12 +8,11 @@ accumulated micro-steps give the head gradient that 8 ranks averaging their own 
 up to the order of the sum.
 """
 
-from dataclasses import replace
-
 import pytest
 import torch
 
 from model import GPT, ModelConfig
+from model.config import update
 from model.fp8 import scaled_mm
 from model.head import FP8_SCALES, FP8Scales, fp8_scales, head_logits
 from trainer.forward import forward_backward
@@ -22,8 +21,15 @@ from trainer.runtime import init_runtime
 # The CPU's bf16 decides dtypes or tolerances here: CI reruns this file emulated.
 pytestmark = pytest.mark.cpu_bf16
 
-CFG = ModelConfig(n_layer=1, n_head=2, n_embd=64, dtype="bf16", fp8_head=True, loss="plain",
-                  softcap_form="sigmoid")  # fmt: skip
+CFG = update(
+    ModelConfig(n_layer=1, n_head=2, n_embd=64),
+    {
+        "numerics.dtype": "bf16",
+        "head.fp8": True,
+        "head.loss": "plain",
+        "head.softcap_form": "sigmoid",
+    },
+)
 ROWS, T = 8, 64
 
 
@@ -69,14 +75,14 @@ def test_micro_steps_change_nothing_outside_the_fp8_head() -> None:
     """bf16 head: the factor is not used, the gradients are the same bits (2 micro-steps:
     a bf16 head where bf16 is emulated is slow)."""
     torch.manual_seed(0)
-    model = GPT(replace(CFG, fp8_head=False))
+    model = GPT(update(CFG, {"head.fp8": False}))
     x = torch.randint(0, 50257, (2, T))
     a = head_grad_accumulated(model, x, x.roll(-1, 1), micro_steps=2)
     b = head_grad_accumulated(model, x, x.roll(-1, 1), micro_steps=1)
     assert torch.equal(a, b)
 
 
-# --- the scales as divisors (model.fp8_scales) -------------------------------------------------
+# --- the scales as divisors (model.numerics.fp8_scales) -------------------------------------
 
 RECORD_2025_01 = (2.0**-1, 2.0**-9, 2.0**-19)  # divisors x_s, w_s, g_s (docs/records.md C.1)
 RECORD_2025_11 = (768**0.5 / 448, 2.0**-9, 1 / 448)
@@ -199,10 +205,10 @@ def test_fp8_scales_are_validated() -> None:
 
     assert fp8_scales("record_2025_11") == FP8Scales(*RECORD_2025_11)
     assert fp8_scales("record_2025_01") == FP8Scales(*RECORD_2025_01)
-    assert Config().fp8_scales == "record_2025_01"
+    assert Config().numerics.fp8_scales == "record_2025_01"
     for name in FP8_SCALES:
-        check_choices(Config(fp8_scales=name), "model.")
-    with pytest.raises(ValueError, match=r"model\.fp8_scales must be one of"):
-        check_choices(Config(fp8_scales="record_2025_12"), "model.")
-    with pytest.raises(ValueError, match=r"model\.fp8_scales must be one of"):
+        check_choices(update(Config(), {"numerics.fp8_scales": name}), "model.")
+    with pytest.raises(ValueError, match=r"model\.numerics\.fp8_scales must be one of"):
+        check_choices(update(Config(), {"numerics.fp8_scales": "record_2025_12"}), "model.")
+    with pytest.raises(ValueError, match=r"model\.numerics\.fp8_scales must be one of"):
         fp8_scales("record_2025_12")

@@ -71,8 +71,8 @@ def test_logits_are_softcapped_and_padded() -> None:
         model.lm_head.weight.mul_(100.0)
         logits = model(torch.randint(0, 50257, (1, 8)))
     assert logits.shape == (1, 8, 50304)
-    assert logits.abs().max() <= SMALL.logit_softcap
-    assert logits.abs().max() > 0.9 * SMALL.logit_softcap  # the cap is actually reached
+    assert logits.abs().max() <= SMALL.head.softcap
+    assert logits.abs().max() > 0.9 * SMALL.head.softcap  # the cap is actually reached
 
 
 def test_rotary_scores_depend_only_on_relative_position() -> None:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, ModelConfig
+from model.config import update
 from model.head import FP8Matmul
 from model.masks import EOT, block_mask, dense_mask, document_ids, tile_structure
 from model.plan import layer_plan, resample
@@ -24,14 +25,17 @@ from optim import partition_params
 pytestmark = pytest.mark.cpu_bf16
 
 BASE = ModelConfig(n_layer=4, n_head=2, n_embd=32)
-RECORD_A = replace(BASE, init_std=1 / math.sqrt(3), rope_bf16=True, value_residual="learned",
-                   x0_shortcut=True)  # fmt: skip
-RECORD_B = replace(
-    BASE, embed_rows=50257, init_std=0.5, rope="half_truncated", merged_qkv=True,
-    attn_scale=0.12, x0_shortcut=True, unet=True, value_embeds="012......012",
-    attention_layers="AAAAAAA.AAAA", window="LSSSLSSLSSSL", window_block=8, window_tokens=64,
-    document_mask=True, softcap_form="sigmoid",
-)  # fmt: skip
+RECORD_A = update(BASE, {"init_std": 1 / math.sqrt(3), "attention.rope_bf16": True,
+                         "attention.value_residual": "learned",
+                         "residual.x0_shortcut": True})  # fmt: skip
+RECORD_B = update(BASE, {
+    "embed.rows": 50257, "init_std": 0.5, "attention.rope": "half_truncated",
+    "attention.merged_qkv": True, "attention.scale": 0.12, "residual.x0_shortcut": True,
+    "residual.unet": True, "embed.value_embeds": "012......012",
+    "attention.layers": "AAAAAAA.AAAA", "attention.window": "LSSSLSSLSSSL",
+    "attention.window_block": 8, "attention.window_tokens": 64,
+    "attention.document_mask": True, "head.softcap_form": "sigmoid",
+})  # fmt: skip
 
 
 def norm(z: torch.Tensor) -> torch.Tensor:
@@ -42,19 +46,19 @@ def rotate(z: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     """RECORDS' rotary: z¹ <- z¹cos + z²sin, z² <- −z¹sin + z²cos with θ_j per the variant."""
     D = z.size(-1)
     j = torch.arange(D // 2, dtype=torch.float64)
-    if cfg.rope == "half_truncated":
+    if cfg.attention.rope == "half_truncated":
         q = D // 4
         # 1024^(−j/(q−1)) for j < q, geometric from 1 to 1/1024 (evaluated in fp32 as a
         # geometric sequence, the record's way), then q zeros
         theta = torch.cat([(1 / 1024) ** torch.linspace(0, 1, q), torch.zeros(q)]).double()
         assert torch.allclose(theta[:q], 1024.0 ** (-j[:q] / (q - 1)), rtol=1e-6)
     else:
-        theta = cfg.rope_base ** (-j.float() / (D // 2))  # θ_j = base^(−j/(D/2)), in fp32
+        theta = cfg.attention.rope_base ** (-j.float() / (D // 2))  # θ_j = base^(−j/(D/2)), in fp32
     # The frequencies in fp32; the angles in the model's precision (float64 here, fp32 in a
     # real run), the tables bf16-rounded for the 2024-11 record.
     angle = torch.arange(z.size(1), dtype=torch.float64)[:, None] * theta.float().double()
     cos, sin = angle.cos()[None, :, None], angle.sin()[None, :, None]
-    if cfg.rope_bf16:
+    if cfg.attention.rope_bf16:
         cos, sin = cos.bfloat16().double(), sin.bfloat16().double()
     z1, z2 = z[..., : D // 2], z[..., D // 2 :]
     return torch.cat([z1 * cos + z2 * sin, -z1 * sin + z2 * cos], -1)
@@ -71,8 +75,12 @@ def allowed(idx: torch.Tensor, cfg: ModelConfig, n: int | None) -> torch.Tensor:
             docs.append(doc)
         for i in range(T):
             for j in range(i + 1):
-                same = docs[i] == docs[j] or not cfg.document_mask
-                near = n is None or i // cfg.window_block - j // cfg.window_block <= max(n, 1) - 1
+                same = docs[i] == docs[j] or not cfg.attention.document_mask
+                near = (
+                    n is None
+                    or i // cfg.attention.window_block - j // cfg.attention.window_block
+                    <= max(n, 1) - 1
+                )
                 out[b, i, j] = same and near
     return out
 
@@ -94,31 +102,31 @@ def reference(model: GPT, idx: torch.Tensor, window_blocks: int | None = None) -
         if spec.skip_from is not None:  # U-net: the i-th skip pops the stack, weight w_i
             x = x + P["skip_weights"][skips] * stack[spec.skip_from]
             skips += 1
-        if cfg.x0_shortcut:
+        if cfg.residual.x0_shortcut:
             a, b = P[pre + "x0_mix"]
             x = a * x + b * x0
         if spec.attention:
             u = norm(x)
-            if cfg.merged_qkv:
+            if cfg.attention.merged_qkv:
                 wq, wk, wv = P[pre + "attn.qkv"]
             else:
                 wq, wk, wv = (P[pre + f"attn.{n}.weight"] for n in "qkv")
             q, k, v = (u @ w.T for w in (wq, wk, wv))
-            if cfg.value_residual != "off":
+            if cfg.attention.value_residual != "off":
                 v1 = v if v1 is None else v1
                 lam = (
                     P[pre + "attn.value_lambda"]
-                    if cfg.value_residual == "learned"
-                    else cfg.value_residual_lambda
+                    if cfg.attention.value_residual == "learned"
+                    else cfg.attention.value_residual_lambda
                 )
                 v = (1 - lam) * v + lam * v1
-            if cfg.value_embeds:
+            if cfg.embed.value_embeds:
                 alpha, beta = P[pre + "attn.value_mix"]
                 v = alpha * v + (beta * ve[spec.value_embed] if spec.value_embed is not None else 0)
             heads = lambda t: t.view(B, T, H, D)  # noqa: E731
             q, k, v = heads(q), heads(k), heads(v)
             q, k = rotate(norm(q), cfg), rotate(norm(k), cfg)
-            scale = cfg.attn_scale or 1 / math.sqrt(D)
+            scale = cfg.attention.scale or 1 / math.sqrt(D)
             scores = torch.einsum("bihd,bjhd->bhij", q, k) * scale
             ok = allowed(idx, cfg, lengths.get(spec.window))
             scores = scores.masked_fill(~ok[:, None], float("-inf"))
@@ -128,9 +136,11 @@ def reference(model: GPT, idx: torch.Tensor, window_blocks: int | None = None) -
         x = x + hidden @ P[pre + "mlp.proj.weight"].T
         stack.append(x)
     z = norm(x) @ P["lm_head.weight"].T
-    c = cfg.logit_softcap
+    c = cfg.head.softcap
     return (
-        c * torch.sigmoid(z / (c / 4)) if cfg.softcap_form == "sigmoid" else c * torch.tanh(z / c)
+        c * torch.sigmoid(z / (c / 4))
+        if cfg.head.softcap_form == "sigmoid"
+        else c * torch.tanh(z / c)
     )
 
 
@@ -152,10 +162,12 @@ def tokens(B: int = 2, T: int = 40, seed: int = 1) -> torch.Tensor:
 
 CASES = {
     "record A options": RECORD_A,
-    "value residual, fixed": replace(BASE, value_residual="fixed"),
+    "value residual, fixed": update(BASE, {"attention.value_residual": "fixed"}),
     "record B options": RECORD_B,
-    "document mask, no window": replace(BASE, document_mask=True),
-    "window, no document mask": replace(BASE, window="LS", window_block=4, window_tokens=8),
+    "document mask, no window": update(BASE, {"attention.document_mask": True}),
+    "window, no document mask": update(
+        BASE, {"attention.window": "LS", "attention.window_block": 4, "attention.window_tokens": 8}
+    ),
 }
 
 
@@ -164,9 +176,9 @@ def test_forward_and_gradients_match_the_formulas(name: str) -> None:
     cfg = CASES[name]
     model = randomised(cfg)
     idx = tokens()
-    n = 3 if cfg.window else None
+    n = 3 if cfg.attention.window else None
     args = (
-        {"window_tokens": torch.tensor(n * cfg.window_block - 1.5, dtype=torch.float64)}
+        {"window_tokens": torch.tensor(n * cfg.attention.window_block - 1.5, dtype=torch.float64)}
         if n
         else {}
     )
@@ -185,7 +197,7 @@ def test_forward_and_gradients_match_the_formulas(name: str) -> None:
 
 
 def test_merged_qkv_is_the_three_matrices_stacked() -> None:
-    merged = randomised(replace(BASE, merged_qkv=True))
+    merged = randomised(update(BASE, {"attention.merged_qkv": True}))
     separate = GPT(BASE).double()
     with torch.no_grad():
         for name, p in separate.named_parameters():
@@ -199,7 +211,7 @@ def test_merged_qkv_is_the_three_matrices_stacked() -> None:
 
 
 def test_the_dense_mask_is_the_rule() -> None:
-    cfg = replace(BASE, document_mask=True, window_block=4)
+    cfg = update(BASE, {"attention.document_mask": True, "attention.window_block": 4})
     idx = tokens(T=30)
     for n in (1, 2, 5):
         got = dense_mask(document_ids(idx), 30, torch.tensor(n), 4, idx.device)[:, 0]
@@ -252,8 +264,17 @@ def test_layer_plan_is_the_records_table_and_scales_down() -> None:
 def test_records_parameter_counts_and_groups() -> None:
     """docs/records.md's counts: 162,201,636 (A, 36 scalars) and 275,598,388 (B, 52 scalars)."""
     a = replace(RECORD_A, n_layer=12, n_head=6, n_embd=768)
-    b = replace(RECORD_B, n_layer=12, n_head=6, n_embd=768, window_block=128, dtype="bf16",
-                fp8_head=True)  # fmt: skip
+    b = update(
+        RECORD_B,
+        {
+            "n_layer": 12,
+            "n_head": 6,
+            "n_embd": 768,
+            "attention.window_block": 128,
+            "numerics.dtype": "bf16",
+            "head.fp8": True,
+        },
+    )
     for cfg, total, scalars, muon in ((a, 162_201_636, 36, 72), (b, 275_598_388, 52, 46)):
         with torch.device("meta"):
             model = GPT(cfg)
@@ -278,12 +299,12 @@ def test_options_off_build_the_same_parameters() -> None:
 
 def test_sigmoid_softcap_loss_equals_the_half_tanh_cap() -> None:
     """30·σ(z/7.5) = 15·tanh(z/15) + 15: the same softmax, so the same loss (fused and plain)."""
-    model = randomised(replace(BASE, softcap_form="sigmoid")).float()
+    model = randomised(update(BASE, {"head.softcap_form": "sigmoid"})).float()
     idx = tokens()
     fused = model(idx, idx.roll(-1, 1))
-    model.cfg = replace(model.cfg, loss="plain")
+    model.cfg = update(model.cfg, {"head.loss": "plain"})
     plain = model(idx, idx.roll(-1, 1))
-    model.cfg = replace(model.cfg, softcap_form="tanh", logit_softcap=15.0)
+    model.cfg = update(model.cfg, {"head.softcap_form": "tanh", "head.softcap": 15.0})
     half = model(idx, idx.roll(-1, 1))
     torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(half, plain, rtol=1e-5, atol=1e-5)
@@ -315,7 +336,7 @@ def test_fp8_head_is_the_scaled_quantised_product() -> None:
 
 def test_fp8_head_only_while_training() -> None:
     torch.manual_seed(0)
-    model = GPT(replace(BASE, dtype="bf16", fp8_head=True, loss="plain"))
+    model = GPT(update(BASE, {"numerics.dtype": "bf16", "head.fp8": True, "head.loss": "plain"}))
     with torch.no_grad():
         model.lm_head.weight.normal_(0.0, 0.05)  # in FP8 range once scaled by 512
     assert model.embed.weight.dtype == torch.bfloat16

@@ -2,12 +2,12 @@
 clip rule on separate and merged weights, forward untouched, FSDP2 shards against one process."""
 
 import math
-from dataclasses import replace
 
 import pytest
 import torch
 
-from model import GPT, ModelConfig, attention
+from model import GPT, ModelConfig, attention, max_logit
+from model.config import update
 from model.masks import EOT, block_mask, dense_mask, document_ids, tile_structure
 from optim.qk_clip import QKClip
 
@@ -18,8 +18,15 @@ BASE = ModelConfig(n_layer=2, n_head=3, n_embd=48)  # 3 heads of 16
 # 5 heads of 8 rows: heads straddle the shard boundaries of W_q, W_k on 2 ranks (20 + 20 rows)
 # and on 3 (14 + 14 + 12); the merged 3×d×d weight splits 2 + 1, or one slice per rank.
 SHARDED = ModelConfig(n_layer=2, n_head=5, n_embd=40)
-MASKED = replace(
-    BASE, window="LS", window_block=4, window_tokens=8, document_mask=True, attn_scale=0.12
+MASKED = update(
+    BASE,
+    {
+        "attention.window": "LS",
+        "attention.window_block": 4,
+        "attention.window_tokens": 8,
+        "attention.document_mask": True,
+        "attention.scale": 0.12,
+    },
 )
 WINDOW = {"window_tokens": torch.tensor(7.0)}  # 2 blocks of 4 for long layers, 1 for short
 
@@ -42,7 +49,7 @@ def tokens(seed: int, B: int = 2, T: int = 40) -> torch.Tensor:
 
 
 def args(cfg: ModelConfig) -> dict:
-    return WINDOW if cfg.window else {}
+    return WINDOW if cfg.attention.window else {}
 
 
 def maxima(model: GPT) -> torch.Tensor:
@@ -78,7 +85,9 @@ def spy_attend(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
 CASES = {
     "causal": BASE,
     "document and window masks": MASKED,
-    "merged qkv, no QK-norm": replace(BASE, merged_qkv=True, qk_norm=False),
+    "merged qkv, no QK-norm": update(
+        BASE, {"attention.merged_qkv": True, "attention.qk_norm": False}
+    ),
 }
 
 
@@ -91,7 +100,7 @@ def test_tracked_max_is_the_masked_logits_max(
     model = build(cfg)
     idx = tokens(1)
     if chunk_rows:  # queries in chunks of 3 rows, each over its band of keys only
-        monkeypatch.setattr(attention, "TRACK_CHUNK", idx.numel() * cfg.n_head * chunk_rows)
+        monkeypatch.setattr(max_logit, "TRACK_CHUNK", idx.numel() * cfg.n_head * chunk_rows)
     QKClip(model, 1.0).start()
     calls = spy_attend(monkeypatch)
     model(idx, **args(cfg))
@@ -115,9 +124,9 @@ def test_block_mask_is_tracked_as_its_dense_mask(monkeypatch: pytest.MonkeyPatch
     dense = dense_mask(docs, 64, n, 16, idx.device)
     flex = block_mask(tile_structure(docs, 64, 16, idx.device), 64, n, 16)
     want = direct_max(q, k, dense, 0.12).float()
-    monkeypatch.setattr(attention, "TRACK_CHUNK", 2 * 3 * 64 * 5)
-    torch.testing.assert_close(attention.max_logits(q, k, flex, 0.12), want)
-    torch.testing.assert_close(attention.max_logits(q, k, dense, 0.12), want)
+    monkeypatch.setattr(max_logit, "TRACK_CHUNK", 2 * 3 * 64 * 5)
+    torch.testing.assert_close(max_logit.max_logits(q, k, flex, 0.12), want)
+    torch.testing.assert_close(max_logit.max_logits(q, k, dense, 0.12), want)
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -136,21 +145,21 @@ def test_every_allowed_pair_counts_and_no_other(kind: str, monkeypatch: pytest.M
     masks = {"causal": None, "dense": dense_mask(docs, T, n, 4, idx.device),
              "block": block_mask(tile_structure(docs, T, 4, idx.device), T, n, 4)}  # fmt: skip
     ok = torch.ones(T, T).tril() if kind == "causal" else masks["dense"][0, 0].float()
-    monkeypatch.setattr(attention, "TRACK_CHUNK", len(pairs) * T * 3)
-    got = attention.max_logits(q, k, masks[kind], 1.0)
+    monkeypatch.setattr(max_logit, "TRACK_CHUNK", len(pairs) * T * 3)
+    got = max_logit.max_logits(q, k, masks[kind], 1.0)
     assert torch.equal(got, torch.stack([ok[i, j] for i, j in pairs]))
 
 
 def qk_rows(model: GPT) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(W_q, W_k) of every layer, cloned, from separate or merged weights."""
-    if model.cfg.merged_qkv:
+    if model.cfg.attention.merged_qkv:
         return [(b.attn.qkv[0].clone(), b.attn.qkv[1].clone()) for b in model.blocks]
     return [(b.attn.q.weight.clone(), b.attn.k.weight.clone()) for b in model.blocks]
 
 
 @pytest.mark.parametrize("merged", [False, True])
 def test_apply_scales_exactly_the_heads_over_tau(merged: bool) -> None:
-    model = build(replace(BASE, merged_qkv=merged))
+    model = build(update(BASE, {"attention.merged_qkv": merged}))
     clip = QKClip(model, 1.0)
     clip.start()
     model(tokens(1))
@@ -183,7 +192,9 @@ def test_clipped_heads_reach_tau_only_without_qk_norm(qk_norm: bool) -> None:
     """Same batch before and after the clip (zero output projections keep the layers apart):
     without QK-norm a clipped head's max logit becomes tau; with it, nothing changes, since
     the norm divides out the scale of W_q and W_k."""
-    model = build(replace(BASE, merged_qkv=True, qk_norm=qk_norm), out_std=0.0)
+    model = build(
+        update(BASE, {"attention.merged_qkv": True, "attention.qk_norm": qk_norm}), out_std=0.0
+    )
     clip = QKClip(model, 1.0)
     clip.start()
     idx = tokens(2)

@@ -10,34 +10,78 @@ matrix. Each option alone and all of them together (the record at 4 layers: reco
 
 import itertools
 import math
-from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from model import GPT, ModelConfig
+from model.config import update
 from model.plan import layer_plan
 
 EOT = 50256
 BASE = ModelConfig(n_layer=4, n_head=2, n_embd=32)
-RECORD_C = ModelConfig(
-    n_layer=12, n_head=6, n_embd=768, init_std=0.5, rope="half_truncated", rope_bf16=True,
-    attn_scale=0.1, x0_shortcut=True, x0_mix_a_init=1.1, value_embeds=".12......012",
-    attention_layers=".AAAAAA.AAAA", mlp_layers=".MMMMMMMMMMM", window="SSSSLSSSSSSL",
-    window_phases=[3, 7, 11], window_after=13, window_final_eval=20, window_granularity="token",
-    document_mask=True, softcap_form="sigmoid",
-    merged_qkvo=True, fc_in_out=True, attn_gate=True, smear=True, skip_from=4, skip_to=7,
-    backout_layer=8, packed_scalars=True, dtype="bf16", head_bf16=True, fp8_head=True,
-    fp8_scales="record_2025_11",
-    yarn=True, loss_reduction="sum", loss_dtype="bf16",
-)  # fmt: skip
+RECORD_C = update(
+    ModelConfig(n_layer=12, n_head=6, n_embd=768, init_std=0.5),
+    {
+        "attention.rope": "half_truncated",
+        "attention.rope_bf16": True,
+        "attention.scale": 0.1,
+        "residual.x0_shortcut": True,
+        "residual.x0_mix_a_init": 1.1,
+        "embed.value_embeds": ".12......012",
+        "attention.layers": ".AAAAAA.AAAA",
+        "mlp.layers": ".MMMMMMMMMMM",
+        "attention.window": "SSSSLSSSSSSL",
+        "attention.window_phases": [3, 7, 11],
+        "attention.window_after": 13,
+        "attention.window_final_eval": 20,
+        "attention.window_granularity": "token",
+        "attention.document_mask": True,
+        "head.softcap_form": "sigmoid",
+        "attention.merged_qkvo": True,
+        "mlp.fc_in_out": True,
+        "attention.gate": True,
+        "embed.smear": True,
+        "residual.skip_from": 4,
+        "residual.skip_to": 7,
+        "residual.backout_layer": 8,
+        "numerics.packed_scalars": True,
+        "numerics.dtype": "bf16",
+        "head.bf16": True,
+        "head.fp8": True,
+        "numerics.fp8_scales": "record_2025_11",
+        "attention.yarn": True,
+        "head.reduction": "sum",
+        "head.loss_dtype": "bf16",
+    },
+)
 # At 4 layers (record layers 0, 4, 7, 11): 4 -> 7 is 1 -> 2, and record layer 8 is nearest 7.
-TOY = replace(RECORD_C, n_layer=4, n_head=2, n_embd=32, window_block=8,
-              skip_from=1, skip_to=2, backout_layer=2,
-              dtype="fp32", head_bf16=False, fp8_head=False)  # fmt: skip
+TOY = update(
+    RECORD_C,
+    {
+        "n_layer": 4,
+        "n_head": 2,
+        "n_embd": 32,
+        "attention.window_block": 8,
+        "residual.skip_from": 1,
+        "residual.skip_to": 2,
+        "residual.backout_layer": 2,
+        "numerics.dtype": "fp32",
+        "head.bf16": False,
+        "head.fp8": False,
+    },
+)
 # The same plan written per layer, which is what `reference` reads.
-TOY_4 = replace(TOY, value_embeds="...2", attention_layers=".A.A", mlp_layers=".MMM", window="SLSL")
+TOY_4 = update(
+    TOY,
+    {
+        "embed.value_embeds": "...2",
+        "attention.layers": ".A.A",
+        "mlp.layers": ".MMM",
+        "attention.window": "SLSL",
+    },
+)
 
 
 def norm(z: torch.Tensor) -> torch.Tensor:
@@ -46,7 +90,7 @@ def norm(z: torch.Tensor) -> torch.Tensor:
 
 def yarn_steps(cfg: ModelConfig, stage: int | None) -> list[tuple[int, int]]:
     """The window changes (W₀, W₁) in tokens up to `stage`."""
-    windows = [n * cfg.window_block for n in cfg.long_windows]
+    windows = [n * cfg.attention.window_block for n in cfg.attention.long_windows]
     return list(itertools.pairwise(windows))[: stage or 0]
 
 
@@ -56,10 +100,10 @@ def frequencies(model: GPT, cfg: ModelConfig, stage: int | None) -> torch.Tensor
     (the angles of an fp32 table in float64, as the float64 model computes them)."""
     D, q = cfg.head_dim, cfg.head_dim // 4
     j = torch.arange(D // 2, dtype=torch.float64)
-    if cfg.rope == "half_truncated":
+    if cfg.attention.rope == "half_truncated":
         omega = torch.where(j < q, 1024.0 ** (-j / (q - 1)), 0.0)
     else:
-        omega = cfg.rope_base ** (-j / (D // 2))
+        omega = cfg.attention.rope_base ** (-j / (D // 2))
     table = model.rotary.inv_freq
     for w0, w1 in yarn_steps(cfg, stage):
         gamma = ((w0 * omega / (2 * math.pi) - 1) / 31).clamp(0, 1)
@@ -109,31 +153,36 @@ def reference(model: GPT, cfg: ModelConfig, idx: torch.Tensor, windows: dict, st
         return s[at[name]]
 
     e = P["embed.weight"][idx]
-    if cfg.smear:  # e'_t = e_t + λ·σ(e_t[0:12]·wᵀ)·e_(t−1), t ≥ 1, per row
+    if cfg.embed.smear:  # e'_t = e_t + λ·σ(e_t[0:12]·wᵀ)·e_(t−1), t ≥ 1, per row
         rows = [e[:, 0]]
         for t in range(1, T):
             g = torch.sigmoid(e[:, t, :12] @ P["smear_gate.weight"][0])[:, None]
             rows.append(e[:, t] + scalar("smear") * g * e[:, t - 1])
         e = torch.stack(rows, 1)
     x = x0 = norm(e)
-    masks = {k: allowed(idx, cfg.document_mask, windows.get(k)) for k in (None, "long", "short")}
+    masks = {
+        k: allowed(idx, cfg.attention.document_mask, windows.get(k))
+        for k in (None, "long", "short")
+    }
     omega = frequencies(model, cfg, stage)
-    scale = cfg.attn_scale or 1 / math.sqrt(D)
+    scale = cfg.attention.scale or 1 / math.sqrt(D)
     for w0, w1 in yarn_steps(cfg, stage):
         scale = scale * (1 + 0.2 * math.log(w1 / w0))
     outputs = []
     for layer in range(n):
         pre = f"blocks.{layer}."
-        attn = not cfg.attention_layers or cfg.attention_layers[layer] == "A"
-        mlp = not cfg.mlp_layers or cfg.mlp_layers[layer] == "M"
-        if layer == cfg.skip_to:
-            x = x + torch.sigmoid(scalar("skip")) * outputs[cfg.skip_from]
-        if cfg.x0_shortcut and (attn or mlp):
+        attn = not cfg.attention.layers or cfg.attention.layers[layer] == "A"
+        mlp = not cfg.mlp.layers or cfg.mlp.layers[layer] == "M"
+        if layer == cfg.residual.skip_to:
+            x = x + torch.sigmoid(scalar("skip")) * outputs[cfg.residual.skip_from]
+        if cfg.residual.x0_shortcut and (attn or mlp):
             a, b = scalar("x0", layer)
             x = a * x + b * x0
         if attn:
             u = norm(x)
-            if cfg.merged_qkvo:  # the record's stored (d, 4d): matrix i = rows d/4·i … d/4·(i+1)
+            if (
+                cfg.attention.merged_qkvo
+            ):  # the record's stored (d, 4d): matrix i = rows d/4·i … d/4·(i+1)
                 stored = P[pre + "attn.qkvo"].reshape(d, 4 * d)
                 wq, wk, wv, wo = (
                     stored[i * d // 4 : (i + 1) * d // 4].reshape(d, d) for i in range(4)
@@ -141,32 +190,36 @@ def reference(model: GPT, cfg: ModelConfig, idx: torch.Tensor, windows: dict, st
             else:
                 wq, wk, wv, wo = (P[pre + f"attn.{m}.weight"] for m in "qkvo")
             q, k, v = ((u @ w.T).view(B, T, H, D) for w in (wq, wk, wv))
-            if cfg.value_embeds:
+            if cfg.embed.value_embeds:
                 alpha, beta = scalar("vmix", layer)
-                ve = cfg.value_embeds[layer]
+                ve = cfg.embed.value_embeds[layer]
                 v = alpha * v + (beta * P[f"value_embeds.{ve}.weight"][idx].view(B, T, H, D)
                                  if ve != "." else 0)  # fmt: skip
-            q = rotate(norm(q), omega, cfg.rope_bf16)
-            k = rotate(norm(k), omega, cfg.rope_bf16)
+            q = rotate(norm(q), omega, cfg.attention.rope_bf16)
+            k = rotate(norm(k), omega, cfg.attention.rope_bf16)
             scores = torch.einsum("bihd,bjhd->bhij", q, k) * scale
-            kind = None if not cfg.window else {"L": "long", "S": "short"}[cfg.window[layer]]
+            kind = (
+                None
+                if not cfg.attention.window
+                else {"L": "long", "S": "short"}[cfg.attention.window[layer]]
+            )
             scores = scores.masked_fill(~masks[kind][:, None], -math.inf)
             y = torch.einsum("bhij,bjhd->bihd", scores.softmax(-1), v)
-            if cfg.attn_gate:  # y_h ← y_h·σ(u[0:12]·G[h]ᵀ)
+            if cfg.attention.gate:  # y_h ← y_h·σ(u[0:12]·G[h]ᵀ)
                 y = y * torch.sigmoid(u[..., :12] @ P[pre + "attn.gate.weight"].T)[..., None]
             x = x + y.reshape(B, T, d) @ wo.T
         if mlp:
             fc = P[pre + "mlp.fc.weight"]
-            hidden = norm(x) @ (fc if cfg.fc_in_out else fc.T)
+            hidden = norm(x) @ (fc if cfg.mlp.fc_in_out else fc.T)
             x = x + F.relu(hidden).square() @ P[pre + "mlp.proj.weight"].T
         outputs.append(x)
-    if cfg.backout_layer >= 0:
-        x = x - scalar("back") * outputs[cfg.backout_layer]
+    if cfg.residual.backout_layer >= 0:
+        x = x - scalar("back") * outputs[cfg.residual.backout_layer]
     z = norm(x) @ P["lm_head.weight"].T
-    if cfg.softcap_form == "sigmoid":  # C.2: 30·σ(z/7.5)
-        assert cfg.logit_softcap == 30
+    if cfg.head.softcap_form == "sigmoid":  # C.2: 30·σ(z/7.5)
+        assert cfg.head.softcap == 30
         return 30 * torch.sigmoid(z / 7.5)
-    return cfg.logit_softcap * torch.tanh(z / cfg.logit_softcap)
+    return cfg.head.softcap * torch.tanh(z / cfg.head.softcap)
 
 
 def randomised(cfg: ModelConfig, seed: int = 0) -> GPT:
@@ -185,25 +238,47 @@ def tokens(B: int = 2, T: int = 24) -> torch.Tensor:
     return idx
 
 
-TOKENS = dict(window_granularity="token", window="LSLS", window_tokens=8)
-PACKED = dict(packed_scalars=True, x0_shortcut=True, value_embeds="0..1", smear=True,
-              skip_from=1, skip_to=3, backout_layer=2)  # fmt: skip
-YARN = dict(
-    rope="half_truncated", rope_bf16=True, attn_scale=0.1, yarn=True, window="LLLL",
-    window_granularity="token", window_phases=[4, 9], window_after=16, window_block=1,
-)  # fmt: skip
+TOKENS = {
+    "attention.window_granularity": "token",
+    "attention.window": "LSLS",
+    "attention.window_tokens": 8,
+}
+PACKED = {
+    "numerics.packed_scalars": True,
+    "residual.x0_shortcut": True,
+    "embed.value_embeds": "0..1",
+    "embed.smear": True,
+    "residual.skip_from": 1,
+    "residual.skip_to": 3,
+    "residual.backout_layer": 2,
+}
+YARN = {
+    "attention.rope": "half_truncated",
+    "attention.rope_bf16": True,
+    "attention.scale": 0.1,
+    "attention.yarn": True,
+    "attention.window": "LLLL",
+    "attention.window_granularity": "token",
+    "attention.window_phases": [4, 9],
+    "attention.window_after": 16,
+    "attention.window_block": 1,
+}
 CASES = {  # (model config, window tokens (long, short), YaRN stage)
     "record C at 4 layers": (TOY, (5, 2), 2),
-    "empty block 0": (replace(BASE, mlp_layers=".MMM", attention_layers=".AAA", x0_shortcut=True),),
-    "merged qkvo": (replace(BASE, merged_qkvo=True),),
-    "C_fc (in, out)": (replace(BASE, fc_in_out=True),),
-    "attention gate": (replace(BASE, attn_gate=True),),
-    "smear": (replace(BASE, smear=True),),
-    "gated skip": (replace(BASE, skip_from=0, skip_to=2),),
-    "backout": (replace(BASE, backout_layer=1),),
-    "packed scalars": (replace(BASE, **PACKED),),
-    "token windows": (replace(BASE, document_mask=True, **TOKENS), (3, 1)),
-    "yarn": (replace(BASE, **YARN), (16, 0), 1),
+    "empty block 0": (
+        update(
+            BASE, {"mlp.layers": ".MMM", "attention.layers": ".AAA", "residual.x0_shortcut": True}
+        ),
+    ),
+    "merged qkvo": (update(BASE, {"attention.merged_qkvo": True}),),
+    "C_fc (in, out)": (update(BASE, {"mlp.fc_in_out": True}),),
+    "attention gate": (update(BASE, {"attention.gate": True}),),
+    "smear": (update(BASE, {"embed.smear": True}),),
+    "gated skip": (update(BASE, {"residual.skip_from": 0, "residual.skip_to": 2}),),
+    "backout": (update(BASE, {"residual.backout_layer": 1}),),
+    "packed scalars": (update(BASE, PACKED),),
+    "token windows": (update(BASE, {"attention.document_mask": True, **TOKENS}), (3, 1)),
+    "yarn": (update(BASE, YARN), (16, 0), 1),
 }
 
 
@@ -236,7 +311,7 @@ def test_forward_and_gradients_match_the_formulas(name: str) -> None:
         assert (a is None) == (b is None), pname
         if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-10, msg=pname)
-    if cfg.packed_scalars:  # entries nothing reads never move
+    if cfg.numerics.packed_scalars:  # entries nothing reads never move
         n, used = cfg.n_layer, g_got[[p for p, _ in model.named_parameters()].index("scalars")] != 0
         assert not used[[0, *range(2, n)]].any() and not used[5 * n + 2 :].any()
         assert used[1] and used[5 * n] and used[5 * n + 1]

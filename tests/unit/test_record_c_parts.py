@@ -3,13 +3,13 @@ initial values, losses, YaRN table, token-window FLOPs and config checks. (The f
 against the record's formulas: test_record_c_model.py.)"""
 
 import math
-from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from model import GPT
+from model.config import update
 from model.flops import training_flops
 from model.head import FP8Matmul
 from model.loss import model_loss
@@ -44,7 +44,7 @@ def test_record_c_parameters() -> None:
 
 def test_record_c_initial_values() -> None:
     torch.manual_seed(0)
-    model = GPT(replace(TOY, dtype="bf16", head_bf16=True))
+    model = GPT(update(TOY, {"numerics.dtype": "bf16", "head.bf16": True}))
     n, bound = 4, math.sqrt(3) * 0.5 / math.sqrt(32)
     want = [-1.5] * n + [1.1, 0.0] * n + [0.5] * 2 * n + [0.0, 0.5] + [1.0] * 2
     assert model.scalars.tolist() == pytest.approx(want) and model.scalars.dtype == torch.float32
@@ -58,7 +58,9 @@ def test_record_c_initial_values() -> None:
         assert not model.blocks[i].mlp.proj.weight.any()
     assert not model.smear_gate.weight.any() and model.smear_gate.weight.dtype == torch.bfloat16
     assert not model.lm_head.weight.any() and model.lm_head.weight.dtype == torch.bfloat16
-    unpacked = GPT(replace(TOY, packed_scalars=False, dtype="bf16", head_bf16=True))
+    unpacked = GPT(
+        update(TOY, {"numerics.packed_scalars": False, "numerics.dtype": "bf16", "head.bf16": True})
+    )
     assert unpacked.skip_gate.item() == -1.5 and unpacked.backout_lambda.item() == 0.5
     assert unpacked.smear_lambda.item() == 0 and unpacked.blocks[
         1
@@ -68,7 +70,7 @@ def test_record_c_initial_values() -> None:
 
 def test_loss_sum_in_training_mean_in_evaluation() -> None:
     """With the zero head every logit is capped to 15: the loss is ln(50304) per token."""
-    model = GPT(replace(TOY, loss_dtype="fp32"))
+    model = GPT(update(TOY, {"head.loss_dtype": "fp32"}))
     idx = tokens()
     args = {"window_tokens": torch.tensor(5.0), "short_window_tokens": torch.tensor(2.0)}
     assert model(idx, idx, **args).item() == pytest.approx(idx.numel() * math.log(50304))
@@ -77,27 +79,31 @@ def test_loss_sum_in_training_mean_in_evaluation() -> None:
     logits = torch.randn(48, 50304, generator=torch.Generator().manual_seed(0)) * 5
     y = idx.flatten()
     want = F.cross_entropy(30 * torch.sigmoid(logits / 7.5), y, reduction="sum")
-    plain = replace(BASE, loss="plain", loss_reduction="sum", softcap_form="sigmoid")
-    for cfg in (plain, replace(plain, loss="fused")):  # the fused path sums as well
-        torch.testing.assert_close(model_loss(logits[None], y[None], cfg, True), want)
+    plain = update(
+        BASE, {"head.loss": "plain", "head.reduction": "sum", "head.softcap_form": "sigmoid"}
+    )
+    for cfg in (plain, update(plain, {"head.loss": "fused"})):  # the fused path sums as well
+        torch.testing.assert_close(model_loss(logits[None], y[None], cfg.head, True), want)
 
 
 def test_bf16_loss_caps_in_bf16() -> None:
     """Training: cap and cross-entropy on bf16; evaluation: cap in bf16, fp32 cross-entropy."""
     z = (torch.randn(1, 48, 50304, generator=torch.Generator().manual_seed(0)) * 20).bfloat16()
     y = tokens().flatten()[None]
-    cfg = replace(BASE, softcap_form="sigmoid", loss_dtype="bf16", loss_reduction="sum")
+    cfg = update(
+        BASE, {"head.softcap_form": "sigmoid", "head.loss_dtype": "bf16", "head.reduction": "sum"}
+    )
     capped = 30 * torch.sigmoid(z / 7.5)  # each op rounds to bf16
     assert capped.dtype == torch.bfloat16
-    trained = model_loss(z, y, cfg, True)
+    trained = model_loss(z, y, cfg.head, True)
     assert trained.dtype == torch.bfloat16
     assert trained == F.cross_entropy(capped[0], y[0], reduction="sum")
-    evaluated = model_loss(z, y, cfg, False)
+    evaluated = model_loss(z, y, cfg.head, False)
     assert evaluated.dtype == torch.float32
     assert evaluated == F.cross_entropy(capped[0].float(), y[0])
     assert evaluated != F.cross_entropy(30 * torch.sigmoid(z[0].float() / 7.5), y[0])
-    with pytest.raises(ValueError, match=r"model\.loss"):
-        replace(cfg, loss="fused").validate()
+    with pytest.raises(ValueError, match=r"model\.head\.loss"):
+        update(cfg, {"head.loss": "fused"}).validate()
 
 
 def test_fp8_head_takes_a_bf16_weight() -> None:
@@ -111,16 +117,17 @@ def test_token_window_flops_worked_by_hand() -> None:
     """T = 6, W = 2 tokens (3 keys at most), EOT at 3: keys 1 2 3 1 2 3 = 12; W = 0: 6."""
     idx = torch.zeros(1, 6, dtype=torch.long)
     idx[0, 3] = EOT
-    cfg = replace(BASE, n_layer=2, document_mask=True, **TOKENS)
+    cfg = update(BASE, {"n_layer": 2, "attention.document_mask": True, **TOKENS})
     got = training_flops(idx, cfg, 0, torch.tensor(2.0), torch.tensor(0.0))
     assert got.item() == 12 * 32 * (12 + 6)
 
 
 @pytest.mark.parametrize("change", [
-    {"mlp_layers": "MX.."}, {"merged_qkvo": True, "merged_qkv": True},
-    {"skip_from": 2, "skip_to": 1}, {"backout_layer": 4}, {"head_bf16": True},
-    {"window_granularity": "token"}, {"yarn": True}, {"packed_scalars": True, "unet": True},
+    {"mlp.layers": "MX.."}, {"attention.merged_qkvo": True, "attention.merged_qkv": True},
+    {"residual.skip_from": 2, "residual.skip_to": 1}, {"residual.backout_layer": 4},
+    {"head.bf16": True}, {"attention.window_granularity": "token"}, {"attention.yarn": True},
+    {"numerics.packed_scalars": True, "residual.unet": True},
 ])  # fmt: skip
 def test_bad_record_c_options_name_the_key(change: dict) -> None:
     with pytest.raises(ValueError, match=rf"model\.{next(iter(change))}"):
-        replace(BASE, **change).validate()
+        update(BASE, change).validate()

@@ -19,8 +19,8 @@ from trainer.schedule import Schedule
 
 TOY_C = [
     "experiment=record_2025_11_29", "run_dir=.", "model.compile=false", "model.n_layer=4",
-    "model.n_head=2", "model.n_embd=32", "model.skip_from=1", "model.skip_to=2",
-    "model.backout_layer=2", "model.window_block=16", "train.seq_len=512",
+    "model.n_head=2", "model.n_embd=32", "model.residual.skip_from=1", "model.residual.skip_to=2",
+    "model.residual.backout_layer=2", "model.attention.window_block=16", "train.seq_len=512",
     "train.seq_len_phases=[128,256,512]", "train.steps=8", "train.extension_steps=2",
     "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2",
     "optim.adamw.state_dtype=param",

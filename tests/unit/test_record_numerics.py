@@ -268,9 +268,10 @@ def test_steps_cooldown_is_record_a_at_every_step():
 def test_presets_select_the_record_forms():
     a = yaml.safe_load((EXPERIMENTS / "record_2024_11_06.yaml").read_text())
     b = yaml.safe_load((EXPERIMENTS / "record_2025_01_26.yaml").read_text())
-    assert a["model"]["rope_reciprocal"] is True and a["model"].get("rope", "full") == "full"
+    a_att, b_att = a["model"]["attention"], b["model"]["attention"]
+    assert a_att["rope_reciprocal"] is True and a_att.get("rope", "full") == "full"
     assert a["optim"]["muon"]["ns_form"] == "expanded"
     assert a["optim"]["schedule"].get("cooldown_form", "steps") == "steps"
-    assert b["model"]["rope"] == "half_truncated" and b["model"]["softcap_form"] == "sigmoid"
+    assert b_att["rope"] == "half_truncated" and b["model"]["head"]["softcap_form"] == "sigmoid"
     assert b["optim"]["muon"]["ns_form"] == "factored_unfused"
     assert b["optim"]["schedule"]["cooldown_form"] == "fraction"

@@ -39,7 +39,7 @@ def test_record_a_preset_is_records_md() -> None:
     assert mu.lr_scale == "original" and mu.weight_decay == 0.0
     assert (a.embed_lr, a.head_lr, a.scalar_lr) == (0.3, 0.002, 0.02)
     assert (a.beta1, a.beta2, a.eps, a.weight_decay) == (0.9, 0.95, 1e-8, 0.0)
-    assert s.warmup_steps == 0 and s.min_lr_frac == 0.0 and m.window_tokens == 0
+    assert s.warmup_steps == 0 and s.min_lr_frac == 0.0 and m.attention.window_tokens == 0
     assert (t.val_tokens, t.val_every, t.untimed_steps) == (10_485_760, 125, 10)
     assert t.target_val_loss == 0  # every step runs, as in the record
     # A.4: constant 1 for s < 2286, then (3200 - s) / 914; momentum 0.85 -> 0.95 over 500.
@@ -49,15 +49,24 @@ def test_record_a_preset_is_records_md() -> None:
         assert lr[step] == pytest.approx((3200 - step) / 914, rel=1e-12)
     assert muon_momentum(0, 500, 0.85, 0.95) == 0.85
     assert momentum_at(c, 250) == pytest.approx(0.90) and momentum_at(c, 500) == 0.95
-    assert m.x0_shortcut and m.value_residual == "learned" and m.value_residual_lambda == 0.5
-    assert (m.logit_softcap, m.softcap_form, m.rope, m.rope_base) == (30.0, "tanh", "full", 1e4)
+    assert (
+        m.residual.x0_shortcut
+        and m.attention.value_residual == "learned"
+        and m.attention.value_residual_lambda == 0.5
+    )
+    assert (m.head.softcap, m.head.softcap_form, m.attention.rope, m.attention.rope_base) == (
+        30.0,
+        "tanh",
+        "full",
+        1e4,
+    )
 
 
 def test_record_b_preset_is_records_md() -> None:
     """docs/records.md, record B (2025-01-26, #21): B.1, B.3, B.4, B.5."""
     c = resolved("record_2025_01_26")
     m, t, mu, a, s = c.model, c.train, c.optim.muon, c.optim.adamw, c.optim.schedule
-    assert (m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.embed_rows) == (12, 6, 768, 50304, 50257)
+    assert (m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.embed.rows) == (12, 6, 768, 50304, 50257)
     assert t.steps == 1770
     assert t.seq_len == 49_152 and t.val_seq_len == 262_144
     assert t.batch_size * t.seq_len == 393_216 == 8 * 49_152
@@ -79,19 +88,28 @@ def test_record_b_preset_is_records_md() -> None:
     assert lr[1769] == pytest.approx(0.1013, abs=1e-4)
     assert momentum_at(c, 0) == 0.85 and momentum_at(c, 300) == 0.95
     # B.4's window table: N(s) = max(1, ceil(9 s / 1180)) blocks of 128, 14 at s = 1770.
-    assert m.window_block == 128
+    assert m.attention.window_block == 128
     first_steps = [0, 132, 263, 394, 525, 656, 787, 918, 1049, 1181, 1312, 1443, 1574, 1705]
     for n, first in enumerate(first_steps, start=1):
         assert window_blocks(c, first) == n
         if first:
             assert window_blocks(c, first - 1) == n - 1
     assert window_blocks(c, 1770) == 14  # the final validation's window
-    assert (m.attn_scale, m.rope, m.merged_qkv, m.dtype, m.fp8_head) == (
-        0.12, "half_truncated", True, "bf16", True,
-    )  # fmt: skip
-    assert (m.logit_softcap, m.softcap_form, m.document_mask) == (30.0, "sigmoid", True)
-    assert m.attention_layers == "AAAAAAA.AAAA" and m.value_embeds == "012......012"
-    assert m.window == "LSSSLSSLSSSL" and m.unet and m.x0_shortcut and m.init_std == 0.5
+    assert (m.attention.scale, m.attention.rope, m.attention.merged_qkv) == (
+        0.12, "half_truncated", True,
+    ) and (m.numerics.dtype, m.head.fp8) == ("bf16", True)  # fmt: skip
+    assert (m.head.softcap, m.head.softcap_form, m.attention.document_mask) == (
+        30.0,
+        "sigmoid",
+        True,
+    )
+    assert m.attention.layers == "AAAAAAA.AAAA" and m.embed.value_embeds == "012......012"
+    assert (
+        m.attention.window == "LSSSLSSLSSSL"
+        and m.residual.unet
+        and m.residual.x0_shortcut
+        and m.init_std == 0.5
+    )
 
 
 def schedule(c) -> Schedule:

@@ -89,11 +89,11 @@ def test_the_startup_warning_names_every_bf16_setting(monkeypatch: pytest.Monkey
     assert "a bf16 matmul runs 20.0x slower than an fp32 one" in said
     assert "train.autocast=bf16 (train.autocast=none: fp32)" in said
     assert "optim.muon.ns_dtype=bf16 (optim.muon.ns_dtype=fp32: fp32)" in said
-    assert "model.dtype" not in said
+    assert "model.numerics.dtype" not in said
     monkeypatch.setattr(cpu_cost, "bf16_matmul_is_fast", lambda device: True)
     monkeypatch.setattr(cpu_cost, "bf16_slowdown", lambda device: 2.1)  # native, still slower
     said = cpu_cost.cpu_cost_warning(conf("experiment=record_2025_01_26"), fp32)
-    assert said is not None and "native on this CPU" in said and "model.dtype=bf16" in said
+    assert said is not None and "native on this CPU" in said and "model.numerics.dtype=bf16" in said
     assert cpu_cost.cpu_cost_warning(conf("train.autocast=none"), fp32) is None
     monkeypatch.setattr(cpu_cost, "bf16_slowdown", lambda device: 0.3)  # AMX: faster
     assert cpu_cost.cpu_cost_warning(conf("train.autocast=bf16"), bf16) is None

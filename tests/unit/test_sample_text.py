@@ -7,6 +7,7 @@ import torch
 
 from data.tokenizer import EOT, GPT2_VOCAB_SIZE
 from model import GPT, ModelConfig
+from model.config import update
 from scripts.sample import forward_args, generate, model_config
 from trainer.resume_rules import upgrade_saved
 
@@ -43,7 +44,12 @@ def test_generate_crops_the_context_and_samples_real_tokens_only() -> None:
 def test_window_models_get_the_last_steps_window() -> None:
     """The final evaluation's window, from the run's schedule; a save from before the window
     moved into the model config (optim.schedule.window_tokens) reads the same."""
-    model = GPT(ModelConfig(n_layer=2, n_embd=64, window="LS", window_tokens=48)).eval()
+    model = GPT(
+        update(
+            ModelConfig(n_layer=2, n_embd=64),
+            {"attention.window": "LS", "attention.window_tokens": 48},
+        )
+    ).eval()
     args = forward_args(model, {"train": {"steps": 10}}, torch.device("cpu"))
     assert args["window_tokens"].dim() == 0 and args["window_tokens"].item() == 48
     plain = GPT(ModelConfig(n_layer=2, n_embd=64)).eval()

@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from model.config import ModelConfig
+from model.config import ModelConfig, update
 from model.rotary import Rotary
 from model.window_schedule import phase_index, window_at
 from model.yarn import yarn_table
@@ -24,17 +24,11 @@ from trainer.schedule import Schedule
 STEPS, SCHEDULED = 2160, 2120  # C.4: 2,120 scheduled + 40 extension steps
 
 # Record C's settings as a run's config would hold them (the keys this file tests).
+ATTENTION = {"window": "LSSSLSSLSSSL", "window_block": 128, "window_phases": [3, 7, 11],
+             "window_after": 13, "window_final_eval": 20, "yarn": True, "scale": 0.1,
+             "rope": "half_truncated"}  # fmt: skip
 RECORD_C = {
-    "model": {
-        "window": "LSSSLSSLSSSL",
-        "window_block": 128,
-        "window_phases": [3, 7, 11],
-        "window_after": 13,
-        "window_final_eval": 20,
-        "yarn": True,
-        "attn_scale": 0.1,
-        "rope": "half_truncated",
-    },
+    "model": {"attention": ATTENTION},
     "optim": {
         "muon": {
             "lr": 0.023,
@@ -75,7 +69,9 @@ def run() -> tuple[Config, Schedule, list[float]]:
     c = record_c()
     head_dim = c.model.n_embd // c.model.n_head
     freqs = Rotary(head_dim, mode="half_truncated").inv_freq
-    scales = yarn_table(freqs, c.model.long_windows, 128, c.model.attn_scale).attn_scales
+    scales = yarn_table(
+        freqs, c.model.attention.long_windows, 128, c.model.attention.scale
+    ).attn_scales
     return c, Schedule.for_run(c.train, c.optim, c.model), scales
 
 
@@ -257,7 +253,11 @@ def test_defaults_leave_record_b_bitwise() -> None:
     )
     t, s, m = c.train, c.optim.schedule, c.optim.muon
     assert (t.extension_steps, t.seq_len_phases, s.peaks, s.peak_edges) == (0, [], [], [])
-    assert m.momentum_cooldown_steps == 0 and c.model.window_phases == [] and not c.model.yarn
+    assert (
+        m.momentum_cooldown_steps == 0
+        and c.model.attention.window_phases == []
+        and not c.model.attention.yarn
+    )
     run, bare = Schedule.for_run(t, c.optim, c.model), Schedule(t.steps, c.optim, c.model)
     assert run.scheduled_steps == t.steps == 1770
     for step in range(t.steps):
@@ -281,7 +281,7 @@ def test_extension_steps_hold_the_floor_and_the_final_window() -> None:
         {
             "train": {"steps": 110, "extension_steps": 10},
             "optim": {"schedule": {"cooldown_frac": 0.4, "min_lr_frac": 0.1}},
-            "model": {"window": "LS", "window_tokens": 64},
+            "model": {"attention": {"window": "LS", "window_tokens": 64}},
         }
     )
     sched = Schedule.for_run(c.train, c.optim, c.model)
@@ -314,11 +314,14 @@ def test_extension_steps_hold_the_floor_and_the_final_window() -> None:
         ({"optim": {"muon": {"momentum_cooldown_steps": -1}}}, "optim.muon.momentum_cooldown"),
         ({"optim": {"muon": {"momentum_cooldown_end": 1.0}}}, "optim.muon.momentum_cooldown_end"),
         ({"optim": {"muon": {"momentum_cooldown_steps": 1900}}}, "optim.muon.momentum_cooldown"),
-        ({"model": {"window_phases": [3, 0, 11]}}, "model.window_phases"),
-        ({"model": {"window_tokens": 1728}}, "model.window_tokens"),
-        ({"model": {"window": ""}}, "model.window_phases needs model.window"),
-        ({"model": {"window_after": -1}}, "model.window_after"),
-        ({"model": {"window_final_eval": -2}}, "model.window_final_eval"),
+        ({"model": {"attention": {"window_phases": [3, 0, 11]}}}, "model.attention.window_phases"),
+        ({"model": {"attention": {"window_tokens": 1728}}}, "model.attention.window_tokens"),
+        (
+            {"model": {"attention": {"window": ""}}},
+            "model.attention.window_phases needs model.attention.window",
+        ),
+        ({"model": {"attention": {"window_after": -1}}}, "model.attention.window_after"),
+        ({"model": {"attention": {"window_final_eval": -2}}}, "model.attention.window_final_eval"),
     ],
 )
 def test_bad_values_name_their_key(changes: dict, key: str) -> None:
@@ -328,8 +331,10 @@ def test_bad_values_name_their_key(changes: dict, key: str) -> None:
 
 def test_keys_that_need_the_window_phases() -> None:
     for key, value in (("window_after", 13), ("window_final_eval", 20), ("yarn", True)):
-        with pytest.raises(ValueError, match=rf"model\.{key} needs model\.window_phases"):
-            ModelConfig(**{key: value}).validate()
+        with pytest.raises(
+            ValueError, match=rf"model\.attention\.{key} needs model\.attention\.window_phases"
+        ):
+            update(ModelConfig(), {f"attention.{key}": value}).validate()
     with pytest.raises(ValueError, match=r"train\.extension_steps"):
         TrainConfig(steps=10, extension_steps=10, val_tokens=256).validate()
     with pytest.raises(ValueError, match=r"train\.seq_len_phases has 3 phases"):

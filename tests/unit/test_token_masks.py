@@ -1,4 +1,4 @@
-"""Token-granular sliding windows (model.window_granularity=token, the 2025-11 record):
+"""Token-granular sliding windows (model.attention.window_granularity=token, the 2025-11 record):
 i − j ≤ W tokens, in the block-level FlexAttention mask and the dense mask, against
 `create_block_mask` on the rule written out from record C (docs/records.md, C.1;
 tests/unit/test_masks.py holds the block-granular rule's tests and the helpers shared here)."""

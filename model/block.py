@@ -1,0 +1,44 @@
+"""One layer of the GPT: its x0 mix, its attention sublayer, its MLP sublayer.
+
+    x <- a·x + b·x0                      x0 shortcut (model.residual.x0_shortcut)
+    x <- x + Attn(RMSNorm(x))            unless the layer has no attention
+    x <- x + MLP(RMSNorm(x))             unless the layer has no MLP
+
+each sublayer's add scaled by its (r, p) with model.residual.sublayer_scales
+(model/residual.py). A layer with neither sublayer is never called.
+"""
+
+import torch
+from torch import Tensor, nn
+
+from model.attention import CausalSelfAttention
+from model.config import ModelConfig
+from model.context import Context
+from model.layers import MLP, rms_norm
+from model.plan import LayerSpec
+from model.residual import ATTENTION, add_sublayer, x0_mix
+from model.residual import MLP as MLP_COLUMN
+from model.rotary import Rotary
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.attn = CausalSelfAttention(cfg, spec, layer) if spec.attention else None
+        self.mlp = MLP(cfg) if spec.mlp else None
+        res = cfg.residual
+        if res.x0_shortcut and not cfg.numerics.packed_scalars and not spec.empty:
+            self.x0_mix = nn.Parameter(torch.tensor([res.x0_mix_a_init, 0.0]))  # (a, b)
+
+    def forward(self, x: Tensor, rotary: Rotary, ctx: Context) -> Tensor:
+        if ctx.x0 is not None:
+            packed = ctx.layout is not None
+            mix = ctx.packed[ctx.layout.x0_mix(self.layer)] if packed else self.x0_mix
+            x = x0_mix(x, ctx.x0, mix)
+        scales = ctx.sublayer_scales
+        if self.attn is not None:
+            x = add_sublayer(x, self.attn(rms_norm(x), rotary, ctx), scales, self.layer, ATTENTION)
+        if self.mlp is not None:
+            x = add_sublayer(x, self.mlp(rms_norm(x)), scales, self.layer, MLP_COLUMN)
+        return x

@@ -1,0 +1,202 @@
+"""Typed configuration of the GPT (the `model` config group).
+
+The top-level fields are the dense GPT every run has; the speedrun records' options sit in
+groups by what they configure, each off by default, so a config that sets none of them
+builds exactly the same model, parameter for parameter and bit for bit:
+
+    model.attention   kind, merged weights, gates, masks, rotary and YaRN, sliding windows
+    model.embed       the token and value embedding tables, the smear
+    model.residual    the x0 shortcut, skips, backout, per-sublayer scales
+    model.mlp         which layers have an MLP, C_fc's layout
+    model.head        softcap, loss form, reduction and dtype, FP8 and bf16 head
+    model.numerics    the model's dtype, the FP8 head's scales, packed scalars
+
+Per-layer options (`attention.window`, `embed.value_embeds`, `attention.layers`,
+`mlp.layers`) are patterns over the layers of a reference depth, one character per layer,
+resampled to `n_layer` (`model/plan.py`). A key of the former flat schema (`model.attention.window`)
+fails with one line naming its group (`model/config/moved.py`).
+"""
+
+import copy
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+from model.config.attention import AttentionConfig
+from model.config.head import HeadConfig, NumericsConfig
+from model.config.moved import MOVED, moved_message
+from model.config.stream import EmbedConfig, MlpConfig, ResidualConfig
+from model.window_schedule import window_at, window_schedule_at
+
+OPERATIONAL = {"resume": "operational"}  # how a checkpoint treats a field (trainer/config.py)
+
+__all__ = [
+    "AttentionConfig",
+    "EmbedConfig",
+    "HeadConfig",
+    "MlpConfig",
+    "ModelConfig",
+    "NumericsConfig",
+    "ResidualConfig",
+    "update",
+]
+
+
+@dataclass
+class ModelConfig:
+    """The `model` group. Every field must match on resume (it decides which tensors exist),
+    except those marked operational."""
+
+    n_layer: int = 4
+    """Transformer blocks."""
+    n_head: int = 2
+    """Attention heads per block."""
+    n_embd: int = 128
+    """Residual stream width; head_dim = n_embd // n_head."""
+    vocab_size: int = 50304
+    """Logits of the head: GPT-2's 50257 padded to a multiple of 128 for fast matmuls."""
+    init_std: float = 1.0
+    """Hidden linear weights ~ U(±√3·init_std/√fan_in): 1/√3 is PyTorch's default (the
+    2024-11 record), 0.5 the 2025-01 record's."""
+    gate_channels: int = 12
+    """k: the leading channels of the stream that the attention and smear gates read."""
+    compile: bool = field(default=False, metadata=OPERATIONAL)
+    """torch.compile the model, with static shapes (trainer/compile.py)."""
+    compile_backend: str = field(default="inductor", metadata=OPERATIONAL)
+    """torch.compile backend: inductor generates kernels; eager and aot_eager only trace."""
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    embed: EmbedConfig = field(default_factory=EmbedConfig)
+    residual: ResidualConfig = field(default_factory=ResidualConfig)
+    mlp: MlpConfig = field(default_factory=MlpConfig)
+    head: HeadConfig = field(default_factory=HeadConfig)
+    numerics: NumericsConfig = field(default_factory=NumericsConfig)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the config lacks: a key of the flat schema names its group.
+        if name in MOVED:
+            raise AttributeError(moved_message(name))
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def step_args(
+        self,
+        step: int,
+        total_steps: int,
+        scheduled_steps: int | None = None,
+        final_eval: bool = False,
+    ) -> dict[str, float]:
+        """The forward's step-dependent arguments for `step` (0 ... total_steps: the training
+        update `step`, or an evaluation after `step` updates); the run's schedule
+        (trainer/schedule.py) asks for them once per step. The schedules span the first
+        `scheduled_steps` (default all) and hold their final values after; `final_eval`: the
+        evaluation after the last update (`attention.window_final_eval`).
+
+        With window_phases: {"window_tokens": the long window, "short_window_tokens": the
+        short one (both whole blocks, in tokens), and with yarn "yarn_stage": the index into
+        `attention.long_windows` (`window_schedule_at`)}. Otherwise {"window_tokens":
+        window_at(...)} with window_tokens, or {}."""
+        att = self.attention
+        scheduled = total_steps if scheduled_steps is None else scheduled_steps
+        if att.window_phases:
+            long, short, stage = window_schedule_at(att, step, scheduled, final_eval)
+            args = {
+                "window_tokens": long * att.window_block,
+                "short_window_tokens": short * att.window_block,
+            }
+            return {**args, "yarn_stage": stage} if att.yarn else args
+        if not att.window_tokens:
+            return {}
+        if scheduled == total_steps:
+            return {"window_tokens": window_at(step, total_steps, att.window_tokens)}
+        # Extension steps keep the final window: the growth spans the scheduled steps.
+        return {"window_tokens": window_at(min(step, scheduled), scheduled, att.window_tokens)}
+
+    @property
+    def differs_per_layer(self) -> bool:
+        """Whether layers differ (windows, value embeddings, MLP-only layers, skips)."""
+        r = self.residual
+        return bool(
+            self.attention.window or self.embed.value_embeds or self.attention.layers
+            or self.mlp.layers or r.unet or r.skip_from >= 0 or r.backout_layer >= 0
+        )  # fmt: skip
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def validate(self) -> None:
+        """Raise ValueError naming the `model.*` key that is wrong."""
+        for key in ("n_layer", "n_head", "n_embd", "vocab_size", "init_std"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"model.{key} must be positive, got {getattr(self, key)}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(
+                f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})"
+            )
+        if self.head_dim % 2 != 0:
+            raise ValueError(
+                f"head dim model.n_embd / model.n_head = {self.head_dim} must be even "
+                "(rotary embeddings rotate pairs of channels)"
+            )
+        if self.vocab_size < 50257:
+            raise ValueError(
+                f"model.vocab_size ({self.vocab_size}) must hold the GPT-2 vocabulary (50257)"
+            )
+        self.attention.validate(self.head_dim)
+        self.embed.validate(self.vocab_size)
+        self.residual.validate(self.n_layer)
+        self.mlp.validate()
+        self.head.validate()
+        self.numerics.validate()
+        if self.compile:
+            import torch._dynamo  # here, not at import: a config module stays light
+
+            backends = torch._dynamo.list_backends(exclude_tags=())
+            if self.compile_backend not in backends:
+                raise ValueError(
+                    f"model.compile_backend={self.compile_backend!r} is not a torch.compile "
+                    f"backend; use inductor, or eager / aot_eager to trace without kernels"
+                )
+        self._validate_across_groups()
+
+    def _validate_across_groups(self) -> None:
+        att, head, num, res = self.attention, self.head, self.numerics, self.residual
+        if (att.gate or self.embed.smear) and not 0 < self.gate_channels <= self.n_embd:
+            raise ValueError(
+                f"model.gate_channels must be in [1, model.n_embd], got {self.gate_channels}"
+            )
+        bf16 = num.dtype == "bf16"
+        for key, on in (("fp8", head.fp8), ("bf16", head.bf16)):
+            if on and not bf16:
+                raise ValueError(
+                    f"model.head.{key}=true needs model.numerics.dtype=bf16 (its inputs are bf16)"
+                )
+        if num.packed_scalars and (res.unet or att.value_residual == "learned"):
+            raise ValueError(
+                "model.numerics.packed_scalars has no place for model.residual.unet's skip "
+                "weights or model.attention.value_residual=learned's λ: turn those off"
+            )
+        if num.packed_scalars and res.skip_from >= 0 and self.n_layer < 2:
+            raise ValueError(
+                "model.numerics.packed_scalars reads the skip gate at index 1: needs "
+                "model.n_layer >= 2"
+            )
+        if head.fp8 and head.reduction == "sum" and num.fp8_scales == "record_2025_01":
+            raise ValueError(
+                "model.head.reduction=sum gives per-token logit gradients of O(1), which the "
+                "FP8 head's 2025-01 gradient scale (×2¹⁹) overflows in e5m2: set "
+                "model.numerics.fp8_scales=record_2025_11 (×448)"
+            )
+
+
+def update(cfg: Any, changes: dict[str, Any]) -> Any:
+    """A copy of the config dataclass `cfg` with `changes` set, keys dotted as on the command
+    line ({"attention.window": "LS", "n_layer": 2}); `cfg` is left as it was."""
+    out = copy.deepcopy(cfg)
+    for key, value in changes.items():
+        node, parts = out, key.split(".")
+        for part in parts[:-1]:
+            node = getattr(node, part)
+        if not (is_dataclass(node) and parts[-1] in {f.name for f in fields(node)}):
+            hint = moved_message(key) if key in MOVED else f"no key {key!r}"
+            raise AttributeError(f"{type(cfg).__name__}: {hint}")
+        setattr(node, parts[-1], value)
+    return out

@@ -1,0 +1,137 @@
+"""`model.attention`: what each attention layer computes and over which keys.
+
+Per-layer options (`layers`, `window`) are patterns over the layers of a reference depth, one
+character per layer, resampled to `model.n_layer` (`model/plan.py`). The window's schedules
+(by phase, or linear) are `model/window_schedule.py`'s.
+"""
+
+from dataclasses import dataclass, field
+
+from model.window_schedule import validate_window_schedule
+
+ROPES = ("full", "half_truncated")
+VALUE_RESIDUALS = ("off", "fixed", "learned")
+IMPLS = ("auto", "sdpa", "flex")
+WINDOW_GRANULARITIES = ("block", "token")
+
+
+@dataclass
+class AttentionConfig:
+    """The `model.attention` group."""
+
+    layers: str = ""
+    """Per-layer pattern: "A" attention, "." MLP only; "" = all attention."""
+    impl: str = field(default="auto", metadata={"choices": IMPLS})
+    """The kernel behind document / window masks: sdpa (a dense mask) | flex (FlexAttention
+    over block masks) | auto: flex on CUDA, sdpa elsewhere."""
+    scale: float = 0.0
+    """softmax(scale · q·kᵀ); 0 = 1/√head_dim."""
+    qk_norm: bool = True
+    """RMS-normalise each head's q and k before rotary, which bounds the attention logits."""
+    merged_qkv: bool = False
+    """One 3 × d × d parameter for q, k, v (Muon per slice)."""
+    merged_qkvo: bool = False
+    """One (4, d, d) parameter for W_q, W_k, W_v, W_o (each (out, in); Muon per slice)."""
+    gate: bool = False
+    """Per-head output gate y_h <- y_h·σ(u[:k]·G[h]ᵀ), G (heads × k) zero-init, k =
+    model.gate_channels."""
+    document_mask: bool = False
+    """Attend within a document only (documents start at EOT)."""
+    value_residual: str = field(default="off", metadata={"choices": VALUE_RESIDUALS})
+    """v ← (1−λ)·v + λ·v₁ with v₁ block 0's raw values: off | fixed λ | learned λ per block."""
+    value_residual_lambda: float = 0.5
+    """λ, or its initial value when learned."""
+    # --- rotary ---------------------------------------------------------------------------
+    rope: str = field(default="full", metadata={"choices": ROPES})
+    """full: base rope_base on every dim | half_truncated: 32 frequencies 1 … 1/1024 on the
+    first half of each half-head, 0 on the rest."""
+    rope_base: float = 10000.0
+    """Rotary base (wavelength scale), rope=full."""
+    rope_bf16: bool = False
+    """Round the cos/sin tables to bf16 and rotate in bf16 (2024-11)."""
+    rope_reciprocal: bool = False
+    """rope=full frequencies as 1 / base^(2i/d), the records' rounding, not base^(−2i/d)."""
+    yarn: bool = False
+    """YaRN: at every change of the long window the rotary frequencies are rescaled and the
+    attention scale raised (model/yarn.py); the forward takes the stage (`step_args`)."""
+    # --- sliding windows ------------------------------------------------------------------
+    window: str = ""
+    """Sliding-window attention, per-layer pattern: "L" long window, "S" short (half);
+    "" = no window (all of the past)."""
+    window_block: int = 128
+    """The window moves in blocks of this many tokens."""
+    window_granularity: str = field(default="block", metadata={"choices": WINDOW_GRANULARITIES})
+    """block: the window is whole blocks of window_block tokens | token: query i sees keys j
+    with i − j ≤ W tokens (W + 1 keys), long W = window_tokens, short W = short_window_tokens."""
+    window_tokens: int = 0
+    """The long window at the last step, in tokens, growing linearly from 1 token with the
+    step (`step_args`), rounded up to whole blocks; 0 = no window."""
+    window_phases: list[int] = field(default_factory=list)
+    """The long window in each of P equal phases of the scheduled steps (train.steps −
+    train.extension_steps), in blocks of window_block tokens (the 2025-11 record: [3, 7, 11]);
+    the short window is half of it, rounded down. [] = off (window_tokens's linear growth)."""
+    window_after: int = 0
+    """The long window from the end of the scheduled steps on, in blocks (the record: 13);
+    0 = the last phase's."""
+    window_final_eval: int = 0
+    """The long window of the final validation only, in blocks (the record: 20); the short
+    one keeps the last step's. 0 = the last step's windows."""
+
+    @property
+    def long_windows(self) -> list[int]:
+        """The long windows in blocks, in order: each phase's, then window_after if set. The
+        YaRN stages follow it: stage k = after k changes (model/yarn.py)."""
+        return [*self.window_phases, *([self.window_after] if self.window_after else [])]
+
+    def validate(self, head_dim: int) -> None:
+        """Raise ValueError naming the `model.attention.*` key that is wrong."""
+        if self.rope == "half_truncated" and head_dim % 4 != 0:
+            raise ValueError(
+                f"model.attention.rope=half_truncated needs a head dim divisible by 4, got "
+                f"{head_dim}"
+            )
+        for key in ("rope_base", "window_block"):
+            if getattr(self, key) <= 0:
+                raise ValueError(
+                    f"model.attention.{key} must be positive, got {getattr(self, key)}"
+                )
+        for key in ("scale", "window_tokens"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"model.attention.{key} must be >= 0, got {getattr(self, key)}")
+        self._validate_windows()
+        for key, allowed in (("window", "LS"), ("layers", "A.")):
+            bad = set(getattr(self, key)) - set(allowed)
+            if bad:
+                raise ValueError(
+                    f"model.attention.{key}={getattr(self, key)!r}: each layer is one of "
+                    f"{list(allowed)}, got {sorted(bad)}"
+                )
+        if self.layers and "A" not in self.layers:
+            raise ValueError("model.attention.layers leaves no layer with attention")
+        if self.merged_qkvo and self.merged_qkv:
+            raise ValueError(
+                "model.attention.merged_qkvo and model.attention.merged_qkv: set one (qkvo holds "
+                "W_o too)"
+            )
+        if self.window_granularity == "token" and not self.window:
+            raise ValueError(
+                "model.attention.window_granularity=token needs model.attention.window (which "
+                "layers)"
+            )
+
+    def _validate_windows(self) -> None:
+        if self.window_phases:
+            validate_window_schedule(self)
+        elif bool(self.window) != bool(self.window_tokens):
+            raise ValueError(
+                "model.attention.window (which layers have sliding windows) and "
+                "model.attention.window_tokens (how wide the window grows) go together: set "
+                f"both or neither (got {self.window!r} and {self.window_tokens})"
+            )
+        else:
+            for key in ("window_after", "window_final_eval", "yarn"):
+                if getattr(self, key):
+                    raise ValueError(
+                        f"model.attention.{key} needs model.attention.window_phases (the window "
+                        "by phase)"
+                    )

@@ -1,0 +1,67 @@
+"""`model.head` and `model.numerics`: the LM head and its loss, and the model's number
+formats."""
+
+from dataclasses import dataclass, field
+
+DTYPES = ("fp32", "bf16")
+SOFTCAP_FORMS = ("tanh", "sigmoid")
+LOSSES = ("auto", "fused", "plain")
+LOSS_REDUCTIONS = ("mean", "sum")
+LOSS_DTYPES = ("fp32", "bf16")
+FP8_SCALES = ("record_2025_01", "record_2025_11")
+
+
+@dataclass
+class HeadConfig:
+    """The `model.head` group: logits, their softcap and the training loss."""
+
+    softcap: float = 30.0
+    """The cap c of the softcap (`softcap_form`); 0 disables it."""
+    softcap_form: str = field(default="tanh", metadata={"choices": SOFTCAP_FORMS})
+    """tanh: c·tanh(z/c) | sigmoid: c·σ(4z/c), the 2025-01 record's 30·σ(z/7.5)."""
+    loss: str = field(default="auto", metadata={"choices": LOSSES})
+    """Softcapped cross-entropy: fused (chunked, for CPU caches) | plain (the formula, which
+    torch.compile fuses on GPU) | auto: fused on CPU, plain elsewhere."""
+    reduction: str = field(default="mean", metadata={"choices": LOSS_REDUCTIONS})
+    """The training loss over tokens: mean | sum (the 2025-11 record). Evaluation: the mean."""
+    loss_dtype: str = field(default="fp32", metadata={"choices": LOSS_DTYPES})
+    """fp32: cap and cross-entropy in fp32 at least | bf16: the cap in the logits' dtype, and in
+    training the cross-entropy too (evaluation: fp32 cross-entropy); needs head.loss≠fused."""
+    fp8: bool = False
+    """The LM head in FP8 while training (e4m3 forward, e5m2 gradients; divisors
+    model.numerics.fp8_scales)."""
+    bf16: bool = False
+    """The LM head weight a bf16 parameter (the 2025-11 record); needs model.numerics.dtype=bf16."""
+
+    def validate(self) -> None:
+        if self.softcap < 0:
+            raise ValueError(f"model.head.softcap must be >= 0, got {self.softcap}")
+        if self.loss == "fused" and self.loss_dtype == "bf16":
+            raise ValueError(
+                "model.head.loss=fused computes in fp32: use model.head.loss=plain or auto "
+                "with model.head.loss_dtype=bf16"
+            )
+
+
+@dataclass
+class NumericsConfig:
+    """The `model.numerics` group: number formats and the layout of the scalars."""
+
+    dtype: str = field(default="fp32", metadata={"choices": DTYPES})
+    """bf16: bf16 embedding tables, every linear casts its fp32 weight to bf16, a bf16
+    residual stream (the 2025-01 record; pair with train.autocast=none) | fp32."""
+    fp8_scales: str = field(default="record_2025_01", metadata={"choices": FP8_SCALES})
+    """The FP8 head's divisors (x_s, w_s, g_s), model/head.py: record_2025_01 (1/2, 2⁻⁹, 2⁻¹⁹)
+    | record_2025_11 (√768/448, 2⁻⁹, 1/448)."""
+    packed_scalars: bool = False
+    """Every scalar of the model in one fp32 vector, the 2025-11 record's layout
+    (model/scalars.py)."""
+    scalars_multiple: int = 8
+    """The packed vector is padded (with ones) to a multiple of this: the record's 8 ranks, kept
+    whatever the rank count so the parameter count is the same everywhere."""
+
+    def validate(self) -> None:
+        if self.scalars_multiple <= 0:
+            raise ValueError(
+                f"model.numerics.scalars_multiple must be positive, got {self.scalars_multiple}"
+            )

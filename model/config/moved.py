@@ -1,0 +1,58 @@
+"""The `model` keys of the flat schema, by their place in today's groups.
+
+A saved config (a checkpoint's) is read under today's names through this table
+(trainer/checkpoint's resume rules); a command line or a Python caller that names an old key
+gets one line naming the new one.
+"""
+
+MOVED = {
+    "rope_base": "attention.rope_base",
+    "logit_softcap": "head.softcap",
+    "qk_norm": "attention.qk_norm",
+    "embed_rows": "embed.rows",
+    "dtype": "numerics.dtype",
+    "rope": "attention.rope",
+    "rope_bf16": "attention.rope_bf16",
+    "rope_reciprocal": "attention.rope_reciprocal",
+    "merged_qkv": "attention.merged_qkv",
+    "attn_scale": "attention.scale",
+    "value_residual": "attention.value_residual",
+    "value_residual_lambda": "attention.value_residual_lambda",
+    "x0_shortcut": "residual.x0_shortcut",
+    "unet": "residual.unet",
+    "value_embeds": "embed.value_embeds",
+    "attention_layers": "attention.layers",
+    "window": "attention.window",
+    "window_block": "attention.window_block",
+    "window_tokens": "attention.window_tokens",
+    "window_phases": "attention.window_phases",
+    "window_after": "attention.window_after",
+    "window_final_eval": "attention.window_final_eval",
+    "yarn": "attention.yarn",
+    "document_mask": "attention.document_mask",
+    "attention_impl": "attention.impl",
+    "fp8_head": "head.fp8",
+    "fp8_scales": "numerics.fp8_scales",
+    "softcap_form": "head.softcap_form",
+    "loss": "head.loss",
+    "mlp_layers": "mlp.layers",
+    "merged_qkvo": "attention.merged_qkvo",
+    "fc_in_out": "mlp.fc_in_out",
+    "attn_gate": "attention.gate",
+    "smear": "embed.smear",
+    "skip_from": "residual.skip_from",
+    "skip_to": "residual.skip_to",
+    "backout_layer": "residual.backout_layer",
+    "x0_mix_a_init": "residual.x0_mix_a_init",
+    "packed_scalars": "numerics.packed_scalars",
+    "scalars_multiple": "numerics.scalars_multiple",
+    "head_bf16": "head.bf16",
+    "window_granularity": "attention.window_granularity",
+    "loss_reduction": "head.reduction",
+    "loss_dtype": "head.loss_dtype",
+}
+
+
+def moved_message(old: str) -> str:
+    """The one line for `model.<old>`, a key of the flat schema."""
+    return f"model.{old} is now model.{MOVED[old]} (the model's keys are grouped)"

@@ -1,0 +1,97 @@
+"""`model.embed`, `model.residual` and `model.mlp`: what enters the residual stream, how the
+layers add to it, and the MLP sublayer."""
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass
+class EmbedConfig:
+    """The `model.embed` group: the token and value embedding tables and the smear."""
+
+    rows: int = 0
+    """Rows of the token and value embedding tables; 0 = model.vocab_size."""
+    value_embeds: str = ""
+    """Per-layer pattern: a digit = the value-embedding table added to that layer's values
+    (v ← α·v + β·ve), "." = none; "" = no tables. The 2025-01 record: "012......012"."""
+    smear: bool = False
+    """e'_t = e_t + λ·σ(e_t[:k]·wᵀ)·e_(t−1) on the token embeddings (w 1 × k zero, λ from 0,
+    k = model.gate_channels)."""
+
+    def validate(self, vocab_size: int) -> None:
+        if self.rows and not 50257 <= self.rows <= vocab_size:
+            raise ValueError(
+                f"model.embed.rows ({self.rows}) must be 0 or between the GPT-2 vocabulary "
+                f"(50257) and model.vocab_size ({vocab_size})"
+            )
+        bad = set(self.value_embeds) - set("0123456789.")
+        if bad:
+            raise ValueError(
+                f"model.embed.value_embeds={self.value_embeds!r}: each layer is a table's digit "
+                f"or '.', got {sorted(bad)}"
+            )
+
+
+@dataclass
+class ResidualConfig:
+    """The `model.residual` group: what the stream carries between and around the layers."""
+
+    x0_shortcut: bool = False
+    """x ← a·x + b·x0 before each block, (a, b) learned from (x0_mix_a_init, 0)."""
+    x0_mix_a_init: float = 1.0
+    """The initial a of the x0 shortcut's (a, b); the 2025-11 record 1.1."""
+    unet: bool = False
+    """Decoder layers add encoder outputs (last in, first out), weights from 1."""
+    skip_from: int = -1
+    """Gated skip: the output of layer skip_from is added to the input of layer skip_to with
+    weight σ(w), w from −1.5; −1 = off. The 2025-11 record: 4 → 7."""
+    skip_to: int = -1
+    """See skip_from."""
+    backout_layer: int = -1
+    """Before the final norm x <- x − λ·(output of this layer), λ from 0.5; −1 = off. The
+    2025-11 record: 8."""
+    sublayer_scales: bool = False
+    """Per-sublayer residual scales (record D): x ← r^A_ℓ·x + p^A_ℓ·Attn_ℓ(u), then
+    x ← r^M_ℓ·x + p^M_ℓ·MLP_ℓ(n), with learned fp32 (r, p) per layer and sublayer
+    (model/residual.py)."""
+    resid_init: float = math.sqrt(1.1)
+    """The initial r of every sublayer (record D: √1.1, so the stream grows by 1.1 per layer)."""
+    post_init: float = 1.0
+    """The initial p of every sublayer."""
+
+    def validate(self, n_layer: int) -> None:
+        for key in ("skip_from", "skip_to", "backout_layer"):
+            if not -1 <= getattr(self, key) < n_layer:
+                raise ValueError(
+                    f"model.residual.{key} must be −1 (off) or a layer index below "
+                    f"model.n_layer ({n_layer}), got {getattr(self, key)}"
+                )
+        off = self.skip_from < 0 and self.skip_to < 0
+        if not off and not 0 <= self.skip_from < self.skip_to:
+            raise ValueError(
+                f"model.residual.skip_from ({self.skip_from}) and model.residual.skip_to "
+                f"({self.skip_to}): both −1 (off), or from an earlier layer"
+            )
+        if self.skip_from >= 0 and self.unet:
+            raise ValueError(
+                "model.residual.skip_from and model.residual.unet: one kind of skip at a time"
+            )
+
+
+@dataclass
+class MlpConfig:
+    """The `model.mlp` group."""
+
+    layers: str = ""
+    """Per-layer pattern: "M" MLP, "." none; "" = an MLP everywhere. A layer with neither
+    attention nor MLP is skipped whole (no x0 mix). The 2025-11 record: ".MMMMMMMMMMM"."""
+    fc_in_out: bool = False
+    """Store C_fc as (in, out) = (d, 4d), used as u·C_fc (C_proj stays (out, in))."""
+
+    def validate(self) -> None:
+        bad = set(self.layers) - set("M.")
+        if bad:
+            raise ValueError(
+                f"model.mlp.layers={self.layers!r}: each layer is one of ['M', '.'], got "
+                f"{sorted(bad)}"
+            )

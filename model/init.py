@@ -1,0 +1,56 @@
+"""The GPT's initialisation, as the records draw it.
+
+Every residual-branch output and the head start at 0: with the output projections at zero
+each block starts as the identity, and with the head at zero the first loss is exactly
+ln(vocab_size), whatever the seed. Hidden matrices (q, k, v, fc) are uniform with std
+model.init_std/√fan_in; embeddings N(0, 1); gates 0 (σ(0) = ½); the packed scalars and the
+sublayer scales their tabled values. With model.numerics.dtype=bf16 the tables, the gates and
+(head.bf16) the head become bf16 parameters: N(0, 1) rounded to bf16, as the records'.
+
+The draws happen in this order (the RNG stream decides every value): the token table, the
+value tables, then each block's q/k/v and fc.
+"""
+
+import torch
+from torch import nn
+
+from model.attention import init_bound
+from model.residual import reset_sublayer_scales
+
+
+@torch.no_grad()
+def initialise(model: nn.Module) -> None:
+    """Draw every parameter of `model` (a `GPT`) in place."""
+    cfg = model.cfg
+    tables = [model.embed, *(getattr(model, "value_embeds", None) or {}).values()]
+    for table in tables:
+        nn.init.normal_(table.weight, std=1.0)
+    bound = init_bound(cfg, cfg.n_embd)  # q, k, v and fc all read the d-wide stream
+    for block in model.blocks:
+        weights = block.attn.qkv_weights() if block.attn is not None else []
+        weights += [block.mlp.fc.weight] if block.mlp is not None else []
+        for w in weights:
+            nn.init.uniform_(w, -bound, bound)
+        if block.attn is not None:
+            nn.init.zeros_(block.attn.out_weight())
+            if hasattr(block.attn, "gate"):
+                nn.init.zeros_(block.attn.gate.weight)
+        if block.mlp is not None:
+            nn.init.zeros_(block.mlp.proj.weight)
+    nn.init.zeros_(model.lm_head.weight)
+    if hasattr(model, "smear_gate"):
+        nn.init.zeros_(model.smear_gate.weight)
+    if model.layout is not None:
+        model.scalars.copy_(model.layout.initial(cfg.residual.x0_mix_a_init))
+    reset_sublayer_scales(model, cfg)
+    if cfg.numerics.dtype == "bf16":
+        for module in [*tables, *gates(model)]:  # the 2025-11 record's gates are bf16 too
+            module.to(torch.bfloat16)
+        if cfg.head.bf16:
+            model.lm_head.to(torch.bfloat16)
+
+
+def gates(model: nn.Module) -> list[nn.Module]:
+    """The attention gates and the smear gate, where they exist."""
+    out = [b.attn.gate for b in model.blocks if b.attn is not None and hasattr(b.attn, "gate")]
+    return out + ([model.smear_gate] if hasattr(model, "smear_gate") else [])

@@ -1,0 +1,108 @@
+"""The residual stream around and between the layers (model.residual), each mechanism built
+only when on:
+
+    x <- a_ℓ·x + b_ℓ·x0                 x0 shortcut, before layer ℓ; (a, b) from (a₀, 0)
+    x <- x + w_i·out_(E−1−i)            U-net: decoder layer E+i adds encoder layer E−1−i's
+                                        output, w from 1 (E = n_layer // 2)
+    x <- x + σ(w)·out_from              the gated skip, at the input of layer skip_to, w from −1.5
+    x <- x − λ·out_backout              backout, after the last layer, λ from 0.5
+    x <- r^A_ℓ·x + p^A_ℓ·Attn_ℓ(u)      per-sublayer scales (record D, D.1 forward step 5):
+    x <- r^M_ℓ·x + p^M_ℓ·MLP_ℓ(n)       learned fp32 (r, p) per layer and sublayer, r from √1.1
+                                        and p from 1, cast to the stream's dtype before use
+
+out_ℓ is the stream after layer ℓ. Without sublayer scales a sublayer adds its output:
+x <- x + F(x). The skip and backout scalars live in the packed vector or as parameters of
+their own (model/scalars.py).
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from model.config import ModelConfig
+from model.plan import LayerSpec
+from model.scalars import scalar
+
+ATTENTION, MLP = 0, 1  # the sublayer's column of the (n_layer, 2) scales
+
+
+def x0_mix(x: Tensor, x0: Tensor, mix: Tensor) -> Tensor:
+    """a·x + b·x0 with (a, b) = mix."""
+    return mix[0] * x + mix[1] * x0
+
+
+def add_sublayer(
+    x: Tensor, out: Tensor, scales: tuple[Tensor, Tensor] | None, layer: int, sublayer: int
+) -> Tensor:
+    """x + out, or r·x + p·out with (r, p) the layer's sublayer scales in x's dtype."""
+    if scales is None:
+        return x + out
+    r, p = scales[0][layer, sublayer], scales[1][layer, sublayer]
+    return r.to(x.dtype) * x + p.to(x.dtype) * out
+
+
+def build_sublayer_scales(owner: nn.Module, cfg: ModelConfig) -> None:
+    """`resid_lambdas` and `post_lambdas`, (n_layer, 2) fp32 each, on `owner` (the record's
+    names); nothing when model.residual.sublayer_scales is off. Initialised by
+    `reset_sublayer_scales`."""
+    if not cfg.residual.sublayer_scales:
+        return
+    for name in ("resid_lambdas", "post_lambdas"):
+        p = nn.Parameter(torch.empty(cfg.n_layer, 2))
+        p.role = "scalar"  # type: ignore[attr-defined]  # Adam's scalar group, not Muon's
+        setattr(owner, name, p)
+
+
+@torch.no_grad()
+def reset_sublayer_scales(owner: nn.Module, cfg: ModelConfig) -> None:
+    if cfg.residual.sublayer_scales:
+        owner.resid_lambdas.fill_(cfg.residual.resid_init)
+        owner.post_lambdas.fill_(cfg.residual.post_init)
+
+
+def sublayer_scales(owner: nn.Module) -> tuple[Tensor, Tensor] | None:
+    """(r, p) for the forward's context, or None when off."""
+    if not hasattr(owner, "resid_lambdas"):
+        return None
+    return owner.resid_lambdas, owner.post_lambdas
+
+
+@dataclass(frozen=True)
+class Skips:
+    """Which earlier layer's output each layer's input adds (U-net, or the one gated skip),
+    and the backout after the last layer."""
+
+    unet: dict[int, int]  # decoder layer -> its index into `skip_weights`
+    plan: tuple[LayerSpec, ...]
+    gated: tuple[int, int] | None  # (from, to)
+    backout: int | None
+
+    @classmethod
+    def build(cls, owner: nn.Module, cfg: ModelConfig, plan: list[LayerSpec]) -> "Skips":
+        """The skips of `plan`, with the U-net weights (`skip_weights`, from 1) on `owner`."""
+        decoders = [i for i, s in enumerate(plan) if s.skip_from is not None]
+        if decoders:
+            owner.skip_weights = nn.Parameter(torch.ones(len(decoders)))
+        r = cfg.residual
+        return cls(
+            {layer: j for j, layer in enumerate(decoders)},
+            tuple(plan),
+            (r.skip_from, r.skip_to) if r.skip_from >= 0 else None,
+            r.backout_layer if r.backout_layer >= 0 else None,
+        )
+
+    def into(self, owner: nn.Module, layer: int, x: Tensor, outputs: list[Tensor]) -> Tensor:
+        """Layer `layer`'s input: x plus the skips that end there."""
+        if layer in self.unet:
+            source = self.plan[layer].skip_from
+            x = x + owner.skip_weights[self.unet[layer]] * outputs[source]
+        if self.gated is not None and layer == self.gated[1]:
+            x = x + torch.sigmoid(scalar(owner, "skip")) * outputs[self.gated[0]]
+        return x
+
+    def out(self, owner: nn.Module, x: Tensor, outputs: list[Tensor]) -> Tensor:
+        """The stream after the last layer: x less λ·(the backout layer's output)."""
+        if self.backout is None:
+            return x
+        return x - scalar(owner, "backout") * outputs[self.backout]
