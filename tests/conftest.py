@@ -1,6 +1,6 @@
 """Fixtures shared across test modules, and how the suite shares two CPU cores.
 
-The suite runs under pytest-xdist (`-n 2`, README): each worker process runs its tests with
+The suite runs under pytest-xdist (`-n 2`, docs/tests.md): each worker process runs its tests with
 one torch thread, so two workers use the two cores without oversubscribing them. Every
 process a test starts (a `python train.py`, torchrun's or `dist.nproc`'s ranks) inherits
 OMP_NUM_THREADS=1 and computes with one thread too: a CPU's kernels may sum in an order that

@@ -1,7 +1,7 @@
 """What this CPU runs, and how fast, as each CPU kind torch can be held to here.
 
     python scripts/bench/cpu_kinds.py            # the probes under every kind
-    python scripts/bench/cpu_kinds.py --toys     # and the README's record toy commands, timed
+    python scripts/bench/cpu_kinds.py --toys     # and the record toy commands (docs/), timed
 
 torch can be held below what a CPU has (`ONEDNN_MAX_CPU_ISA` for oneDNN's matmuls,
 `ATEN_CPU_CAPABILITY` for torch's own kernels), never above: on an AVX-512 BF16 CPU this
@@ -14,7 +14,7 @@ kind runs in a process of its own (the variables are read at startup) and report
   a CPU) and the bf16 matmul, as ratios to the emulation;
 - whether a bf16 and an fp32 matmul (256 × 768 · 768 × 3,072) give the same bits on 1 and 2
   threads: where they do not, only runs with the same thread count compare bit for bit;
-- with --toys, the seconds of the README's toy commands for records #21 and #46.
+- with --toys, the seconds of the toy commands for records #21 and #46 (docs/speedruns.md).
 """
 
 import argparse
@@ -31,7 +31,7 @@ KINDS = {
     "AVX-512, no bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "ATEN_CPU_CAPABILITY": "avx512"},
     "AVX2 only": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
 }
-# The README's toy commands ("Speedrun records"); tests/unit/test_readme.py checks they are
+# The toy commands of docs/speedruns.md; tests/unit/test_readme.py checks they are
 TOYS = {
     "record #21 toy (s)": (
         "experiment=record_2025_01_26 data=sample model.n_layer=4 model.n_head=2 "
@@ -123,7 +123,7 @@ def run_kind(env: dict[str, str], toys: bool) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--toys", action="store_true", help="also time the README's toy commands")
+    p.add_argument("--toys", action="store_true", help="also time the record toy commands")
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.probe:

@@ -2,7 +2,7 @@
 
     python -m scripts.bench.gpu_proof                          # on the GPU: results/gpu_proof/
     python -m scripts.bench.gpu_proof --toy --device cpu       # the plumbing, in seconds
-    python -m scripts.bench.gpu_proof --render results/gpu_proof/gpu_proof.json  # -> README
+    python -m scripts.bench.gpu_proof --render results/gpu_proof/gpu_proof.json  # -> docs/
 
 It runs the parts of `scripts/bench/proof_parts.py` one after another, each in a process of its
 own under its own time cap (`CAPS`, `--cap part=seconds`) and all of them under `--budget`: a
@@ -14,8 +14,8 @@ head, fsdp and offloaded optimizer state against ddp, a 100-step run of the newe
 the sample corpus (its loss must fall and stay finite), and the environment.
 
 Out: `gpu_proof.json` (every number), `gpu_proof.md` (the tables) and `gpu_proof.log` (each
-part's output) in `--out`. `--render` writes a JSON's tables into the README between the
-`gpu-proof` markers, so the README's GPU table is always one run's numbers.
+part's output) in `--out`. `--render` writes a JSON's tables into docs/gpu-proof.md between
+the `gpu-proof` markers, so the published GPU tables are always one run's numbers.
 """
 
 import argparse
@@ -41,6 +41,7 @@ TOY_CAP = 60
 BUDGET_S = 570  # of the ten minutes: the rest is this process and the writing
 MIN_PART_S = 10  # a part is not started with less time than this left
 BEGIN, END = "<!-- gpu-proof:begin -->", "<!-- gpu-proof:end -->"
+DOC = REPO / "docs" / "gpu-proof.md"  # the page whose markers --render writes between
 
 
 def run_part(name: str, device: str, toy: bool, data_dir: Path) -> dict[str, Any]:
@@ -153,15 +154,15 @@ def markdown(results: dict[str, Any]) -> str:
     return tables(results)
 
 
-def render(json_path: Path, readme: Path) -> None:
-    """Replace the README's text between the gpu-proof markers by the tables of `json_path`."""
-    text = readme.read_text()
+def render(json_path: Path, page: Path) -> None:
+    """Replace a page's text between the gpu-proof markers by the tables of `json_path`."""
+    text = page.read_text()
     if BEGIN not in text or END not in text:
-        raise SystemExit(f"{readme} has no {BEGIN} ... {END} section to write the tables into")
+        raise SystemExit(f"{page} has no {BEGIN} ... {END} section to write the tables into")
     results = json.loads(json_path.read_text())
     head, rest = text.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
-    readme.write_text(f"{head}{BEGIN}\n{markdown(results)}\n{END}{tail}")
+    page.write_text(f"{head}{BEGIN}\n{markdown(results)}\n{END}{tail}")
 
 
 def parse_args() -> argparse.Namespace:
@@ -174,8 +175,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cap", action="append", default=[], metavar="PART=SECONDS")
     p.add_argument("--data-dir", type=Path, default=Path("~/.cache/gpt-speedrun").expanduser(),
                    help="the sample corpus cache (data.cache_dir)")  # fmt: skip
-    p.add_argument("--render", type=Path, metavar="JSON", help="write JSON's tables to --readme")
-    p.add_argument("--readme", type=Path, default=REPO / "README.md")
+    p.add_argument("--render", type=Path, metavar="JSON", help="write JSON's tables to --doc")
+    p.add_argument("--doc", type=Path, default=DOC, help="the page with the gpu-proof markers")
     args = p.parse_args()
     unknown = [n for n in args.parts if n not in CAPS]
     if unknown:
@@ -187,7 +188,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.render:
-        render(args.render, args.readme)
+        render(args.render, args.doc)
         return
     results = prove(args)
     (args.out / "gpu_proof.json").write_text(json.dumps(results, indent=1) + "\n")

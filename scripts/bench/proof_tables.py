@@ -1,5 +1,5 @@
 """The GPU proof's results (`scripts/bench/gpu_proof.py`'s JSON) as Markdown tables: the same
-text goes to `gpu_proof.md` and, through `--render`, into the README."""
+text goes to `gpu_proof.md` and, through `--render`, into docs/gpu-proof.md."""
 
 from typing import Any
 

@@ -122,7 +122,7 @@ def test_bad_shard_count_is_refused() -> None:
 
 @pytest.mark.slow
 def test_from_nothing_to_fineweb_training(tmp_path: Path) -> None:
-    """The README's two commands, with HF_ENDPOINT pointing at the stand-in hub."""
+    """The two commands of docs/data.md, with HF_ENDPOINT pointing at the stand-in hub."""
     files = tmp_path / "hub"
     files.mkdir()
     rng = np.random.default_rng(1)

@@ -1,6 +1,6 @@
 """The GPU proof's plumbing at toy size on a CPU: every part runs in its own process under its
 cap, the JSON and the tables are written, a part past its cap is skipped with a note while the
-others go on, and `--render` puts the tables into a README between its markers."""
+others go on, and `--render` puts the tables into a page between its markers."""
 
 import json
 import subprocess
@@ -47,10 +47,10 @@ def test_every_part_runs_at_toy_size_and_writes_its_tables(
     assert "| fsdp |" in md and "falls and stays finite" in md
     assert md.count("| ok |") == len(CAPS)
 
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\nbefore\n{BEGIN}\nold table\n{END}\nafter\n")
-    render(tmp_path / "proof" / "gpu_proof.json", readme)
-    text = readme.read_text()
+    page = tmp_path / "gpu-proof.md"
+    page.write_text(f"# x\n\nbefore\n{BEGIN}\nold table\n{END}\nafter\n")
+    render(tmp_path / "proof" / "gpu_proof.json", page)
+    text = page.read_text()
     assert "old table" not in text and md.strip() in text
     assert text.startswith("# x\n\nbefore\n") and text.endswith(f"{END}\nafter\n")
 
@@ -67,8 +67,8 @@ def test_a_part_past_its_cap_is_skipped_and_the_rest_go_on(
     assert "| head | skipped |" in md
 
 
-def test_render_refuses_a_readme_without_markers(tmp_path: Path) -> None:
+def test_render_refuses_a_page_without_markers(tmp_path: Path) -> None:
     (tmp_path / "r.json").write_text(json.dumps({"parts": {}}))
-    (tmp_path / "README.md").write_text("no markers\n")
+    (tmp_path / "gpu-proof.md").write_text("no markers\n")
     with pytest.raises(SystemExit, match="gpu-proof:begin"):
-        render(tmp_path / "r.json", tmp_path / "README.md")
+        render(tmp_path / "r.json", tmp_path / "gpu-proof.md")

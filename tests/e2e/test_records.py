@@ -1,5 +1,5 @@
 """The record presets at toy size: they train, give the same curve on 1 and 2 ranks, resume
-exactly, and the README's toy command runs as written."""
+exactly, and the toy command of README.md and docs/speedruns.md runs as written."""
 
 import json
 import subprocess
@@ -21,9 +21,10 @@ TOY = [
     "train.checkpoint_every=0", "train.checkpoint_at_end=false", "dist.timeout_s=60",
 ]  # fmt: skip
 RECORDS = ["record_2024_11_06", "record_2025_01_26"]  # the 2025-11 record: its own test below
-# The 2025-11 record at 4 layers, as README's toy command: record layers 0, 4, 7, 11 (skip
-# 4 -> 7 is 1 -> 2, backout of record layer 8 from the nearest, 7 = 2), three batch phases of
-# 128 / 256 / 512 tokens over 6 scheduled steps and 2 extension steps, windows in blocks of 16.
+# The 2025-11 record at 4 layers, as docs/speedruns.md's toy command: record layers 0, 4, 7,
+# 11 (skip 4 -> 7 is 1 -> 2, backout of record layer 8 from the nearest, 7 = 2), three batch
+# phases of 128 / 256 / 512 tokens over 6 scheduled steps and 2 extension steps, windows in
+# blocks of 16.
 TOY_C = [
     "model.residual.skip_from=1", "model.residual.skip_to=2", "model.residual.backout_layer=2",
     "model.attention.window_block=16",
@@ -119,8 +120,8 @@ def test_record_c_toy_same_curve_on_two_ranks_and_resumes_from_an_even_step(
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_the_readme_toy_command_runs_as_written(tmp_path: Path) -> None:
-    """`python train.py experiment=record_2025_01_26` at toy size, exactly as README shows it,
+def test_the_pages_toy_command_runs_as_written(tmp_path: Path) -> None:
+    """`python train.py experiment=record_2025_01_26` at toy size, exactly as the pages show it,
     offline on the sample corpus (data=sample), saving nothing."""
     cmd = [
         sys.executable, "train.py", "experiment=record_2025_01_26", "data=sample",
@@ -128,7 +129,8 @@ def test_the_readme_toy_command_runs_as_written(tmp_path: Path) -> None:
         "train.batch_size=2", "train.steps=3", "train.val_every=3", "train.val_tokens=4096",
         "model.compile=false", "train.checkpoint_at_end=false",
     ]  # fmt: skip
-    assert " ".join(cmd[1:]) in (REPO / "README.md").read_text()
+    for page in ("README.md", "docs/speedruns.md"):
+        assert " ".join(cmd[1:]) in (REPO / page).read_text(), page
     run_dir = tmp_path / "run"
     out = subprocess.run([*cmd, f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True,
                          text=True, timeout=350)  # fmt: skip

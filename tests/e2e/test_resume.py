@@ -255,7 +255,8 @@ def test_changed_values_are_named_and_take_effect(
     tmp_path: Path, corpus_cache: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A changed LR is named and used; so is another thread count, which also says that the
-    bitwise promise needs the saved one (README, "Exact resume"), and is this run's alone."""
+    bitwise promise needs the saved one (docs/checkpoints.md, "Exact resume"), and is this
+    run's alone."""
     assert torch.get_num_threads() == 1  # the suite's (tests/conftest.py)
     run_until_stopped(tmp_path, corpus_cache, "train.fault.signal_at_step=4")
     meta = tmp_path / "checkpoints" / "step_000004" / "meta.json"

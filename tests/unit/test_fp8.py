@@ -129,7 +129,7 @@ def test_a_cpu_training_step_never_calls_the_fp8_kernel(experiment: str) -> None
     toy = ["run_dir=.", "model.n_layer=4", "model.n_head=2", "model.n_embd=64",
            "model.attention.window_block=16",
            "model.compile=false", "train.device=cpu", "train.seq_len=128"]  # fmt: skip
-    if experiment == "record_2025_11_29":  # the README's toy: its skip and backout at 4 layers
+    if experiment == "record_2025_11_29":  # docs/speedruns.md's toy: skip and backout at 4 layers
         toy += ["model.residual.skip_from=1", "model.residual.skip_to=2",
                 "model.residual.backout_layer=2",
                 "train.seq_len_phases=[128,128,128]"]  # fmt: skip

@@ -1,6 +1,8 @@
-"""Every command README.md prints is one that runs as printed: each `train.py` command's
-overrides name real keys and options and compose into a valid config, and each script
-command names a script that exists with the flags it is given. (Running the short ones:
+"""Every command README.md and the docs/ pages print is one that runs as printed: each
+`train.py` command's overrides name real keys and options and compose into a valid config,
+and each script command names a script that exists with the flags it is given. The pages
+hold together: README links every docs page, every relative link points to a file, and each
+page says what it is and links back. (Running the short commands:
 tests/e2e/test_readme_runs.py.)"""
 
 import re
@@ -16,19 +18,29 @@ from trainer.overrides import check_command_line, compose_and_validate
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
+README = REPO / "README.md"
+DOCS = sorted((REPO / "docs").glob("*.md"))
+PAGES = [README, *DOCS]
 
 
-def readme_commands() -> list[list[str]]:
-    """The shell commands in README.md's bash blocks, as argument lists (comments dropped,
+def name(page: Path) -> str:
+    return str(page.relative_to(REPO))
+
+
+def page_commands(page: Path) -> list[list[str]]:
+    """The shell commands in a page's bash blocks, as argument lists (comments dropped,
     continuation lines joined)."""
-    text = (REPO / "README.md").read_text()
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL):
+    for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.DOTALL):
         for line in block.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
             if words:
                 commands.append(words)
     return commands
+
+
+def readme_commands() -> list[list[str]]:
+    return page_commands(README)
 
 
 def train_overrides(words: list[str]) -> list[str] | None:
@@ -38,27 +50,47 @@ def train_overrides(words: list[str]) -> list[str] | None:
     return words[words.index("train.py") + 1 :]
 
 
-TRAIN = [(" ".join(w), a) for w in readme_commands() if (a := train_overrides(w)) is not None]
+TRAIN = [
+    (name(page), " ".join(w), a)
+    for page in PAGES
+    for w in page_commands(page)
+    if (a := train_overrides(w)) is not None
+]
 
 
-def test_the_readme_has_its_commands() -> None:
+def test_the_pages_have_their_commands() -> None:
     assert len(TRAIN) > 20
-    assert any(a == [] for _, a in TRAIN)  # the default run
+    assert any(a == [] for _, _, a in TRAIN)  # the default run
+    shown = {page for page, _, _ in TRAIN}
+    assert {"README.md", "docs/training.md", "docs/speedruns.md"} <= shown, shown
 
 
-@pytest.mark.parametrize(("shown", "args"), TRAIN, ids=[s[:60] for s, _ in TRAIN])
-def test_each_train_command_composes_a_valid_config(shown: str, args: list[str]) -> None:
+def test_the_readmes_two_commands_are_what_ci_runs() -> None:
+    """README's first block is the two commands from a fresh machine, and .ci/run tests with
+    the second of them: what README promises is what CI proves."""
+    first = re.search(r"## Two commands\n.*?```bash\n(.*?)```", README.read_text(), re.DOTALL)
+    assert first, "README.md has no bash block under '## Two commands'"
+    commands = [shlex.split(x, comments=True) for x in first.group(1).splitlines()]
+    assert commands == [["make", "train"], ["make", "test"]], commands
+    ci = [x.strip() for x in (REPO / ".ci/run").read_text().splitlines()]
+    assert "make test" in ci, ".ci/run no longer runs README's test command"
+
+
+@pytest.mark.parametrize(
+    ("page", "shown", "args"), TRAIN, ids=[f"{p}:{s[:50]}" for p, s, _ in TRAIN]
+)
+def test_each_train_command_composes_a_valid_config(page: str, shown: str, args: list[str]) -> None:
     check_command_line(args, CONF, Config)
     if "-m" in args or "--multirun" in args:
         return  # each job of a sweep is one value of each swept key: checked above
     compose_and_validate(args, CONF)  # files a command reads are checked when it runs
 
 
-def readme_scripts() -> dict[str, set[str]]:
-    """Each script README.md runs (`python -m pkg.mod` or `python scripts/x.py`) with every
-    --flag it is given anywhere in README.md."""
+def page_scripts(page: Path) -> dict[str, set[str]]:
+    """Each script a page runs (`python -m pkg.mod` or `python scripts/x.py`) with every
+    --flag it is given there."""
     scripts: dict[str, set[str]] = {}
-    for w in readme_commands():
+    for w in page_commands(page):
         if w[0] != "python" or len(w) < 2 or w[1] == "train.py":
             continue
         script = w[2] if w[1] == "-m" else w[1]
@@ -67,23 +99,35 @@ def readme_scripts() -> dict[str, set[str]]:
     return scripts
 
 
+def all_scripts() -> dict[str, dict[str, set[str]]]:
+    """Script -> page -> the flags that page gives it."""
+    found: dict[str, dict[str, set[str]]] = {}
+    for page in PAGES:
+        for script, flags in page_scripts(page).items():
+            found.setdefault(script, {})[name(page)] = flags
+    return found
+
+
 def script_path(script: str) -> Path:
     return REPO / (script if script.endswith(".py") else script.replace(".", "/") + ".py")
 
 
-def test_the_scripts_the_readme_names_exist() -> None:
-    scripts = readme_scripts()
-    assert len(scripts) >= 5, scripts
-    for script in scripts:
-        assert script_path(script).is_file(), f"README.md runs {script}, which does not exist"
+def test_the_pages_run_their_scripts() -> None:
+    assert len(all_scripts()) >= 5, all_scripts()
+
+
+@pytest.mark.parametrize("page", PAGES, ids=name)
+def test_the_scripts_a_page_names_exist(page: Path) -> None:
+    for script in page_scripts(page):
+        assert script_path(script).is_file(), f"{name(page)} runs {script}, which does not exist"
 
 
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # runpy, harmless
-@pytest.mark.parametrize("script", sorted(readme_scripts()))
-def test_each_script_takes_the_flags_the_readme_gives_it(
+@pytest.mark.parametrize("script", sorted(all_scripts()))
+def test_each_script_takes_the_flags_the_pages_give_it(
     script: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The script's own --help (run as `python ...` runs it) lists every flag README uses."""
+    """The script's own --help (run as `python ...` runs it) lists every flag a page uses."""
     monkeypatch.setattr(sys, "argv", [script, "--help"])
     with pytest.raises(SystemExit) as done:
         if script.endswith(".py"):
@@ -92,14 +136,53 @@ def test_each_script_takes_the_flags_the_readme_gives_it(
             runpy.run_module(script, run_name="__main__", alter_sys=False)
     assert done.value.code in (0, None)
     out = capsys.readouterr().out
-    missing = [flag for flag in sorted(readme_scripts()[script]) if flag not in out]
-    assert not missing, f"README.md gives {script} {missing}, which its --help lacks"
+    for page, flags in all_scripts()[script].items():
+        missing = [flag for flag in sorted(flags) if flag not in out]
+        assert not missing, f"{page} gives {script} {missing}, which its --help lacks"
 
 
-def test_the_cpu_kinds_benchmark_times_the_readmes_toy_commands() -> None:
-    """scripts/bench/cpu_kinds.py --toys times the toy commands as README shows them."""
+def links(page: Path) -> list[str]:
+    """The targets of a page's Markdown links and images, outside code blocks."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
+    return re.findall(r"\]\(([^)\s]+)\)", text)
+
+
+def test_the_readme_links_every_docs_page() -> None:
+    linked = {(REPO / t.split("#")[0]).resolve() for t in links(README)}
+    missing = [name(p) for p in DOCS if p.resolve() not in linked]
+    assert not missing, f"README.md links no {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=name)
+def test_every_relative_link_points_to_a_file(page: Path) -> None:
+    targets = [t for t in links(page) if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+    broken = [t for t in targets if not (page.parent / t.split("#")[0]).exists()]
+    assert not broken, f"{name(page)} links to {broken}, which do not exist"
+
+
+@pytest.mark.parametrize("page", DOCS, ids=name)
+def test_each_docs_page_says_what_it_is_and_links_back(page: Path) -> None:
+    title, blank, *rest = page.read_text().splitlines()
+    assert re.match(r"# \S", title) and blank == "", f"{name(page)} starts without a title"
+    opening = " ".join(rest[: rest.index("")] if "" in rest else rest)
+    assert "(../README.md)" in opening, f"{name(page)}'s opening does not link back to README.md"
+    assert opening.rstrip().endswith("."), f"{name(page)}: no sentence under its title"
+
+
+def test_the_cpu_kinds_benchmark_times_the_pages_toy_commands() -> None:
+    """scripts/bench/cpu_kinds.py --toys times the toy commands as docs/speedruns.md shows
+    them."""
     from scripts.bench.cpu_kinds import TOYS
 
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    for name, overrides in TOYS.items():
-        assert f"python train.py {overrides}" in text, name
+    text = (REPO / "docs/speedruns.md").read_text(encoding="utf-8")
+    for toy, overrides in TOYS.items():
+        assert f"python train.py {overrides}" in text, toy
+
+
+def test_the_gpu_proof_renders_into_its_page() -> None:
+    """`gpu_proof --render` writes between markers that its default page holds, once."""
+    from scripts.bench.gpu_proof import BEGIN, DOC, END
+
+    text = DOC.read_text()
+    assert DOC == REPO / "docs/gpu-proof.md"
+    assert text.count(BEGIN) == 1 and text.count(END) == 1 and text.index(BEGIN) < text.index(END)
