@@ -43,7 +43,7 @@ class ModelConfig:
     qk_norm: bool = True
     """RMS-normalise each head's q and k before rotary, which bounds the attention logits."""
     compile: bool = field(default=False, metadata=OPERATIONAL)
-    """torch.compile the model, with static shapes (trainer/compile.py)."""
+    """torch.compile the model, with static shapes (trainer/launch/compile.py)."""
     compile_backend: str = field(default="inductor", metadata=OPERATIONAL)
     """torch.compile backend: inductor generates kernels; eager and aot_eager only trace."""
 

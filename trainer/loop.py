@@ -23,23 +23,23 @@ from torch import Tensor, nn
 
 from data.loader import Batch
 from optim import CombinedOptimizer
-from trainer.checkpointer import Checkpointer
+from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.config import TrainConfig
-from trainer.dist import all_reduce_sum
-from trainer.flops import mfu
 from trainer.forward import evaluate, forward_backward
-from trainer.metrics import EvalProgress, MetricsSink, format_step
+from trainer.launch.dist import all_reduce_sum
+from trainer.launch.signals import Stopped, StopRequests
 from trainer.nonfinite import NonFiniteStep, nonfinite_grads, stop_message
-from trainer.progress import Progress
+from trainer.observe.flops import mfu
+from trainer.observe.metrics import EvalProgress, MetricsSink, format_step
+from trainer.observe.progress import Progress
 from trainer.runtime import Runtime
 from trainer.schedule import Schedule
-from trainer.signals import Stopped, StopRequests
 
 # The longest a run goes without a console line, whatever train.log_every says.
 QUIET_S = 30.0
 
 # Called once per step after forward/backward, before the update, with the step (1-based)
-# and its loss; returns the loss to use. The seam for test-only faults (trainer/fault.py).
+# and its loss; returns the loss to use. The seam for test-only faults (trainer/launch/fault.py).
 StepHook = Callable[[int, Tensor], Tensor]
 
 
@@ -61,7 +61,8 @@ class Loop:
     stop: StopRequests | None = None
     hook: StepHook | None = None
     # A batch's training FLOPs as a device scalar, from its tokens and the forward's step
-    # arguments (model/flops.py); with `peak_flops` it gives the step's MFU (trainer/flops.py)
+    # arguments (model/flops.py); with `peak_flops` it gives the step's MFU
+    # (trainer/observe/flops.py)
     flops: Callable[..., Tensor] | None = None
     peak_flops: float | None = None  # one GPU's bf16 peak; None: no MFU (CPU, unknown GPU)
     code: dict | None = None  # the code's commit and dirty flag, in the first metrics line

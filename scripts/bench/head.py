@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from model import ModelConfig
 from model.head import head_logits
 from model.layers import linear
-from trainer.compile import compile_model
+from trainer.launch.compile import compile_model
 from trainer.runtime import Runtime
 
 

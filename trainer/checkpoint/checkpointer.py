@@ -28,14 +28,20 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from optim import CombinedOptimizer
-from trainer import checkpoint_files as files
-from trainer.checkpoint_files import CheckpointError, Loaded
+from trainer.checkpoint import files
+from trainer.checkpoint.dcp_state import (
+    load_sharded,
+    load_whole_into_sharded,
+    read_whole,
+    save_sharded,
+)
+from trainer.checkpoint.files import CheckpointError, Loaded
+from trainer.checkpoint.resume_rules import resume_rule, upgrade_saved
 from trainer.config import Config
-from trainer.dcp_state import load_sharded, load_whole_into_sharded, read_whole, save_sharded
-from trainer.dist import main_decides, raise_together
-from trainer.progress import Progress
-from trainer.provenance import code_version
-from trainer.resume_rules import flatten, resume_rule, upgrade_saved
+from trainer.config_checks import flatten
+from trainer.launch.dist import main_decides, raise_together
+from trainer.observe.progress import Progress
+from trainer.observe.provenance import code_version
 from trainer.runtime import Runtime, rng_state, set_rng_state
 
 log = logging.getLogger("train")

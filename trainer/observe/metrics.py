@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from trainer.config import Config
-from trainer.progress import Progress
-from trainer.runtime import Runtime
-from trainer.wandb_log import WandbRun
+from trainer.observe.progress import Progress
+from trainer.observe.wandb_log import WandbRun
+from trainer.runtime import Runtime, resolve_param_dtype
 
 log = logging.getLogger("train")
 
@@ -181,8 +181,6 @@ def describe_run(
         threads = torch.get_num_threads()
         where += f" ({threads} thread{'s' if threads > 1 else ''}/rank)"
     if conf.dist.strategy == "fsdp":
-        from trainer.strategy import resolve_param_dtype
-
         dtype = resolve_param_dtype(conf.dist.fsdp_param_dtype, rt.device)
         ranks += f" (fsdp, parameters in {str(dtype).removeprefix('torch.')})"
     return (

@@ -6,7 +6,7 @@ it decides which tensors exist or what the loader position means), "operational"
 executes or reports, never its numbers: a change passes silently); every other change is
 allowed with a warning. A group's rule covers its fields unless a field says otherwise.
 Saved configs are read under today's key names (`upgrade_saved`) and compared key by key
-(`flatten`).
+(`flatten`, trainer/config_checks.py).
 """
 
 from dataclasses import MISSING, fields, is_dataclass
@@ -46,14 +46,3 @@ def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
         node.pop(leaf)
         OmegaConf.update(out, new, value, force_add=True)
     return OmegaConf.to_container(out)
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested config dict as {"train.steps": 200, ...}, for comparing configs key by key."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer.config import Config, DistConfig
-from trainer.resume_rules import flatten
+from trainer.config_checks import flatten
 from trainer.runtime import Runtime, resolve_backend
 
 T = TypeVar("T")
