@@ -171,6 +171,15 @@ def raise_together(error: BaseException | None, rt: Runtime, what: str) -> None:
         raise error
 
 
+def gather(obj: Any, rt: Runtime) -> list[Any]:
+    """`obj` from every rank, in rank order (on every rank)."""
+    if rt.world_size == 1:
+        return [obj]
+    out: list[Any] = [None] * rt.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def _broadcast_object(obj: Any) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
