@@ -13,7 +13,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from trainer.cli import check_arguments, run_main
+from trainer.cli.main import check_arguments, run_main
 from trainer.config import Config, register_configs, to_config
 
 

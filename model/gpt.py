@@ -130,19 +130,8 @@ class GPT(nn.Module):
             short_window_tokens, yarn_stage,
         )  # fmt: skip
         x = self._embed(idx)
-        ctx = self._context(idx, x, step)
-        outputs: list[Tensor] = []
-        for i, block in enumerate(self.blocks):
-            x = self.skips.into(self, i, x, outputs)
-            if not self.plan[i].empty:
-                x = block(x, self.rotary, ctx)
-            outputs.append(x)
-        x = self.skips.out(self, x, outputs)
-        cfg = self.cfg
-        logits = head_logits(
-            self.lm_head, rms_norm(x), cfg.head.fp8, self.micro_steps, cfg.numerics.fp8_scales
-        )
-        return model_loss(logits, targets, cfg.head, self.training)
+        x = self._layers(x, self._context(idx, x, step))
+        return self._head(x, targets)
 
     def _embed(self, idx: Tensor) -> Tensor:
         """RMSNorm of the (smeared) token embeddings: the stream's start, and x0."""
@@ -150,6 +139,25 @@ class GPT(nn.Module):
         if self.cfg.embed.smear:
             e = smear(e, self.smear_gate, scalar(self, "smear"), self.cfg.gate_channels)
         return rms_norm(e)
+
+    def _layers(self, x: Tensor, ctx: Context) -> Tensor:
+        """The plan's layers in order, each input with the skips that end there, then the
+        backout (model/residual.py); an empty layer only passes x on."""
+        outputs: list[Tensor] = []
+        for i, block in enumerate(self.blocks):
+            x = self.skips.into(self, i, x, outputs)
+            if not self.plan[i].empty:
+                x = block(x, self.rotary, ctx)
+            outputs.append(x)
+        return self.skips.out(self, x, outputs)
+
+    def _head(self, x: Tensor, targets: Tensor | None) -> Tensor:
+        """RMSNorm → the LM head (FP8 in training where on) → the softcapped logits or loss."""
+        cfg = self.cfg
+        logits = head_logits(
+            self.lm_head, rms_norm(x), cfg.head.fp8, self.micro_steps, cfg.numerics.fp8_scales
+        )
+        return model_loss(logits, targets, cfg.head, self.training)
 
     def _context(self, idx: Tensor, x: Tensor, step: StepInputs) -> Context:
         """What every layer of this forward shares, computed once."""

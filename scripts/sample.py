@@ -39,10 +39,10 @@ from torch import Tensor
 from data.tokenizer import GPT2_VOCAB_SIZE, encode_document, gpt2_encoding
 from model import GPT, ModelConfig
 from optim.config import OptimConfig
-from trainer import checkpoint_files as files
+from trainer.checkpoint import files
+from trainer.checkpoint.dcp_state import read_whole
+from trainer.checkpoint.resume_rules import upgrade_saved
 from trainer.config import TrainConfig
-from trainer.dcp_state import read_whole
-from trainer.resume_rules import upgrade_saved
 from trainer.schedule import Schedule
 
 SEPARATOR = "---"

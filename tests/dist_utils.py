@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainer.dist import free_port
+from trainer.launch.dist import free_port
 
 # A stuck collective fails the job after this long instead of hanging it.
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)

@@ -1,0 +1,18 @@
+"""The trainer: a validated config in, a trained model and its records out.
+
+The centre holds the loop and what every room shares. The loop: `session` wires one run,
+`loop` steps through it, `step` is one optimizer step, `forward` runs batches through the
+model, `schedule` gives every step-dependent value and `nonfinite` guards a step against
+NaN/inf. What every room shares: the run's config schema (`config`, with the checks its
+values pass in `config_checks`), where the run executes (`runtime`: device, ranks,
+precision, seeding) and the run directory it writes to (`run_dir`). The schema lives here
+rather than in the command-line room because every room reads it, and what every room
+shares imports no room.
+
+Shared by every room: trainer.config, trainer.config_checks, trainer.runtime, trainer.run_dir.
+
+The rooms, each a sub-package whose docstring names what it may import from the trainer:
+`checkpoint` (saving and resuming), `launch` (processes, ranks, signals, wrapping),
+`observe` (what a run reports) and `cli` (the command line around a run). No room imports
+the loop's modules; only the loop's modules and `train.py` put the rooms together.
+"""

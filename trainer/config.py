@@ -7,7 +7,7 @@ an unknown key or a value of the wrong type fails at startup with the key named.
 `Config.validate()` then checks every group's values (each group's `validate()`), the
 choices each field's metadata names (`check_choices`) and cross-group constraints.
 
-A field's `resume` metadata says how a checkpoint treats it (trainer/resume_rules.py).
+A field's `resume` metadata says how a checkpoint treats it (trainer/checkpoint/resume_rules.py).
 """
 
 from dataclasses import dataclass, field, fields
@@ -37,7 +37,7 @@ WANDB_MODES = ("online", "offline", "disabled")
 
 @dataclass
 class FaultConfig:
-    """Test-only fault injection (trainer/fault.py); all off (0) in every real run."""
+    """Test-only fault injection (trainer/launch/fault.py); all off (0) in every real run."""
 
     kill_at_step: int = 0
     """SIGKILL rank `rank` during this step, once per run directory."""
@@ -232,7 +232,7 @@ class DistConfig:
     """A collective waiting longer fails instead of hanging."""
     strategy: str = field(default="ddp", metadata={"choices": STRATEGIES})
     """ddp: every rank holds the whole model and optimizer state | fsdp: FSDP2 shards them
-    over the ranks (trainer/strategy.py)."""
+    over the ranks (trainer/launch/strategy.py)."""
     fsdp_param_dtype: str = field(default="auto", metadata={"choices": FSDP_PARAM_DTYPES})
     """fsdp: the dtype parameters are gathered and computed in; auto = bf16 on CUDA, fp32 on
     CPU (gradients are always reduced in fp32)."""
@@ -252,7 +252,7 @@ class DistConfig:
 
 @dataclass
 class WandbConfig:
-    """Weights & Biases (`logging.wandb`; trainer/wandb_log.py)."""
+    """Weights & Biases (`logging.wandb`; trainer/observe/wandb_log.py)."""
 
     enabled: bool = False
     """logging=wandb turns it on; rank 0 only."""

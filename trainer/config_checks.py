@@ -1,5 +1,6 @@
 """Checks of a config tree against its schema: choices named in field metadata, and keys the
-schema lacks (an unknown `+train.step=3` would otherwise be accepted and ignored)."""
+schema lacks (an unknown `+train.step=3` would otherwise be accepted and ignored); and a config
+tree as dotted keys, the form in which ranks and checkpoints compare configs (`flatten`)."""
 
 import difflib
 from dataclasses import MISSING, fields, is_dataclass
@@ -30,3 +31,14 @@ def check_known(values: dict[str, Any], schema: Any, prefix: str = "") -> None:
         group = known[key].default_factory  # a nested group's dataclass
         if isinstance(value, dict) and group is not MISSING and is_dataclass(group):
             check_known(value, group, f"{prefix}{key}.")
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as {"train.steps": 200, ...}, for comparing configs key by key."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from data.loader import Batch
-from trainer.dist import all_reduce_sum
+from trainer.launch.dist import all_reduce_sum
 from trainer.runtime import Runtime
 
 

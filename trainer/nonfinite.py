@@ -16,6 +16,8 @@ import torch
 from torch import Tensor
 
 from optim.row_shards import local
+from trainer.observe.metrics import MetricsSink
+from trainer.observe.progress import Progress
 
 
 class NonFiniteStep(FloatingPointError):
@@ -52,3 +54,18 @@ def stop_message(loss: float, grads_finite: bool, step: int, last: Path | None) 
         f"non-finite {describe(loss, grads_finite)} at step {step}; stopped without saving: "
         f"{where}. train.on_nonfinite=skip drops such steps' updates instead"
     )
+
+
+def on_nonfinite(
+    p: Progress, rec: dict, loss: float, grads_finite: bool, action: str, last: Path | None,
+    sink: MetricsSink,
+) -> None:  # fmt: skip
+    """Step `p.step` had a NaN/inf loss or gradient: under `action` (train.on_nonfinite) "stop"
+    raise `NonFiniteStep` (saving nothing; `last`: the newest checkpoint), else count the
+    skipped step in `p` and `rec` and say so."""
+    if action == "stop":
+        raise NonFiniteStep(stop_message(loss, grads_finite, p.step, last))
+    p.skipped_steps += 1
+    rec["skipped"] = True
+    what = "loss" if grads_finite else "gradient"
+    sink.warning("step %d: non-finite %s (loss %s), update skipped", p.step, what, loss)

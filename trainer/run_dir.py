@@ -6,7 +6,7 @@ write `.hydra/` and a log into it. The resolvers here make that rank-aware: rank
 torchrun process that is every local rank's parent, so a restart by `--max-restarts` returns
 to the same directory and finds its checkpoints); other ranks get `.` (the working directory,
 which exists) and write no `.hydra/` and no log file, so they create nothing.
-`trainer.dist.agree_on_config` then hands them rank 0's directory.
+`trainer.launch.dist.agree_on_config` then hands them rank 0's directory.
 """
 
 import os

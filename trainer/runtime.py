@@ -100,6 +100,21 @@ def resolve_backend(setting: str, device: torch.device) -> str:
     return setting
 
 
+# `dist.fsdp_param_dtype`: the dtype parameters are all-gathered and computed in under fsdp
+PARAM_DTYPE_OF = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def resolve_param_dtype(setting: str, device: torch.device) -> torch.dtype:
+    """`dist.fsdp_param_dtype` for `device`: auto = bf16 on CUDA, fp32 elsewhere (a CPU
+    gains nothing from halving loopback traffic, and fp32 keeps CPU runs comparable)."""
+    if setting not in PARAM_DTYPE_OF:
+        raise ValueError(f"dist.fsdp_param_dtype must be one of {sorted(PARAM_DTYPE_OF)}")
+    dtype = PARAM_DTYPE_OF[setting]
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return dtype
+
+
 def init_runtime(device: str, autocast: str) -> Runtime:
     """Read the rank layout from torchrun's environment and pick the device and precision."""
     rank = int(os.environ.get("RANK", 0))

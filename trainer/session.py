@@ -20,23 +20,31 @@ from typing import Any
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from trainer.checkpoint_files import CHECKPOINTS_DIR
-from trainer.checkpointer import Checkpointer
-from trainer.compile import compile_model
+from trainer.checkpoint.checkpointer import Checkpointer
+from trainer.checkpoint.files import CHECKPOINTS_DIR
 from trainer.config import Config
-from trainer.cpu_cost import cpu_cost_warning
-from trainer.dist import agree_on_config, local_main_first, main_decides, process_group, wrap_ddp
-from trainer.fault import Faults
-from trainer.flops import peak_flops
-from trainer.launch import spawn_ranks
+from trainer.launch.compile import compile_model
+from trainer.launch.dist import (
+    agree_on_config,
+    local_main_first,
+    main_decides,
+    process_group,
+    wrap_ddp,
+)
+from trainer.launch.fault import Faults
+from trainer.launch.signals import StopRequests
+from trainer.launch.spawn import spawn_ranks
+from trainer.launch.strategy import fsdp_no_sync, shard_model
 from trainer.loop import Loop
-from trainer.metrics import METRICS_FILE, MetricsSink, describe_run
-from trainer.provenance import code_version
+from trainer.observe.console import describe_run
+from trainer.observe.cpu_cost import cpu_cost_warning
+from trainer.observe.flops import peak_flops
+from trainer.observe.metrics import METRICS_FILE, MetricsSink
+from trainer.observe.provenance import code_version
 from trainer.run_dir import check_writable, set_aside_previous
-from trainer.runtime import Runtime, cpu_threads, init_runtime, seed_everything
+from trainer.runtime import Runtime, cpu_threads, init_runtime, resolve_param_dtype, seed_everything
 from trainer.schedule import Schedule
-from trainer.signals import StopRequests
-from trainer.strategy import fsdp_no_sync, resolve_param_dtype, shard_model
+from trainer.step import TrainStep
 
 log = logging.getLogger("train")
 
@@ -106,14 +114,20 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
     sink.info("param groups:\n%s", optimizer.groups_table)
     if rt.is_main and (warning := cpu_cost_warning(conf, rt)) is not None:
         sink.warning("%s", warning)
-    # The handlers are the command line's or a launched rank's (trainer/signals.py); the
+    # The handlers are the command line's or a launched rank's (trainer/launch/signals.py); the
     # test-only SIGTERM fault needs them wherever train() runs.
     with StopRequests(force=t.fault.signal_at_step > 0, announce=rt.is_main) as stop, sink:
-        loop = Loop(
-            fwd, optimizer, Schedule.for_run(t, conf.optim, conf.model), loader.next_batch,
-            val_batches, t, rt, sink, checkpoints, accum_steps=accum_steps, no_sync=no_sync,
-            stop=stop, hook=Faults(t.fault, rt.rank, run_dir, model) if t.fault.enabled else None,
-            flops=model.count_flops, peak_flops=peak_flops(rt.device), code=code_version(),
+        peak = peak_flops(rt.device)
+        stepper = TrainStep(
+            fwd, optimizer, Schedule.for_run(t, conf.optim, conf.model), loader.next_batch, rt,
+            t.seq_len, accum_steps=accum_steps, no_sync=no_sync,
+            hook=Faults(t.fault, rt.rank, run_dir, model) if t.fault.enabled else None,
+            flops=model.count_flops if peak else None,  # no MFU to give: nothing to count
             summed_loss=conf.model.head.reduction == "sum",
+            skip_nonfinite=t.on_nonfinite == "skip",
+        )  # fmt: skip
+        loop = Loop(
+            stepper, val_batches, t, sink, checkpoints, stop=stop, peak_flops=peak,
+            code=code_version(),
         )  # fmt: skip
         return loop.run(start)

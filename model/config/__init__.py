@@ -60,7 +60,7 @@ class ModelConfig:
     gate_channels: int = 12
     """k: the leading channels of the stream that the attention and smear gates read."""
     compile: bool = field(default=False, metadata=OPERATIONAL)
-    """torch.compile the model, with static shapes (trainer/compile.py)."""
+    """torch.compile the model, with static shapes (trainer/launch/compile.py)."""
     compile_backend: str = field(default="inductor", metadata=OPERATIONAL)
     """torch.compile backend: inductor generates kernels; eager and aot_eager only trace."""
     attention: AttentionConfig = field(default_factory=AttentionConfig)

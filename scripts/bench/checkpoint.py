@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 from data.synthetic import SyntheticLoader
 from model import GPT
 from optim import build_optimizer
-from trainer.checkpointer import Checkpointer
+from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.config import Config, to_config
 from trainer.forward import forward_backward
-from trainer.progress import Progress
+from trainer.observe.progress import Progress
 from trainer.runtime import init_runtime
 from trainer.schedule import Schedule
 

@@ -44,7 +44,7 @@ from optim.config import EXCHANGES
 from optim.muon.newton_schulz import resolve_ns_dtype
 from optim.muon.optimizer import Muon
 from scripts.bench.muon_step import SHAPE_SETS
-from trainer.dist import free_port
+from trainer.launch.dist import free_port
 
 WORLD = 2
 KW = {"lr": 0.02, "momentum": 0.95, "nesterov": True, "ns_steps": 5}

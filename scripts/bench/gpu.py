@@ -25,9 +25,9 @@ steps. Graph breaks and recompiles 0 and 0: one graph per mode (training, evalua
 compiled once during warm-up.
 
 MFU is `model/flops.py`'s count of the timed batches (attention over the context each layer's
-mask lets through) over the step time and the GPU's bf16 peak (`trainer/flops.py`): the number
-train.py's step line shows. The records' own per-GPU steps are beside them: 154.78 ms (2024-11)
-and 100.0 ms (2025-01, the mean over its growing windows), from their logs.
+mask lets through) over the step time and the GPU's bf16 peak (`trainer/observe/flops.py`): the
+number train.py's step line shows. The records' own per-GPU steps are beside them: 154.78 ms
+(2024-11) and 100.0 ms (2025-01, the mean over its growing windows), from their logs.
 
 `--head` (part of the default run on CUDA): the LM head alone, forward and backward at 49,152
 tokens × 768 → 50,304 logits, compiled, in FP8 (`model.head.FP8Matmul`) and as the bf16 matmul.
@@ -51,10 +51,10 @@ from model.masks import EOT
 from model.window_schedule import phase_index, phase_start
 from optim import CombinedOptimizer, build_optimizer
 from scripts.bench.head import bench_head, print_head, timed
-from trainer.compile import CompileCounts, compile_model, reset_compile_state
 from trainer.config import Config, register_configs, to_config
-from trainer.flops import mfu, peak_flops
 from trainer.forward import evaluate, forward_backward
+from trainer.launch.compile import CompileCounts, compile_model, reset_compile_state
+from trainer.observe.flops import mfu, peak_flops
 from trainer.runtime import Runtime, init_runtime
 from trainer.schedule import Schedule
 

@@ -12,7 +12,7 @@ from model import ModelConfig
 from model.config import update
 from model.head import head_logits
 from model.layers import linear
-from trainer.compile import compile_model
+from trainer.launch.compile import compile_model
 from trainer.runtime import Runtime
 
 

@@ -59,9 +59,9 @@ from optim import build_optimizer
 from optim.config import OptimConfig
 from optim.groups import partition_params
 from optim.row_shards import local, numel_of_rows, row_counts
-from trainer.dist import free_port, wrap_ddp
+from trainer.launch.dist import free_port, wrap_ddp
+from trainer.launch.strategy import shard_model
 from trainer.runtime import Runtime
-from trainer.strategy import shard_model
 
 # GPT-2 sizes as (n_layer, n_embd, n_head); everything else is ModelConfig's default.
 GPT2 = {

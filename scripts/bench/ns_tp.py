@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 
 from optim.muon.newton_schulz import ns_coefficients, zeropower
 from optim.muon.tp_newton_schulz import ns_traffic, tp_zeropower
-from trainer.dist import free_port
+from trainer.launch.dist import free_port
 
 WORLD = 2
 EPS = 1e-7

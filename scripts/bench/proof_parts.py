@@ -21,9 +21,9 @@ import torch
 
 from scripts.bench.gpu import HEAD_SHAPE, HEAD_TOY_SHAPE, bench_preset, build, compose, hydra_config
 from scripts.bench.head import bench_head
-from trainer.compile import reset_compile_state
-from trainer.flops import peak_flops
-from trainer.provenance import code_version
+from trainer.launch.compile import reset_compile_state
+from trainer.observe.flops import peak_flops
+from trainer.observe.provenance import code_version
 from trainer.runtime import init_runtime
 
 NEWEST = "record_2025_11_29"

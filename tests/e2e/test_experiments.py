@@ -19,7 +19,7 @@ from scripts.runs import find_runs, load_reference, reference_names
 from tests.helpers import CONF_DIR, TINY, compose_config
 from train import train
 from trainer.config import register_configs
-from trainer.signals import Stopped
+from trainer.launch.signals import Stopped
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = [*TINY, "train.steps=6", "train.val_every=3"]

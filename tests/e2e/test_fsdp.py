@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.e2e.test_dist_train import RUN, TOL, assert_same_curve, curve, train_on_ranks
-from trainer import checkpoint_files as files
+from trainer.checkpoint import files
 
 SAVE = ["train.checkpoint_every=6", "train.checkpoint_keep=3"]
 MID = 6  # the step a resume starts from
@@ -100,7 +100,7 @@ def test_one_rank_fsdp_is_ddp_and_its_saves_resume_on_two(
 
 
 def test_fsdp_run_config_is_checked() -> None:
-    from trainer.strategy import resolve_param_dtype
+    from trainer.runtime import resolve_param_dtype
 
     assert resolve_param_dtype("auto", torch.device("cpu")) == torch.float32
     assert resolve_param_dtype("auto", torch.device("cuda")) == torch.bfloat16

@@ -93,7 +93,7 @@ def test_train_in_another_program_leaves_its_signals_alone(
 ) -> None:
     """A test runner's Ctrl-C must stop the runner: a library call installs no handler."""
     from tests.helpers import compose_config
-    from trainer.signals import StopRequests
+    from trainer.launch.signals import StopRequests
 
     before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
     seen = []

@@ -16,7 +16,7 @@ import pytest
 from tests.dist_utils import run_torchrun_ranks
 from tests.helpers import TINY, compose_config, sigterm_after
 from train import train
-from trainer.dist import free_port
+from trainer.launch.dist import free_port
 from trainer.run_dir import launch_dir, rank_zero
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import pytest
 from tests.dist_utils import run_torchrun_ranks
 from tests.helpers import compose_config
 from train import train
-from trainer.signals import Stopped
+from trainer.launch.signals import Stopped
 
 REPO = Path(__file__).resolve().parents[2]
 TOY = [

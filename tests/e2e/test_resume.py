@@ -20,10 +20,10 @@ import torch
 from tests.dist_utils import run_torchrun_ranks
 from tests.helpers import TINY, compose_config, sigterm_after
 from train import train
-from trainer import checkpoint_files as checkpoint
-from trainer.checkpoint_files import CheckpointError
+from trainer.checkpoint import files as checkpoint
+from trainer.checkpoint.files import CheckpointError
+from trainer.launch.signals import Stopped
 from trainer.nonfinite import NonFiniteStep
-from trainer.signals import Stopped
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = [*TINY, "train.steps=20", "train.val_every=5", "train.val_tokens=512",

@@ -13,7 +13,7 @@ from model import GPT, ModelConfig
 from scripts.sample import SEPARATOR, find_checkpoint, main
 from tests.helpers import TINY, compose_config
 from train import train
-from trainer import checkpoint_files as files
+from trainer.checkpoint import files
 
 REPO = Path(__file__).resolve().parents[2]
 SEQ_LEN = 64  # train.seq_len in TINY: generating more than this exercises the context crop

@@ -17,9 +17,9 @@ from data.tokenizer import EOT
 from model import GPT
 from optim import build_optimizer
 from tests.helpers import compose_config
-from trainer.compile import CompileCounts, compile_model, reset_compile_state
 from trainer.config import to_config
 from trainer.forward import forward_backward
+from trainer.launch.compile import CompileCounts, compile_model, reset_compile_state
 from trainer.runtime import init_runtime
 from trainer.schedule import Schedule
 

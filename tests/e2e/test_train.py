@@ -14,8 +14,8 @@ from tests.helpers import TINY, compose_config
 from tests.unit.test_flops import meta_gpt
 from train import train
 from trainer.config import to_config
-from trainer.metrics import format_step
-from trainer.provenance import code_version
+from trainer.observe.console import format_step
+from trainer.observe.provenance import code_version
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import checkpoint_files as checkpoint
-from trainer.checkpoint_files import CheckpointError
+from trainer.checkpoint import files as checkpoint
+from trainer.checkpoint.files import CheckpointError
 
 
 def parts(value: float) -> dict:

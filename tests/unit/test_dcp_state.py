@@ -1,5 +1,6 @@
-"""trainer/dcp_state.py in one process (no process group): a dcp save's names, whole-tensor
-reads, in-place loads, the missing-tensor error, and a torch_save state into the same run."""
+"""trainer/checkpoint/dcp_state.py in one process (no process group): a dcp save's names,
+whole-tensor reads, in-place loads, the missing-tensor error, and a torch_save state into the same
+run."""
 
 import warnings
 from pathlib import Path
@@ -10,7 +11,7 @@ import torch
 from model import GPT, ModelConfig
 from optim import build_optimizer
 from optim.config import OptimConfig
-from trainer import dcp_state
+from trainer.checkpoint import dcp_state
 
 CFG = ModelConfig(n_layer=1, n_head=2, n_embd=16)
 

@@ -12,8 +12,8 @@ from model.masks import EOT, dense_mask, document_ids
 from model.window_schedule import window_at
 from tests.helpers import compose_config
 from trainer.config import Config, to_config
-from trainer.flops import PEAK_BF16, mfu, peak_flops
-from trainer.metrics import format_step
+from trainer.observe.console import format_step
+from trainer.observe.flops import PEAK_BF16, mfu, peak_flops
 
 H100 = PEAK_BF16["H100"]
 

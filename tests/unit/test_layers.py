@@ -2,6 +2,9 @@
 small modules, a thin entry point."""
 
 import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,3 +111,117 @@ def test_modules_stay_small_and_the_entry_thin() -> None:
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > 350}  # fmt: skip
     assert not long, long
     assert len((ROOT / "train.py").read_text(encoding="utf-8").splitlines()) < 80
+
+
+def nothing_imports(graph: dict[str, set[str]], name: str) -> dict[str, str]:
+    """The modules of `graph` that import `name` (module -> `name`)."""
+    return {m: name for m, deps in graph.items() if name in deps}
+
+
+def test_nothing_imports_the_entry_point() -> None:
+    assert nothing_imports({"a": {"train"}, "b": set()}, "train") == {"a": "train"}
+    bad = nothing_imports(GRAPH, "train")
+    assert not bad, bad
+
+
+def allowed_in(docstring: str, heading: str) -> set[str]:
+    """The dotted names a docstring lists after `heading` (to the end of its paragraph)."""
+    _, found, rest = docstring.partition(heading)
+    assert found, f"no {heading!r} paragraph"
+    return set(re.findall(r"trainer(?:\.\w+)+", rest.split("\n\n")[0]))
+
+
+def room_of(module: str, rooms: set[str]) -> str | None:
+    """The room (a trainer sub-package) `module` belongs to, or None (the centre)."""
+    return next((r for r in rooms if module == r or module.startswith(f"{r}.")), None)
+
+
+def within(name: str, allowed: set[str]) -> bool:
+    return any(name == a or name.startswith(f"{a}.") for a in allowed)
+
+
+def outside_rules(graph: dict[str, set[str]], rules: dict[str, set[str]]) -> dict[str, str]:
+    """Each trainer import (module -> what it imports) that leaves its room for somewhere its
+    room's rule (`rules`: room -> what it may import from the trainer) does not allow."""
+    bad = {}
+    for m, deps in graph.items():
+        room = room_of(m, set(rules))
+        for d in deps:
+            if room and d.startswith("trainer.") and not within(d, {room, *rules[room]}):
+                bad[m] = d
+    return bad
+
+
+def rooms() -> dict[str, set[str]]:
+    """Each trainer sub-package -> what its docstring says it may import from the trainer."""
+    found = {}
+    for init in sorted((ROOT / "trainer").glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        found[f"trainer.{init.parent.name}"] = allowed_in(doc, "Imports from the trainer:")
+    return found
+
+
+def test_rooms_import_only_what_their_docstring_allows() -> None:
+    """A room's modules import from the rest of the trainer only what the room's docstring
+    lists (checked from the source, and shown to find a breach)."""
+    rules = {"trainer.observe": {"trainer.config"}, "trainer.launch": set()}
+    fake = {"trainer.observe.m": {"trainer.config", "trainer.launch.dist", "trainer.observe.x"}}
+    assert outside_rules(fake, rules) == {"trainer.observe.m": "trainer.launch.dist"}
+    doc = "Owns x.\n\nImports from the trainer: trainer.a,\ntrainer.b.c.\n\nNot trainer.d."
+    assert allowed_in(doc, "Imports from the trainer:") == {"trainer.a", "trainer.b.c"}
+    found = rooms()
+    assert set(found) == {"trainer.checkpoint", "trainer.cli", "trainer.launch", "trainer.observe"}
+    bad = outside_rules(GRAPH, found)
+    assert not bad, bad
+
+
+def test_rooms_leave_the_loop_alone() -> None:
+    """No room may import the loop's modules (the centre but for what every room shares), the
+    loop or the entry point; observing imports no launch or checkpoint, checkpoints no
+    loop, and the command line no checkpoint or observing."""
+    trainer_doc = ast.get_docstring(ast.parse((ROOT / "trainer/__init__.py").read_text()))
+    shared = allowed_in(trainer_doc or "", "Shared by every room:")
+    found = rooms()
+    for room, allowed in found.items():
+        centre = {a for a in allowed if room_of(a, set(found)) is None}
+        assert centre <= shared, (room, centre - shared)
+    forbidden = {
+        "trainer.observe": {"trainer.launch", "trainer.checkpoint", "trainer.cli"},
+        "trainer.checkpoint": {"trainer.cli"},
+        "trainer.cli": {"trainer.checkpoint", "trainer.observe"},
+        "trainer.launch": {"trainer.checkpoint", "trainer.observe", "trainer.cli"},
+    }
+    for room, never in forbidden.items():
+        assert not any(within(a, never) for a in found[room]), (room, found[room] & never)
+
+
+def test_shared_modules_import_no_room() -> None:
+    """What every room shares imports from the trainer only itself: a room that imported the
+    loop through it would be one import away from a cycle."""
+    trainer_doc = ast.get_docstring(ast.parse((ROOT / "trainer/__init__.py").read_text()))
+    shared = allowed_in(trainer_doc or "", "Shared by every room:")
+    assert shared == {
+        "trainer.config",
+        "trainer.config_checks",
+        "trainer.runtime",
+        "trainer.run_dir",
+    }
+    fake = {"trainer.config": {"trainer.run_dir", "trainer.launch.dist"}}
+    assert outside_rules(fake, {"trainer.config": shared}) == {
+        "trainer.config": "trainer.launch.dist"
+    }
+    bad = outside_rules(
+        {m: d for m, d in GRAPH.items() if m in shared}, {m: shared for m in shared}
+    )
+    assert not bad, bad
+
+
+def test_the_command_line_starts_without_torch() -> None:
+    """What train.py imports before the config is valid imports no torch: a typo on the
+    command line fails in a fraction of a second."""
+    code = (
+        "import sys, trainer.cli.main, trainer.config\n"
+        "sys.exit(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3] or 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from trainer.cli.overrides import check_command_line, check_overrides
 from trainer.config import Config
-from trainer.overrides import check_command_line, check_overrides
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

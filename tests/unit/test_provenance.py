@@ -1,5 +1,5 @@
-"""trainer/provenance.py: a run names its code (commit and dirty flag) in a git checkout, and
-records nothing, without an error, outside one."""
+"""trainer/observe/provenance.py: a run names its code (commit and dirty flag) in a git
+checkout, and records nothing, without an error, outside one."""
 
 import re
 import subprocess
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer import provenance
+from trainer.observe import provenance
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from trainer.cli.overrides import check_command_line, compose_and_validate
 from trainer.config import Config
-from trainer.overrides import check_command_line, compose_and_validate
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"

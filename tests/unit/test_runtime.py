@@ -71,7 +71,7 @@ def test_native_bf16_follows_the_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> N
 def test_the_startup_warning_names_every_bf16_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where bf16 is slow (a measured 20x here), a run says so and names each setting that
     brings bf16 in, with its way out; where bf16 is fast, or unused, it says nothing."""
-    import trainer.cpu_cost as cpu_cost
+    import trainer.observe.cpu_cost as cpu_cost
     from tests.helpers import compose_config
     from trainer.config import to_config
     from trainer.runtime import Runtime

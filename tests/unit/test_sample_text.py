@@ -9,7 +9,7 @@ from data.tokenizer import EOT, GPT2_VOCAB_SIZE
 from model import GPT, ModelConfig
 from model.config import update
 from scripts.sample import forward_args, generate, model_config
-from trainer.resume_rules import upgrade_saved
+from trainer.checkpoint.resume_rules import upgrade_saved
 
 REPO = Path(__file__).resolve().parents[2]
 SEQ_LEN = 64  # train.seq_len in TINY: generating more than this exercises the context crop

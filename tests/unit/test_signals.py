@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-import trainer.signals as signals
-from trainer.signals import Stopped, StopRequests
+import trainer.launch.signals as signals
+from trainer.launch.signals import Stopped, StopRequests
 
 
 def _own(monkeypatch: pytest.MonkeyPatch, owned: bool) -> None:
@@ -82,8 +82,8 @@ def test_the_announcement_names_what_runs_and_for_how_long(monkeypatch) -> None:
 HELD = """
 import os, signal, sys, time
 sys.path.insert(0, {repo!r})
-import trainer.signals as s
-from trainer.fault import _hold
+import trainer.launch.signals as s
+from trainer.launch.fault import _hold
 s.claim_signals()
 with s.StopRequests() as stop:
     stop.doing("step 1 of 2")

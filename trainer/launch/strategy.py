@@ -9,8 +9,9 @@ and backward and freed after, and gradients are reduce-scattered (averaged) to t
 The units: those the model declares (`fsdp_units`: for the GPT every embedding table and
 every block), and the root (the LM head and the scalars).
 Muon then runs sharded (`optim/muon/sharded.py`) and checkpoints are DCP (see
-`trainer/checkpointer.py`). Parameters are all-gathered in `dist.fsdp_param_dtype` (bf16 by
-default on GPU, halving the traffic; fp32 on CPU) and gradients always reduced in fp32.
+`trainer/checkpoint/checkpointer.py`). Parameters are all-gathered in `dist.fsdp_param_dtype`
+(bf16 by default on GPU, halving the traffic; fp32 on CPU; `resolve_param_dtype` in
+trainer/runtime.py) and gradients always reduced in fp32.
 """
 
 from collections.abc import Callable, Iterator
@@ -20,20 +21,6 @@ import torch
 from torch import nn
 
 from trainer.runtime import Runtime
-
-# `dist.fsdp_param_dtype`: the dtype parameters are all-gathered and computed in under fsdp
-PARAM_DTYPE_OF = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-def resolve_param_dtype(setting: str, device: torch.device) -> torch.dtype:
-    """`dist.fsdp_param_dtype` for `device`: auto = bf16 on CUDA, fp32 elsewhere (a CPU
-    gains nothing from halving loopback traffic, and fp32 keeps CPU runs comparable)."""
-    if setting not in PARAM_DTYPE_OF:
-        raise ValueError(f"dist.fsdp_param_dtype must be one of {sorted(PARAM_DTYPE_OF)}")
-    dtype = PARAM_DTYPE_OF[setting]
-    if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return dtype
 
 
 def shard_model(model: nn.Module, rt: Runtime, param_dtype: torch.dtype) -> nn.Module:

@@ -13,3 +13,13 @@ class Progress:
     skipped_steps: int = 0  # steps whose update was dropped (train.on_nonfinite=skip)
     # The run's identity across resumes (the wandb run id): rank 0's, made at step 0.
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+
+    def advance(self, tokens: int, seconds: float, timed: bool) -> None:
+        """One more optimizer step, of `tokens` tokens in `seconds` (counted in the train time
+        when `timed`: the records time from train.untimed_steps on)."""
+        self.step, self.tokens = self.step + 1, self.tokens + tokens
+        self.train_time_s += seconds if timed else 0.0
+
+    def reached(self, target: float) -> bool:
+        """Whether the latest validation loss reached `target` (train.target_val_loss; 0: none)."""
+        return bool(target) and self.val_loss is not None and self.val_loss <= target

@@ -260,7 +260,7 @@ def load(path: Path) -> Loaded:
     """Read a checkpoint directory into CPU memory (tensors move to their device on load).
 
     A dcp save's model and optimizer state stay on disk: they load into this run's tensors,
-    sharded or whole (`trainer/dcp_state.py`); `parts` then holds "trainer" only.
+    sharded or whole (`trainer/checkpoint/dcp_state.py`); `parts` then holds "trainer" only.
     """
     meta = validate(path)
     parts = {}

@@ -15,8 +15,8 @@ import torch
 from omegaconf import OmegaConf
 
 from trainer.config import Config, to_config
+from trainer.launch.signals import Stopped, claim_signals
 from trainer.run_dir import env_rank, under_torchelastic
-from trainer.signals import Stopped, claim_signals
 
 # The launcher's own signal handlers (the elastic agent installs them and never puts the old
 # ones back): restored after the launch, so a program that called train() keeps its Ctrl-C.

@@ -8,7 +8,7 @@ reaches the matmuls through `train.autocast`, `model.numerics.dtype` and
 that uses any of them measures the ratio (`bf16_slowdown`, ~0.2 s) and, where bf16 is more
 than `SLOWER` times slower, says so with the factor and each setting's way out. FP8 products
 never depend on the kind (model/fp8.py emulates them in fp32 on every CPU), nor do fp32 runs.
-README, "Every CPU kind", has the table.
+docs/cpu-kinds.md has the table.
 """
 
 import torch

@@ -1,4 +1,5 @@
-"""Rank-0 output: one console line per step and the curve as data in `metrics.jsonl`.
+"""Rank-0 output: the sink every record and console line goes through, and the curve as data in
+`metrics.jsonl` (a step's record: `step_record`, `step_rates`; its console line: console.py).
 
 Console lines go through `logging`, so under Hydra they also land in the run's log file.
 Non-main ranks get a sink that does nothing, which keeps `if rank == 0` out of the loop.
@@ -6,6 +7,7 @@ Non-main ranks get a sink that does nothing, which keeps `if rank == 0` out of t
 
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import asdict
@@ -13,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from trainer.config import Config
-from trainer.progress import Progress
+from trainer.config import Config, TrainConfig
+from trainer.observe.flops import mfu
+from trainer.observe.progress import Progress
+from trainer.observe.wandb_log import WandbRun
 from trainer.runtime import Runtime
-from trainer.wandb_log import WandbRun
 
 log = logging.getLogger("train")
 
@@ -100,6 +102,16 @@ class EvalProgress:
         self.sink, self.step, self.batches, self.every_s = sink, step, batches, every_s
         self.start = self.last = time.monotonic()
 
+    @classmethod
+    def for_eval(
+        cls, sink: MetricsSink, step: int, t: TrainConfig, rt: Runtime
+    ) -> "EvalProgress | None":
+        """The reporter of the evaluation after `step`, with its batch count from the validation
+        budget: rank 0's (None on the others)."""
+        rows = t.val_rows(rt.world_size) * rt.world_size
+        sequences = t.val_tokens // (t.val_seq_len or t.seq_len)
+        return cls(sink, step, math.ceil(sequences / rows)) if rt.is_main else None
+
     def __call__(self, done: int) -> None:
         now = time.monotonic()
         if now - self.last >= self.every_s and done < self.batches:
@@ -131,72 +143,38 @@ def _step_of(line: str) -> int:
         return 1 << 62  # a line cut short by a kill: drop it
 
 
-def format_step(rec: dict[str, Any], total_steps: int) -> str:
-    """The console line for one step: loss, LR, speed, and the val loss when evaluated."""
-    parts = [f"step {rec['step']:>{len(str(total_steps))}}/{total_steps}"]
-    if "train_loss" in rec:
-        loss = rec["train_loss"]
-        parts.append("loss non-finite (skipped)" if loss is None else f"loss {loss:.4f}")
-    if "val_loss" in rec:
-        parts.append(f"val {rec['val_loss']:.4f}")
-    if "lr_mult" in rec:
-        parts.append(f"lr x{rec['lr_mult']:.3g}")
-    if "step_ms" in rec:
-        parts.append(f"{rec['step_ms']:.0f} ms/step")
-    if "tokens_per_s" in rec:
-        parts.append(f"{rec['tokens_per_s']:,.0f} tok/s")
-    if "mfu" in rec:
-        parts.append(f"mfu {rec['mfu']:.1%}")
-    if "peak_mem_gib" in rec:
-        parts.append(f"mem {rec['peak_mem_gib']:.1f} GiB")
-    parts.append(f"train {rec['train_time_ms'] / 1000:.1f}s")
-    if rec.get("eta_s"):
-        parts.append(f"eta {_duration(rec['eta_s'])}")
-    return " | ".join(parts)
+def step_record(
+    p: Progress, loss: float, lr_mult: float, lrs: dict[str, float], stats: dict[str, Any],
+    seconds: float, tokens: int,
+) -> dict[str, Any]:  # fmt: skip
+    """The record of the step `p` has just taken (`tokens` of them in `seconds`): its loss (None
+    when non-finite), the LR multiplier, each optimizer group's LR (lr/<name>) and the
+    optimizer's stats, tokens, train time and speed."""
+    return {
+        "step": p.step,
+        "train_loss": loss if math.isfinite(loss) else None,
+        "lr_mult": lr_mult,
+        **{f"lr/{name}": lr for name, lr in lrs.items()},
+        **stats,
+        "tokens": p.tokens,
+        "train_time_ms": p.train_time_s * 1000,
+        "step_ms": seconds * 1000,
+        "tokens_per_s": tokens / seconds,
+    }
 
 
-def _duration(seconds: float) -> str:
-    """3m05s, 1h02m, 42s: the ETA at a glance."""
-    s = round(seconds)
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s}s"
-
-
-def describe_run(
-    conf: Config, rt: Runtime, model: nn.Module, optimizer: str, accum_steps: int
-) -> str:
-    """The startup line: model, optimizer, ranks, precision and how a step's tokens split."""
-    m, t = conf.model, conf.train
-    n_params = sum(p.numel() for p in model.parameters())
-    micro = t.micro_batch(rt.world_size)
-    precision = "bf16 autocast" if rt.autocast_dtype else "fp32"
-    if m.numerics.dtype == "bf16":
-        precision = f"bf16 model ({precision} for the rest)"
-    ranks = count = f"{rt.world_size} rank" + ("s" if rt.world_size > 1 else "")
-    where = rt.device.type
-    if where == "cpu":  # what a bitwise comparison must match (README, "Exact resume")
-        threads = torch.get_num_threads()
-        where += f" ({threads} thread{'s' if threads > 1 else ''}/rank)"
-    if conf.dist.strategy == "fsdp":
-        from trainer.strategy import resolve_param_dtype
-
-        dtype = resolve_param_dtype(conf.dist.fsdp_param_dtype, rt.device)
-        ranks += f" (fsdp, parameters in {str(dtype).removeprefix('torch.')})"
-    return (
-        (
-            f"model {m.n_layer} layers, d {m.n_embd}, {m.n_head} heads: {n_params:,} "
-            f"parameters | {optimizer} | {ranks} on {where}, {precision} | "
-            f"{t.batch_size * t.seq_len} tokens/step = {count} x {accum_steps} micro-step"
-            f"{'s' if accum_steps > 1 else ''} "
-            f"x {micro} x {t.seq_len}"
-        )
-        + (
-            f" at the most; by phase {', '.join(str(t.batch_size * n) for n in t.seq_len_phases)}"
-            if t.seq_len_phases
-            else ""
-        )
-        + (f"\nlayers: {plan}" if (plan := model.plan_summary()) else "")
-    )
+def step_rates(
+    p: Progress, t: TrainConfig, rt: Runtime, seconds: float, flops: float | None,
+    peak: float | None,
+) -> dict[str, float]:  # fmt: skip
+    """ETA from the mean timed step so far; MFU (from the FLOPs of every rank's batch, when
+    counted, and one GPU's `peak`) and peak memory on a GPU."""
+    out = {}
+    timed = p.step - t.untimed_steps
+    if timed > 0 and p.train_time_s > 0:
+        out["eta_s"] = p.train_time_s / timed * (t.steps - p.step)
+    if flops is not None and peak:
+        out["mfu"] = mfu(flops, seconds, peak, rt.world_size)
+    if rt.device.type == "cuda":
+        out["peak_mem_gib"] = torch.cuda.max_memory_allocated(rt.device) / 2**30
+    return out

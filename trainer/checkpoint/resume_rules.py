@@ -6,16 +6,22 @@ it decides which tensors exist or what the loader position means), "operational"
 executes or reports, never its numbers: a change passes silently); every other change is
 allowed with a warning. A group's rule covers its fields unless a field says otherwise.
 Saved configs are read under today's key names (`upgrade_saved`) and compared key by key
-(`flatten`).
+(`flatten`, trainer/config_checks.py) with the run's (`check_config`).
 """
 
-from dataclasses import MISSING, fields, is_dataclass
+import logging
+from dataclasses import MISSING, asdict, fields, is_dataclass
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from model.config.moved import MOVED
+from trainer.checkpoint import files
+from trainer.checkpoint.files import CheckpointError, Loaded
 from trainer.config import Config
+from trainer.config_checks import flatten
+
+log = logging.getLogger("train")
 
 
 def resume_rule(key: str, schema: Any = Config) -> str | None:
@@ -53,12 +59,29 @@ def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
     return OmegaConf.to_container(out)
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested config dict as {"train.steps": 200, ...}, for comparing configs key by key."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+def check_config(loaded: Loaded, conf: Config, warn: bool) -> None:
+    """Raise `CheckpointError` if `conf` differs from the config `loaded` was saved with in a
+    key that must match; with `warn`, log the keys that differ and may."""
+    saved = flatten(upgrade_saved(loaded.meta.get("config", {})))
+    current = flatten(asdict(conf))
+    # A key the saved config lacks is a setting added since that save: the code that wrote
+    # it behaved as the setting's default does (every new option is off by default).
+    defaults = flatten(OmegaConf.to_container(OmegaConf.structured(Config)))
+    saved |= {k: defaults[k] for k in current.keys() - saved.keys() if k in defaults}
+    differ = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
+    # Each key's rule is its field's `resume` metadata (trainer/config.py).
+    fatal = [k for k in differ if resume_rule(k) == "must_match"]
+    if fatal:
+        shown = "; ".join(f"{k}: {saved.get(k)!r} saved, {current.get(k)!r} now" for k in fatal)
+        raise CheckpointError(
+            f"checkpoint {loaded.path} was saved with an incompatible config ({shown}). "
+            f"Resume with the checkpoint's values (all in {loaded.path / files.META}) "
+            "or start fresh with train.resume=never"
+        )
+    changed = [k for k in differ if resume_rule(k) is None]
+    if changed and warn:
+        log.warning(
+            "resuming with values that differ from the checkpoint's; the run continues "
+            "under the new ones: %s",
+            "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed),
+        )

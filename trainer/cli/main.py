@@ -12,15 +12,15 @@ from typing import NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
+from trainer.cli.overrides import check_command_line
 from trainer.config import Config, to_config
-from trainer.overrides import check_command_line
+from trainer.launch.signals import Stopped, claim_signals
 from trainer.run_dir import discard_unstarted, env_rank, under_torchelastic
-from trainer.signals import Stopped, claim_signals
 
 log = logging.getLogger("train")
 
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 STARTED = time.time()  # before Hydra makes the run directory (this module loads first)
 
 

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer.config import Config, DistConfig
-from trainer.resume_rules import flatten
+from trainer.config_checks import flatten
 from trainer.runtime import Runtime, resolve_backend
 
 T = TypeVar("T")
@@ -169,6 +169,15 @@ def raise_together(error: BaseException | None, rt: Runtime, what: str) -> None:
             raise RuntimeError(f"{what} failed on another rank; its error says why")
     if error is not None:
         raise error
+
+
+def gather(obj: Any, rt: Runtime) -> list[Any]:
+    """`obj` from every rank, in rank order (on every rank)."""
+    if rt.world_size == 1:
+        return [obj]
+    out: list[Any] = [None] * rt.world_size
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def _broadcast_object(obj: Any) -> Any:
