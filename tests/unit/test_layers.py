@@ -71,6 +71,15 @@ def test_trainer_imports_from_model_only_config_schemas() -> None:
     assert not bad, bad
 
 
+def test_the_model_config_is_a_schema_only() -> None:
+    """model/config/ imports nothing of the model's parts (only itself and the window
+    schedule): reading or checking a config never builds, or imports, a model."""
+    bad = {m: d for m, deps in GRAPH.items() if in_config_layer(m) for d in deps
+           if not in_config_layer(d)}  # fmt: skip
+    assert not bad, bad
+    assert in_config_layer("model.config.attention") and not in_config_layer("model.gpt")
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """An import cycle of `graph` (module -> the modules it imports) as a path, or None:
     depth-first search for a back edge."""

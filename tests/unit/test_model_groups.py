@@ -1,0 +1,98 @@
+"""The model's config in groups: every key of the former flat schema has one place, and
+wherever an old key can still arrive (a command line, a config file, a checkpoint's saved
+config, Python code) it either reads as its new key or fails with one line naming it."""
+
+import shutil
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+
+import pytest
+
+from model.config import ModelConfig, update
+from model.config.moved import MOVED
+from trainer.checkpoint.resume_rules import upgrade_saved
+from trainer.cli.overrides import check_overrides, compose_and_validate
+from trainer.config import Config, to_config
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+GROUPS = ("attention", "embed", "residual", "mlp", "head", "numerics")
+# The flat schema's fields that stayed at the top, and the fields added since.
+KEPT = {"n_layer", "n_head", "n_embd", "vocab_size", "init_std", "gate_channels", "compile",
+        "compile_backend"}  # fmt: skip
+ADDED = {"residual.sublayer_scales", "residual.resid_init", "residual.post_init"}
+
+
+def leaves(cls: type, prefix: str = "") -> set[str]:
+    """Every leaf field of a config dataclass, dotted."""
+    out = set()
+    for f in fields(cls):
+        if is_dataclass(f.default_factory):
+            out |= leaves(f.default_factory, f"{prefix}{f.name}.")
+        else:
+            out.add(f"{prefix}{f.name}")
+    return out
+
+
+def test_every_flat_key_has_exactly_one_new_place() -> None:
+    grouped = leaves(ModelConfig)
+    assert set(MOVED.values()) <= grouped, set(MOVED.values()) - grouped
+    assert len(set(MOVED.values())) == len(MOVED)  # no two old keys share a place
+    assert grouped == set(MOVED.values()) | KEPT | ADDED  # nothing lost, nothing unnamed
+    assert not set(MOVED) & KEPT
+    assert {f.name for f in fields(ModelConfig)} == KEPT | set(GROUPS)
+
+
+@pytest.mark.parametrize(("old", "value"), [("window", "LS"), ("dtype", "bf16"), ("loss", "plain"),
+                                          ("fp8_head", "true"), ("skip_from", "1")])  # fmt: skip
+def test_a_flat_override_names_its_new_key(old: str, value: str) -> None:
+    with pytest.raises(ValueError, match=rf"^model\.{old} is now model\.{MOVED[old]}") as e:
+        check_overrides([f"model.{old}={value}"], CONF, Config)
+    assert "\n" not in str(e.value)
+    check_overrides([f"model.{MOVED[old]}={value}"], CONF, Config)  # the new key is taken
+
+
+def test_a_flat_key_in_a_config_file_names_its_new_key(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    (conf / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\nmodel:\n  window_tokens: 128\n  window: LS\n"
+    )
+    with pytest.raises(ValueError, match=r"model\.\w+ is now model\.attention\.\w+.*config file"):
+        compose_and_validate(["experiment=mine"], conf)
+    (conf / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\nmodel:\n  attention:\n    window_tokens: 128\n    window: LS\n"
+    )
+    compose_and_validate(["experiment=mine"], conf)  # the grouped form composes
+
+
+def test_a_saved_flat_config_reads_under_the_new_keys() -> None:
+    saved = {"model": {"n_layer": 2, "dtype": "bf16", "window": "LS", "fp8_head": True,
+                       "logit_softcap": 15.0, "attention_layers": "AA"},
+             "optim": {"schedule": {"window_tokens": 64}}}  # fmt: skip
+    model = upgrade_saved(saved)["model"]
+    assert model == {"n_layer": 2, "numerics": {"dtype": "bf16"},
+                     "attention": {"window": "LS", "layers": "AA", "window_tokens": 64},
+                     "head": {"fp8": True, "softcap": 15.0}}  # fmt: skip
+    cfg = to_config({"model": model}).model
+    assert (cfg.attention.window_tokens, cfg.head.softcap, cfg.numerics.dtype) == (64, 15, "bf16")
+
+
+def test_python_callers_get_the_new_name() -> None:
+    cfg = ModelConfig()
+    with pytest.raises(AttributeError, match=r"model\.window is now model\.attention\.window"):
+        _ = cfg.window
+    with pytest.raises(AttributeError, match=r"model\.loss is now model\.head\.loss"):
+        update(cfg, {"loss": "plain"})
+    with pytest.raises(AttributeError, match=r"no key 'attention\.windw'"):
+        update(cfg, {"attention.windw": "LS"})
+    with pytest.raises(AttributeError, match=r"has no attribute 'nonsense'"):
+        _ = cfg.nonsense
+    assert not hasattr(cfg, "window")  # hasattr still answers, as for any missing attribute
+
+
+def test_update_copies_and_leaves_the_original() -> None:
+    base = ModelConfig()
+    changed = update(base, {"attention.window": "LS", "n_layer": 2, "head.softcap": 15.0})
+    assert (changed.attention.window, changed.n_layer, changed.head.softcap) == ("LS", 2, 15.0)
+    assert (base.attention.window, base.n_layer, base.head.softcap) == ("", 4, 30.0)
+    assert changed.embed is not base.embed  # a deep copy: no group is shared
