@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from model.config.moved import MOVED
 from tests.dist_utils import run_torchrun_ranks
 from tests.helpers import TINY, compose_config, sigterm_after
 from train import train
@@ -329,17 +330,21 @@ def test_disk_full_during_a_save_keeps_the_last_checkpoint(
 
 
 def test_a_checkpoint_from_before_a_new_option_resumes(tmp_path: Path, corpus_cache: Path) -> None:
-    """A save whose config lacks a key added since (an older version of the code) counts it
-    at its default: it resumes, and a run that turns the new option on is refused."""
+    """An older version's save (model keys flat, keys added since missing) takes each missing
+    key at its default: it resumes, and a run that turns such an option on is refused."""
     source = tmp_path / "source"
     run(source, corpus_cache, "train.steps=2", "train.val_every=1")
     meta_file = source / "checkpoints" / "step_000002" / "meta.json"
     meta = json.loads(meta_file.read_text())
-    for group, key in (("model", "unet"), ("model", "window"), ("train", "untimed_steps")):
-        del meta["config"][group][key]
+    model = meta["config"]["model"]
+    for old, new in MOVED.items():  # the flat schema's layout (groups then hold new keys only)
+        model[old] = model[new.split(".")[0]].pop(new.split(".")[1])
+    for group in {new.split(".")[0] for new in MOVED.values()}:
+        model.pop(group)  # what is left (the sublayer scales) is newer than the flat schema
+    del model["unet"], model["window"], meta["config"]["train"]["untimed_steps"]
     meta_file.write_text(json.dumps(meta))
     assert math.isfinite(
         run(tmp_path / "a", corpus_cache, "train.steps=3", f"train.resume={source}")
     )
-    with pytest.raises(CheckpointError, match=r"model\.unet: False saved, True now"):
+    with pytest.raises(CheckpointError, match=r"model\.residual\.unet: False saved, True now"):
         run(tmp_path / "b", corpus_cache, "model.residual.unet=true", f"train.resume={source}")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from data.tokenizer import GPT2_VOCAB_SIZE, encode_document, gpt2_encoding
 from model import GPT, ModelConfig
@@ -63,7 +64,8 @@ def test_finds_the_newest_checkpoint(run: Path) -> None:
 def greedy(checkpoint: Path, prompt: list[int], new_tokens: int) -> list[int]:
     """Greedy decoding written out directly: argmax of the real vocabulary, context cropped."""
     meta = files.validate(checkpoint)
-    model = GPT(ModelConfig(**meta["config"]["model"]))
+    saved = OmegaConf.merge(OmegaConf.structured(ModelConfig), meta["config"]["model"])
+    model = GPT(OmegaConf.to_object(saved))
     model.load_state_dict(torch.load(checkpoint / "model.pt", weights_only=True))
     model.eval()
     idx = torch.tensor([prompt])
