@@ -1,4 +1,4 @@
-"""The GPT (model/gpt.py) and its config (model/config.py).
+"""The GPT (model/gpt.py) and its config (model/config/).
 
 `GPT` is imported on first use (PEP 562), so that reading the config schema does not import
 torch: a command-line typo then fails in a fraction of a second.
