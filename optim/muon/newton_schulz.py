@@ -143,9 +143,9 @@ BELOW_BF16_ISAS = (
 def bf16_matmul_is_fast(device: torch.device) -> bool:
     """Whether `device` has native bf16 matmuls: always on CUDA; on a CPU, AVX-512 BF16 or
     AMX instructions that oneDNN is allowed to use (`ONEDNN_MAX_CPU_ISA` can hold it below
-    them). Without them oneDNN emulates bf16, 5-90x slower than fp32
-    (docs/cpu-kinds.md). torch's own check (`_is_mkldnn_bf16_supported`) also says yes on AVX-512 CPUs
-    without BF16, where bf16 is emulated, so this reads the CPU's flags."""
+    them). Without them oneDNN emulates bf16, 5-90x slower than fp32 (docs/cpu-kinds.md).
+    torch's own check (`_is_mkldnn_bf16_supported`) also says yes on AVX-512 CPUs without
+    BF16, where bf16 is emulated, so this reads the CPU's flags."""
     if device.type == "cuda":
         return True
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
