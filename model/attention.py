@@ -40,10 +40,11 @@ def attend(
     """softmax(scale·q·kᵀ)·v over (B, H, T, D) tensors, causal or under `mask`. A 0-d tensor
     `scale` (YaRN's, which changes during a run) stays a tensor up to FlexAttention, through a
     score_mod, so a compiled model neither syncs nor recompiles. SDPA takes only a float
-    scale, so there the tensor multiplies q (in q's dtype: one more rounding in bf16, none
-    that a host sync or a graph break would cost)."""
+    scale, so there the tensor multiplies q: the bf16 q times the fp32 scale, rounded once to
+    q's dtype (one more rounding than the kernel's own scaling, none that a host sync or a
+    graph break would cost; the scale itself is not rounded to bf16 first)."""
     if isinstance(scale, Tensor) and (mask is None or isinstance(mask, Tensor)):
-        q, scale = q * scale.to(q.dtype), 1.0
+        q, scale = q * scale.to(torch.promote_types(q.dtype, torch.float32)), 1.0
     elif isinstance(scale, Tensor):
         s = scale
 

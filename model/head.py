@@ -18,9 +18,11 @@ The scales (model.numerics.fp8_scales, `FP8_SCALES`):
 - record_2025_01: x_s = 1/2, w_s = 2⁻⁹, g_s = 2⁻¹⁹ (the 2025-01 record's multipliers 2, 512,
   2¹⁹). All powers of two, so every division and rescale is exact and gives the same bits as
   multiplying by the reciprocals.
-- record_2025_11: x_s = √768/448 = 0.0618589…, w_s = 2⁻⁹, g_s = 1/448. RMSNorm bounds |X| by
-  √768 at the record's width, so X/x_s ≤ 448 = e4m3's largest value. x_s stays this number at
-  other widths (it names the record's constant, not a rule in n_embd).
+- record_2025_11: x_s = √d/448 (0.0618589… at the record's width d = 768), w_s = 2⁻⁹,
+  g_s = 1/448. RMSNorm bounds |X| by √d, so X/x_s ≤ 448 = e4m3's largest value at any width,
+  as the record's √d/448 gives.
+- record_2026_07: x_s = 100/448, w_s = 1.6/448, g_s = 0.75/448 (record D, D.1 "Head and FP8":
+  the multipliers 4.48, 280 and 597.3), whatever the width.
 
 Under gradient accumulation the loop backpropagates loss / k for each of k micro-steps, so G
 arrives k times smaller than a record rank's (8 GPUs, one micro-step each) and e5m2 would
@@ -33,6 +35,7 @@ form; with k = 1 it is the record's G/g_s for any g_s.
 """
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -49,21 +52,25 @@ class FP8Scales(NamedTuple):
     g: float
 
 
-FP8_SCALES = {
-    "record_2025_01": FP8Scales(x=2.0**-1, w=2.0**-9, g=2.0**-19),
-    "record_2025_11": FP8Scales(x=math.sqrt(768) / 448, w=2.0**-9, g=1 / 448),
+RECORD_2025_01 = FP8Scales(x=2.0**-1, w=2.0**-9, g=2.0**-19)
+# Each named set as a function of the model's width d (only record_2025_11's depends on it).
+FP8_SCALES: dict[str, Callable[[int], FP8Scales]] = {
+    "record_2025_01": lambda d: RECORD_2025_01,
+    "record_2025_11": lambda d: FP8Scales(x=math.sqrt(d) / 448, w=2.0**-9, g=1 / 448),
+    "record_2026_07": lambda d: FP8Scales(x=100 / 448, w=1.6 / 448, g=0.75 / 448),
 }
 
 
-def fp8_scales(scales: str | FP8Scales) -> FP8Scales:
-    """`scales` by its model.numerics.fp8_scales name, or as given."""
+def fp8_scales(scales: str | FP8Scales, width: int) -> FP8Scales:
+    """`scales` by its model.numerics.fp8_scales name for a model of `width` (d), or as
+    given."""
     if isinstance(scales, FP8Scales):
         return scales
     if scales not in FP8_SCALES:
         raise ValueError(
             f"model.numerics.fp8_scales must be one of {' | '.join(FP8_SCALES)}, got {scales!r}"
         )
-    return FP8_SCALES[scales]
+    return FP8_SCALES[scales](width)
 
 
 def _scale(value: float, like: Tensor) -> Tensor:
@@ -80,7 +87,7 @@ class FP8Matmul(torch.autograd.Function):
         x: Tensor,
         w: Tensor,
         micro_steps: int = 1,
-        scales: FP8Scales = FP8_SCALES["record_2025_01"],
+        scales: FP8Scales = RECORD_2025_01,
     ) -> Tensor:
         x8 = x.div(scales.x).to(torch.float8_e4m3fn)
         w8 = w.div(scales.w).to(torch.float8_e4m3fn)
@@ -119,6 +126,7 @@ def head_logits(
     `micro_steps`: the gradient accumulation, `scales`: model.numerics.fp8_scales (module
     docstring)."""
     if fp8 and head.training:
-        flat = FP8Matmul.apply(x.flatten(0, -2), head.weight, micro_steps, fp8_scales(scales))
+        divisors = fp8_scales(scales, x.size(-1))
+        flat = FP8Matmul.apply(x.flatten(0, -2), head.weight, micro_steps, divisors)
         return flat.view(*x.shape[:-1], -1)
     return head(x)

@@ -8,7 +8,7 @@ SOFTCAP_FORMS = ("tanh", "sigmoid")
 LOSSES = ("auto", "fused", "plain")
 LOSS_REDUCTIONS = ("mean", "sum")
 LOSS_DTYPES = ("fp32", "bf16")
-FP8_SCALES = ("record_2025_01", "record_2025_11")
+FP8_SCALES = ("record_2025_01", "record_2025_11", "record_2026_07")
 
 
 @dataclass
@@ -52,7 +52,7 @@ class NumericsConfig:
     residual stream (the 2025-01 record; pair with train.autocast=none) | fp32."""
     fp8_scales: str = field(default="record_2025_01", metadata={"choices": FP8_SCALES})
     """The FP8 head's divisors (x_s, w_s, g_s), model/head.py: record_2025_01 (1/2, 2⁻⁹, 2⁻¹⁹)
-    | record_2025_11 (√768/448, 2⁻⁹, 1/448)."""
+    | record_2025_11 (√d/448, 2⁻⁹, 1/448) | record_2026_07 (100/448, 1.6/448, 0.75/448)."""
     packed_scalars: bool = False
     """Every scalar of the model in one fp32 vector, the 2025-11 record's layout
     (model/scalars.py)."""

@@ -182,10 +182,12 @@ def test_fp8_head_is_the_formula_with_explicit_casts(scales, w_dtype, k) -> None
 def test_head_logits_by_name_quantise_x_as_record_2025_11_does() -> None:
     """`head_logits(..., "record_2025_11")` in training, read back through a unit weight:
     with W = w_s·I (so W₈ = I) the logits are X₈·x_s·w_s within a bf16 unit, and X₈ itself,
-    recovered by rounding logits / (x_s·w_s) to e4m3, is the formula's e4m3(bf16(X / x_s))."""
-    x_s, w_s, _ = RECORD_2025_11
+    recovered by rounding logits / (x_s·w_s) to e4m3, is the formula's e4m3(bf16(X / x_s))
+    with the width's x_s = √16/448, not the record width's √768/448."""
+    x_s, w_s = 16**0.5 / 448, RECORD_2025_11[1]
     gen = torch.Generator().manual_seed(2)
-    x = (torch.randn(8, 16, generator=gen) * 4).bfloat16()  # |X / x_s| < 448
+    x = torch.nn.functional.rms_norm(torch.randn(8, 16, generator=gen), (16,))
+    x = (x * 0.99).bfloat16()  # |X| < √16 as after RMSNorm, so |X / x_s| < 448
     head = torch.nn.Linear(16, 16, bias=False).bfloat16()  # the record's bf16 head
     with torch.no_grad():
         head.weight.copy_(torch.eye(16) * w_s)
@@ -203,12 +205,14 @@ def test_fp8_scales_are_validated() -> None:
     from model.config import ModelConfig as Config
     from trainer.config import check_choices
 
-    assert fp8_scales("record_2025_11") == FP8Scales(*RECORD_2025_11)
-    assert fp8_scales("record_2025_01") == FP8Scales(*RECORD_2025_01)
+    assert fp8_scales("record_2025_11", 768) == FP8Scales(*RECORD_2025_11)
+    assert fp8_scales("record_2025_11", 64) == FP8Scales(8 / 448, 2.0**-9, 1 / 448)  # √d/448
+    assert fp8_scales("record_2025_01", 64) == FP8Scales(*RECORD_2025_01)
+    assert fp8_scales("record_2026_07", 64) == FP8Scales(100 / 448, 1.6 / 448, 0.75 / 448)
     assert Config().numerics.fp8_scales == "record_2025_01"
     for name in FP8_SCALES:
         check_choices(update(Config(), {"numerics.fp8_scales": name}), "model.")
     with pytest.raises(ValueError, match=r"model\.numerics\.fp8_scales must be one of"):
         check_choices(update(Config(), {"numerics.fp8_scales": "record_2025_12"}), "model.")
     with pytest.raises(ValueError, match=r"model\.numerics\.fp8_scales must be one of"):
-        fp8_scales("record_2025_12")
+        fp8_scales("record_2025_12", 768)

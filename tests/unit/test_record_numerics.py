@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
 
 from model.loss import softcap
@@ -275,3 +276,19 @@ def test_presets_select_the_record_forms():
     assert b_att["rope"] == "half_truncated" and b["model"]["head"]["softcap_form"] == "sigmoid"
     assert b["optim"]["muon"]["ns_form"] == "factored_unfused"
     assert b["optim"]["schedule"]["cooldown_form"] == "fraction"
+
+
+def test_the_yarn_scale_multiplies_q_unrounded() -> None:
+    """On SDPA's path the stage's attention scale multiplies the bf16 q as an fp32 number:
+    one rounding of q·s, as the record's kernel scales in fp32. Rounding s to bf16 first
+    (0.1 -> 0.10009765625) gives other bits."""
+    from model.attention import attend
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 8, generator=gen).bfloat16() for _ in range(3))
+    scale = torch.tensor(0.1, dtype=torch.float64)  # the model's table of stage scales
+    once = F.scaled_dot_product_attention((q.float() * 0.1).bfloat16(), k, v, is_causal=True,
+                                          scale=1.0)  # fmt: skip
+    assert torch.equal(attend(q, k, v, None, scale), once)
+    twice = F.scaled_dot_product_attention(q * scale.bfloat16(), k, v, is_causal=True, scale=1.0)
+    assert not torch.equal(once, twice)
