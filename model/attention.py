@@ -8,6 +8,7 @@ For input u (already RMS-normalised), per head of size D:
     q, k <- rotary(RMSNorm(q)), rotary(RMSNorm(k))   QK-norm (unless attention.qk_norm=false)
     y = softmax(scale·q·kᵀ + mask)·v       scale 1/√D, or model.attention.scale (0.12 in
                                            2025-01), or YaRN's scale of the stage (model/yarn.py)
+    y_h <- XSA(y_h)                        learnable XSA (model.attention.xsa, model/xsa.py)
     y_h <- y_h·σ(u[:k]·G[h]ᵀ)               sparse output gate per head (model.attention.gate)
     out = y·W_oᵀ                            heads concatenated in order
 
@@ -32,6 +33,7 @@ from model.max_logit import max_logits
 from model.plan import LayerSpec
 from model.rotary import Rotary
 from model.values import ValueMix
+from model.xsa import xsa
 
 
 def attend(
@@ -93,6 +95,7 @@ class CausalSelfAttention(nn.Module):
         # forward, which would overwrite each rank's maxima between micro-batches.
         self.max_logit: Tensor | None = None  # (n_head,) fp32, the running max per head
         self.window = spec.window
+        self.xsa = spec.xsa
         self.layer = layer  # its place in the packed scalars
         d, att = cfg.n_embd, cfg.attention
         if att.merged_qkvo:
@@ -173,6 +176,8 @@ class CausalSelfAttention(nn.Module):
         if self._fold is not None and self.training:  # evaluation is no part of a step
             self._fold(q, k, mask, scale)
         y = attend(q, k, v, mask, scale)
+        if self.xsa:  # the layer's row of the model's α (model/xsa.py)
+            y = xsa(y, v, ctx.xsa_alphas[self.layer])
         if hasattr(self, "gate"):  # σ(u[:k]·G[h]ᵀ) per position and head: (B, T, H)
             g = torch.sigmoid(self.gate(x[..., : self.gate_channels]))
             y = y * g.transpose(1, 2)[..., None]

@@ -34,6 +34,7 @@ from model.residual import Skips, build_sublayer_scales, sublayer_scales
 from model.rotary import Rotary
 from model.scalars import build_scalars, scalar
 from model.steps import StepInputs, step_inputs
+from model.xsa import build_xsa
 from model.yarn import yarn_table
 
 
@@ -55,6 +56,7 @@ class GPT(nn.Module):
             self.smear_gate = linear(cfg, cfg.gate_channels, 1)
         self.layout = build_scalars(self, cfg)
         build_sublayer_scales(self, cfg)
+        build_xsa(self, cfg)
         att = cfg.attention
         windows = att.long_windows if att.yarn else None
         self.rotary = Rotary(
@@ -176,4 +178,5 @@ class GPT(nn.Module):
             yarn_stage=step.yarn_stage,
             attn_scale=step.attn_scale,
             sublayer_scales=sublayer_scales(self),
+            xsa_alphas=getattr(self, "xsa_alphas", None),
         )

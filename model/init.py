@@ -16,6 +16,7 @@ from torch import nn
 
 from model.attention import init_bound
 from model.residual import reset_sublayer_scales
+from model.xsa import reset_xsa
 
 
 @torch.no_grad()
@@ -43,6 +44,7 @@ def initialise(model: nn.Module) -> None:
     if model.layout is not None:
         model.scalars.copy_(model.layout.initial(cfg.residual.x0_mix_a_init))
     reset_sublayer_scales(model, cfg)
+    reset_xsa(model)
     if cfg.numerics.dtype == "bf16":
         for module in [*tables, *gates(model)]:  # the 2025-11 record's gates are bf16 too
             module.to(torch.bfloat16)

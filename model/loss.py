@@ -62,15 +62,20 @@ class _SoftcapCrossEntropy(torch.autograd.Function):
         return grad, None, None, None, None
 
 
-def softcap(logits: Tensor, cap: float, form: str = "tanh") -> Tensor:
-    """tanh: cap·tanh(z/cap), in (−cap, cap) | sigmoid: cap·σ(4z/cap), in (0, cap) (the same
-    curve shifted up by cap/2 with half the cap: 30·σ(z/7.5) = 15·tanh(z/15) + 15).
+def softcap(
+    logits: Tensor, cap: float, form: str = "tanh", shift: float = 0.0, divisor: float = 0.0
+) -> Tensor:
+    """tanh: cap·tanh(z/cap), in (−cap, cap) | sigmoid: cap·σ((z + shift)/τ), in (0, cap), with
+    τ = divisor or cap/4 (with shift 0 and τ = cap/4 the tanh curve shifted up by cap/2 with
+    half the cap: 30·σ(z/7.5) = 15·tanh(z/15) + 15; record D: 23·σ((z + 5)/7.5)).
 
-    The sigmoid form divides by cap/4, as the 2025-01 record divides by 7.5, rather than
-    multiplying by 4/cap: 4/30 is not exact in binary, so the product would round differently
-    from the record's quotient on some logits."""
+    The sigmoid form divides by τ, as the records divide by 7.5, rather than multiplying by
+    1/τ: 4/30 is not exact in binary, so the product would round differently from the record's
+    quotient on some logits. The shift is added first, in the logits' dtype, as the record's
+    (z + 5) is."""
     if form == "sigmoid":
-        return cap * torch.sigmoid(logits / (cap / 4))
+        z = logits + shift if shift else logits
+        return cap * torch.sigmoid(z / (divisor or cap / 4))
     return cap * torch.tanh(logits / cap)
 
 
@@ -102,7 +107,8 @@ def model_loss(logits: Tensor, targets: Tensor | None, cfg: HeadConfig, training
     cap = cfg.softcap
     reduction = "sum" if training and cfg.reduction == "sum" else "mean"
     low = cfg.loss_dtype == "bf16"
-    fused = cfg.loss == "fused" or (cfg.loss == "auto" and logits.device.type == "cpu")
+    cpu = logits.device.type == "cpu"
+    fused = cfg.loss == "fused" or (cfg.loss == "auto" and cpu and cfg.tanh_expressible)
     if targets is not None and cap > 0 and fused and not low:
         # 30·σ(z/7.5) = 15·tanh(z/15) + 15, and a constant shift leaves the loss as it is.
         tanh_cap = cap if cfg.softcap_form == "tanh" else cap / 2
@@ -113,7 +119,7 @@ def model_loss(logits: Tensor, targets: Tensor | None, cfg: HeadConfig, training
     if not low:
         logits = logits.to(at_least_fp32)
     if cap > 0:
-        logits = softcap(logits, cap, cfg.softcap_form)
+        logits = softcap(logits, cap, cfg.softcap_form, cfg.softcap_shift, cfg.softcap_divisor)
     if targets is None or not training:
         logits = logits.to(at_least_fp32)
     if targets is None:

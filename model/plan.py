@@ -26,6 +26,7 @@ class LayerSpec:
     value_embed: int | None  # the value-embedding table this layer adds to its values
     skip_from: int | None  # U-net: the earlier layer whose output is added at the input
     mlp: bool = True  # False: no MLP (with no attention either, the block is skipped)
+    xsa: bool = False  # learnable XSA on this layer's attention output
 
     @property
     def empty(self) -> bool:
@@ -47,6 +48,7 @@ def layer_plan(cfg: ModelConfig) -> list[LayerSpec]:
     window = resample(att.window, n) if att.window else None
     tables = resample(tables, n) if tables else "." * n
     mlps = resample(cfg.mlp.layers, n) if cfg.mlp.layers else "M" * n
+    xsa = resample(att.xsa, n) if att.xsa else "." * n
     encoder = n // 2
     plan = []
     for layer in range(n):
@@ -58,6 +60,7 @@ def layer_plan(cfg: ModelConfig) -> list[LayerSpec]:
                 value_embed=None if tables[layer] == "." else int(tables[layer]),
                 skip_from=skip if skip is not None and skip >= 0 else None,
                 mlp=mlps[layer] == "M",
+                xsa=xsa[layer] == "X" and attention[layer] == "A",
             )
         )
     return plan
@@ -72,6 +75,8 @@ def describe_plan(plan: list[LayerSpec]) -> str:
             bits.append("no mlp")
         if s.attention and s.window:
             bits.append(s.window)
+        if s.xsa:
+            bits.append("xsa")
         if s.value_embed is not None:
             bits.append(f"ve{s.value_embed}")
         if s.skip_from is not None:

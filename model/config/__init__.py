@@ -115,6 +115,7 @@ class ModelConfig:
         r = self.residual
         return bool(
             self.attention.window or self.embed.value_embeds or self.attention.layers
+            or self.attention.xsa
             or self.mlp.layers or r.unet or r.skip_from >= 0 or r.backout_layer >= 0
         )  # fmt: skip
 

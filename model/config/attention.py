@@ -41,6 +41,10 @@ class AttentionConfig:
     """v ← (1−λ)·v + λ·v₁ with v₁ block 0's raw values: off | fixed λ | learned λ per block."""
     value_residual_lambda: float = 0.5
     """λ, or its initial value when learned."""
+    xsa: str = ""
+    """Per-layer pattern: "X" learnable XSA, "." none; "" = none (record D: ".X.XX..XX.X").
+    y_h <- y_h − tanh(α_h)·⟨y_h, v̂_h⟩·v̂_h after attention, v̂ = v/max(‖v‖, 10⁻⁴) per head and
+    token, α (n_layer × n_head, `xsa_alphas`) from 0 (model/xsa.py)."""
     # --- rotary ---------------------------------------------------------------------------
     rope: str = field(default="full", metadata={"choices": ROPES})
     """full: base rope_base on every dim | half_truncated: 32 frequencies 1 … 1/1024 on the
@@ -99,7 +103,7 @@ class AttentionConfig:
             if getattr(self, key) < 0:
                 raise ValueError(f"model.attention.{key} must be >= 0, got {getattr(self, key)}")
         self._validate_windows()
-        for key, allowed in (("window", "LS"), ("layers", "A.")):
+        for key, allowed in (("window", "LS"), ("layers", "A."), ("xsa", "X.")):
             bad = set(getattr(self, key)) - set(allowed)
             if bad:
                 raise ValueError(

@@ -18,7 +18,12 @@ class HeadConfig:
     softcap: float = 30.0
     """The cap c of the softcap (`softcap_form`); 0 disables it."""
     softcap_form: str = field(default="tanh", metadata={"choices": SOFTCAP_FORMS})
-    """tanh: c·tanh(z/c) | sigmoid: c·σ(4z/c), the 2025-01 record's 30·σ(z/7.5)."""
+    """tanh: c·tanh(z/c) | sigmoid: c·σ((z + b)/τ), b = softcap_shift, τ = softcap_divisor:
+    the 2025-01 record's 30·σ(z/7.5) (b = 0, τ = c/4), record D's 23·σ((z + 5)/7.5)."""
+    softcap_shift: float = 0.0
+    """b of the sigmoid form (record D: 5)."""
+    softcap_divisor: float = 0.0
+    """τ of the sigmoid form; 0 = c/4 (record D: 7.5)."""
     loss: str = field(default="auto", metadata={"choices": LOSSES})
     """Softcapped cross-entropy: fused (chunked, for CPU caches) | plain (the formula, which
     torch.compile fuses on GPU) | auto: fused on CPU, plain elsewhere."""
@@ -33,9 +38,33 @@ class HeadConfig:
     bf16: bool = False
     """The LM head weight a bf16 parameter (the 2025-11 record); needs model.numerics.dtype=bf16."""
 
+    @property
+    def tanh_expressible(self) -> bool:
+        """Whether the cap is c'·tanh(z/c') plus a constant, which the fused loss computes:
+        the tanh form, or the sigmoid form with b = 0 and τ = c/4 (c·σ(4z/c) = c/2·tanh(2z/c)
+        + c/2)."""
+        plain_sigmoid = not self.softcap_shift and self.softcap_divisor in (0, self.softcap / 4)
+        return self.softcap_form == "tanh" or plain_sigmoid
+
     def validate(self) -> None:
         if self.softcap < 0:
             raise ValueError(f"model.head.softcap must be >= 0, got {self.softcap}")
+        if self.softcap_divisor < 0:
+            raise ValueError(
+                f"model.head.softcap_divisor must be >= 0 (0 = softcap/4), got "
+                f"{self.softcap_divisor}"
+            )
+        if self.softcap_form == "tanh" and (self.softcap_shift or self.softcap_divisor):
+            raise ValueError(
+                "model.head.softcap_shift and model.head.softcap_divisor shape the sigmoid "
+                "form: set model.head.softcap_form=sigmoid, or leave them 0"
+            )
+        if self.loss == "fused" and not self.tanh_expressible:
+            raise ValueError(
+                "model.head.loss=fused computes c·tanh(z/c), which the shifted sigmoid "
+                "(model.head.softcap_shift / softcap_divisor) is not: use model.head.loss=plain "
+                "or auto"
+            )
         if self.loss == "fused" and self.loss_dtype == "bf16":
             raise ValueError(
                 "model.head.loss=fused computes in fp32: use model.head.loss=plain or auto "

@@ -19,7 +19,8 @@ GROUPS = ("attention", "embed", "residual", "mlp", "head", "numerics")
 # The flat schema's fields that stayed at the top, and the fields added since.
 KEPT = {"n_layer", "n_head", "n_embd", "vocab_size", "init_std", "gate_channels", "compile",
         "compile_backend"}  # fmt: skip
-ADDED = {"residual.sublayer_scales", "residual.resid_init", "residual.post_init"}
+ADDED = {"residual.sublayer_scales", "residual.resid_init", "residual.post_init", "attention.xsa",
+         "head.softcap_shift", "head.softcap_divisor"}  # fmt: skip
 
 
 def leaves(cls: type, prefix: str = "") -> set[str]:

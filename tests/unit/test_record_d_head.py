@@ -1,0 +1,64 @@
+"""Record D's head and loss, the parts built so far (../shared/docs/RECORD_D.md D.1 "Head and
+FP8", D.2): the softcap 23·σ((z + 5)/7.5) and its cross-entropy, against the formula."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model.config import HeadConfig
+from model.loss import model_loss, softcap
+
+RECORD_D = HeadConfig(softcap=23.0, softcap_form="sigmoid", softcap_shift=5.0,
+                      softcap_divisor=7.5, loss="auto")  # fmt: skip
+
+
+def logits(dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0)
+    return (torch.randn(2, 6, 50, generator=gen) * 12).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_the_cap_is_the_records_formula_in_its_order(dtype: torch.dtype) -> None:
+    """(z + 5) first, then / 7.5, σ, × 23, each in the logits' dtype, as the record writes it."""
+    z = logits(dtype)
+    want = 23 * torch.sigmoid((z + 5) / 7.5)
+    assert torch.equal(softcap(z, 23.0, "sigmoid", 5.0, 7.5), want)
+    assert not torch.equal(want, 23 * torch.sigmoid(z / 7.5))  # the shift is not a no-op
+    assert not torch.equal(want, 23 * torch.sigmoid((z + 5) / (23 / 4)))  # τ is not c/4
+
+
+def test_the_loss_and_its_gradient_are_the_formulas() -> None:
+    """auto on a CPU takes the plain formula for this cap (the fused loss computes only
+    c·tanh(z/c)); the mean cross-entropy and ∂L/∂z = (softmax(s) − onehot)·23·σ'(u)/7.5 / N
+    with s the capped logits and u = (z + 5)/7.5, in float64."""
+    z = logits(torch.float64).requires_grad_()
+    y = torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(1))
+    loss = model_loss(z, y, RECORD_D, True)
+    u = (z.detach() + 5) / 7.5
+    s = 23 * torch.sigmoid(u)
+    want = torch.logsumexp(s, -1) - s.gather(-1, y[..., None]).squeeze(-1)
+    torch.testing.assert_close(loss, want.mean(), rtol=1e-14, atol=0)
+    loss.backward()
+    dsdz = 23 * torch.sigmoid(u) * (1 - torch.sigmoid(u)) / 7.5
+    grad = (torch.softmax(s, -1) - F.one_hot(y, 50).double()) * dsdz / y.numel()
+    torch.testing.assert_close(z.grad, grad, rtol=1e-12, atol=1e-18)
+
+
+def test_evaluation_returns_the_capped_logits() -> None:
+    z = logits()
+    torch.testing.assert_close(
+        model_loss(z, None, RECORD_D, False), 23 * torch.sigmoid((z + 5) / 7.5)
+    )
+
+
+def test_the_shifted_sigmoid_refuses_what_cannot_compute_it() -> None:
+    with pytest.raises(ValueError, match=r"model\.head\.loss=fused"):
+        HeadConfig(**{**RECORD_D.__dict__, "loss": "fused"}).validate()
+    with pytest.raises(ValueError, match=r"softcap_form=sigmoid"):
+        HeadConfig(softcap_shift=5.0).validate()  # the tanh form has no shift
+    with pytest.raises(ValueError, match=r"model\.head\.softcap_divisor must be >= 0"):
+        HeadConfig(softcap_form="sigmoid", softcap_divisor=-1.0).validate()
+    RECORD_D.validate()
+    # The 2025-01 form written with its own τ = c/4 is still the fused tanh's
+    assert HeadConfig(softcap_form="sigmoid", softcap_divisor=7.5).tanh_expressible
+    assert not RECORD_D.tanh_expressible
