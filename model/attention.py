@@ -6,6 +6,7 @@ For input u (already RMS-normalised), per head of size D:
                                            the 2025-11 record's 4×d×d W_q, W_k, W_v, W_o)
     v <- mixes(v)                          value residual, value embeddings (model/values.py)
     q, k <- rotary(RMSNorm(q)), rotary(RMSNorm(k))   QK-norm (unless attention.qk_norm=false)
+    k_t[D/2:] <- k_(t−1)[D/2:]             key offset, long-window layers (attention.key_offset)
     y = softmax(scale·q·kᵀ + mask)·v       scale 1/√D, or model.attention.scale (0.12 in
                                            2025-01), or YaRN's scale of the stage (model/yarn.py)
     y_h <- XSA(y_h)                        learnable XSA (model.attention.xsa, model/xsa.py)
@@ -96,6 +97,7 @@ class CausalSelfAttention(nn.Module):
         self.max_logit: Tensor | None = None  # (n_head,) fp32, the running max per head
         self.window = spec.window
         self.xsa = spec.xsa
+        self.key_offset = cfg.attention.key_offset and spec.window == "long"
         self.layer = layer  # its place in the packed scalars
         d, att = cfg.n_embd, cfg.attention
         if att.merged_qkvo:
@@ -170,6 +172,8 @@ class CausalSelfAttention(nn.Module):
         if self.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
         q, k = rotary(q, ctx.yarn_stage).transpose(1, 2), rotary(k, ctx.yarn_stage).transpose(1, 2)
+        if self.key_offset:
+            k = offset_keys(k)
         v = v.transpose(1, 2)
         mask = ctx.masks[self.window] if ctx.masks is not None else None
         scale = ctx.attn_scale if ctx.attn_scale is not None else self.scale
@@ -202,6 +206,14 @@ class CausalSelfAttention(nn.Module):
     ) -> None:
         m = max_logits(q.detach(), k.detach(), mask, scale)
         self.max_logit = m if self.max_logit is None else torch.maximum(self.max_logit, m)
+
+
+def offset_keys(k: Tensor) -> Tensor:
+    """k_t[D/2:] <- k_(t−1)[D/2:] for t ≥ 1 over (B, H, T, D) keys, from the un-shifted values;
+    k_0 and the first half of every key as they are (model.attention.key_offset)."""
+    half = k.size(-1) // 2
+    late = torch.cat([k[..., :1, half:], k[..., :-1, half:]], dim=-2)
+    return torch.cat([k[..., :half], late], dim=-1)
 
 
 def scale_rows(w: Tensor, factors: Tensor) -> None:

@@ -7,6 +7,9 @@ depends only on the distance between the two positions. Two frequency sets:
 - "half_truncated" (the 2025-01 record): d/4 frequencies from 1 down to 1/1024 on the first
   half of the pairs, ω_i = 1024^(−i/(d/4 − 1)), and 0 on the rest, which leaves those
   channels unrotated.
+- "interleaved_half" (record D, D.1 Attn_ℓ step 3): the same frequencies, but pair j is the
+  adjacent channels (2j, 2j+1): z_2j ← z_2j·cos θ + z_2j+1·sin θ, z_2j+1 ← z_2j+1·cos θ −
+  z_2j·sin θ, θ = t·ω_j, for j < d/4; channels d/2 … d−1 (pairs with ω = 0) never rotate.
 
 With `reciprocal` the "full" frequencies are computed as 1 / base^(2i/d), the records' order of
 operations, instead of base^(−2i/d): the same numbers to one fp32 ulp (20 of 64 differ for
@@ -39,7 +42,7 @@ class Rotary(nn.Module):
         window_block: int = 128,
     ) -> None:
         super().__init__()
-        if mode == "half_truncated":
+        if mode in ("half_truncated", "interleaved_half"):
             quarter = head_dim // 4
             inv_freq = (1 / 1024) ** torch.linspace(0, 1, steps=quarter, dtype=torch.float32)
             inv_freq = torch.cat([inv_freq, inv_freq.new_zeros(quarter)])
@@ -47,6 +50,7 @@ class Rotary(nn.Module):
             exponent = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
             inv_freq = 1 / base**exponent if reciprocal else base ** (-exponent)
         self.bf16 = bf16
+        self.interleaved = mode == "interleaved_half"
         # A buffer, not a parameter: it follows .to(device) but is never trained or saved.
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         # YaRN: the frequencies of each stage of the long window (in blocks of window_block)
@@ -66,8 +70,14 @@ class Rotary(nn.Module):
         cos, sin = freqs.cos(), freqs.sin()
         if self.bf16:
             cos, sin = cos.bfloat16().to(x.dtype), sin.bfloat16().to(x.dtype)
-            x1, x2 = x.chunk(2, dim=-1)
-            return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
-        x1, x2 = x.to(torch.promote_types(x.dtype, torch.float32)).chunk(2, dim=-1)
-        y = torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
-        return y.type_as(x)
+            return self._rotate(x, cos, sin)
+        return self._rotate(x.to(torch.promote_types(x.dtype, torch.float32)), cos, sin).type_as(x)
+
+    def _rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """(x1·cos + x2·sin, x2·cos − x1·sin) for each pair (x1, x2): channels (i, i + d/2), or
+        adjacent channels (2j, 2j+1) when interleaved."""
+        if self.interleaved:
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            return torch.stack((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).flatten(-2)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)

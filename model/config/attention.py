@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from model.window_schedule import validate_window_schedule
 
-ROPES = ("full", "half_truncated")
+ROPES = ("full", "half_truncated", "interleaved_half")
 VALUE_RESIDUALS = ("off", "fixed", "learned")
 IMPLS = ("auto", "sdpa", "flex")
 WINDOW_GRANULARITIES = ("block", "token")
@@ -41,6 +41,10 @@ class AttentionConfig:
     """v ← (1−λ)·v + λ·v₁ with v₁ block 0's raw values: off | fixed λ | learned λ per block."""
     value_residual_lambda: float = 0.5
     """λ, or its initial value when learned."""
+    key_offset: bool = False
+    """In the long-window layers, after rotary: k_t[D/2:] <- k_(t−1)[D/2:] for t ≥ 1 (the
+    previous position of the packed sequence, across documents too), the un-shifted values;
+    record D (#49), dims 64–127 of 128."""
     xsa: str = ""
     """Per-layer pattern: "X" learnable XSA, "." none; "" = none (record D: ".X.XX..XX.X").
     y_h <- y_h − tanh(α_h)·⟨y_h, v̂_h⟩·v̂_h after attention, v̂ = v/max(‖v‖, 10⁻⁴) per head and
@@ -48,7 +52,9 @@ class AttentionConfig:
     # --- rotary ---------------------------------------------------------------------------
     rope: str = field(default="full", metadata={"choices": ROPES})
     """full: base rope_base on every dim | half_truncated: 32 frequencies 1 … 1/1024 on the
-    first half of each half-head, 0 on the rest."""
+    first half of each half-head, 0 on the rest | interleaved_half (record D): the same
+    frequencies on adjacent pairs (2j, 2j+1) of the first half of the head, the second half
+    static (model/rotary.py)."""
     rope_base: float = 10000.0
     """Rotary base (wavelength scale), rope=full."""
     rope_bf16: bool = False
@@ -89,10 +95,14 @@ class AttentionConfig:
 
     def validate(self, head_dim: int) -> None:
         """Raise ValueError naming the `model.attention.*` key that is wrong."""
-        if self.rope == "half_truncated" and head_dim % 4 != 0:
+        if self.rope != "full" and head_dim % 4 != 0:
             raise ValueError(
-                f"model.attention.rope=half_truncated needs a head dim divisible by 4, got "
-                f"{head_dim}"
+                f"model.attention.rope={self.rope} needs a head dim divisible by 4, got {head_dim}"
+            )
+        if self.key_offset and "L" not in self.window:
+            raise ValueError(
+                "model.attention.key_offset shifts keys in the long-window layers: "
+                "model.attention.window has none"
             )
         for key in ("rope_base", "window_block"):
             if getattr(self, key) <= 0:

@@ -20,7 +20,7 @@ GROUPS = ("attention", "embed", "residual", "mlp", "head", "numerics")
 KEPT = {"n_layer", "n_head", "n_embd", "vocab_size", "init_std", "gate_channels", "compile",
         "compile_backend"}  # fmt: skip
 ADDED = {"residual.sublayer_scales", "residual.resid_init", "residual.post_init", "attention.xsa",
-         "head.softcap_shift", "head.softcap_divisor"}  # fmt: skip
+         "head.softcap_shift", "head.softcap_divisor", "attention.key_offset"}  # fmt: skip
 
 
 def leaves(cls: type, prefix: str = "") -> set[str]:
