@@ -1,7 +1,8 @@
 """One layer of the GPT: its x0 mix, its attention sublayer, its MLP sublayer.
 
     x <- a·x + b·x0                      x0 shortcut (model.residual.x0_shortcut)
-    x <- x + Attn(RMSNorm(x))            unless the layer has no attention
+    x <- x + Attn(RMSNorm(x))            unless the layer has no attention (RMSNorm of an
+                                         earlier output: model.residual.attn_input_layer)
     x <- x + MLP(RMSNorm(x))             unless the layer has no MLP
 
 each sublayer's add scaled by its (r, p) with model.residual.sublayer_scales
@@ -31,14 +32,19 @@ class Block(nn.Module):
         if res.x0_shortcut and not cfg.numerics.packed_scalars and not spec.empty:
             self.x0_mix = nn.Parameter(torch.tensor([res.x0_mix_a_init, 0.0]))  # (a, b)
 
-    def forward(self, x: Tensor, rotary: Rotary, ctx: Context) -> Tensor:
+    def forward(
+        self, x: Tensor, rotary: Rotary, ctx: Context, attn_input: Tensor | None = None
+    ) -> Tensor:
+        """`attn_input`: the stream the attention reads instead of x (RMSNorm'd here; record
+        D's c₇ for the layers after 7), None = x."""
         if ctx.x0 is not None:
             packed = ctx.layout is not None
             mix = ctx.packed[ctx.layout.x0_mix(self.layer)] if packed else self.x0_mix
             x = x0_mix(x, ctx.x0, mix)
         scales = ctx.sublayer_scales
         if self.attn is not None:
-            x = add_sublayer(x, self.attn(rms_norm(x), rotary, ctx), scales, self.layer, ATTENTION)
+            u = rms_norm(x if attn_input is None else attn_input)
+            x = add_sublayer(x, self.attn(u, rotary, ctx), scales, self.layer, ATTENTION)
         if self.mlp is not None:
             x = add_sublayer(x, self.mlp(rms_norm(x)), scales, self.layer, MLP_COLUMN)
         return x

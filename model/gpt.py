@@ -144,12 +144,15 @@ class GPT(nn.Module):
 
     def _layers(self, x: Tensor, ctx: Context) -> Tensor:
         """The plan's layers in order, each input with the skips that end there, then the
-        backout (model/residual.py); an empty layer only passes x on."""
+        backout (model/residual.py); an empty layer only passes x on. After
+        model.residual.attn_input_layer, attention reads that layer's output."""
+        x0, source = x, self.cfg.residual.attn_input_layer
         outputs: list[Tensor] = []
         for i, block in enumerate(self.blocks):
-            x = self.skips.into(self, i, x, outputs)
+            x = self.skips.into(self, i, x, outputs, x0)
             if not self.plan[i].empty:
-                x = block(x, self.rotary, ctx)
+                attn_input = outputs[source] if 0 <= source < i else None
+                x = block(x, self.rotary, ctx, attn_input)
             outputs.append(x)
         return self.skips.out(self, x, outputs)
 

@@ -39,8 +39,9 @@ def initialise(model: nn.Module) -> None:
         if block.mlp is not None:
             nn.init.zeros_(block.mlp.proj.weight)
     nn.init.zeros_(model.lm_head.weight)
-    if hasattr(model, "smear_gate"):
-        nn.init.zeros_(model.smear_gate.weight)
+    for gate in ("smear_gate", "skip_token_gate"):
+        if hasattr(model, gate):
+            nn.init.zeros_(getattr(model, gate).weight)
     if model.layout is not None:
         model.scalars.copy_(model.layout.initial(cfg.residual.x0_mix_a_init))
     reset_sublayer_scales(model, cfg)
@@ -55,4 +56,5 @@ def initialise(model: nn.Module) -> None:
 def gates(model: nn.Module) -> list[nn.Module]:
     """The attention gates and the smear gate, where they exist."""
     out = [b.attn.gate for b in model.blocks if b.attn is not None and hasattr(b.attn, "gate")]
+    out += [model.skip_token_gate] if hasattr(model, "skip_token_gate") else []
     return out + ([model.smear_gate] if hasattr(model, "smear_gate") else [])

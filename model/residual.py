@@ -5,6 +5,7 @@ only when on:
     x <- x + w_i·out_(E−1−i)            U-net: decoder layer E+i adds encoder layer E−1−i's
                                         output, w from 1 (E = n_layer // 2)
     x <- x + σ(w)·out_from              the gated skip, at the input of layer skip_to, w from −1.5
+         + σ(w)·2σ(x0_t[:k]·gᵀ)·out_from    or per token (record D, skip_per_token), g from 0
     x <- x − λ·out_backout              backout, after the last layer, λ from 0.5
     x <- r^A_ℓ·x + p^A_ℓ·Attn_ℓ(u)      per-sublayer scales (record D, D.1 forward step 5):
     x <- r^M_ℓ·x + p^M_ℓ·MLP_ℓ(n)       learned fp32 (r, p) per layer and sublayer, r from √1.1
@@ -21,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from model.config import ModelConfig
+from model.layers import linear
 from model.plan import LayerSpec
 from model.scalars import scalar
 
@@ -77,6 +79,7 @@ class Skips:
     plan: tuple[LayerSpec, ...]
     gated: tuple[int, int] | None  # (from, to)
     backout: int | None
+    per_token: int = 0  # k, the channels of x0 the per-token gate reads; 0 = one weight
 
     @classmethod
     def build(cls, owner: nn.Module, cfg: ModelConfig, plan: list[LayerSpec]) -> "Skips":
@@ -85,20 +88,28 @@ class Skips:
         if decoders:
             owner.skip_weights = nn.Parameter(torch.ones(len(decoders)))
         r = cfg.residual
+        if r.skip_per_token:  # an nn.Linear as the record's (bf16 in a bf16 model)
+            owner.skip_token_gate = linear(cfg, cfg.gate_channels, 1)
         return cls(
             {layer: j for j, layer in enumerate(decoders)},
             tuple(plan),
             (r.skip_from, r.skip_to) if r.skip_from >= 0 else None,
             r.backout_layer if r.backout_layer >= 0 else None,
+            cfg.gate_channels if r.skip_per_token else 0,
         )
 
-    def into(self, owner: nn.Module, layer: int, x: Tensor, outputs: list[Tensor]) -> Tensor:
+    def into(
+        self, owner: nn.Module, layer: int, x: Tensor, outputs: list[Tensor], x0: Tensor
+    ) -> Tensor:
         """Layer `layer`'s input: x plus the skips that end there."""
         if layer in self.unet:
             source = self.plan[layer].skip_from
             x = x + owner.skip_weights[self.unet[layer]] * outputs[source]
         if self.gated is not None and layer == self.gated[1]:
-            x = x + torch.sigmoid(scalar(owner, "skip")) * outputs[self.gated[0]]
+            gate = torch.sigmoid(scalar(owner, "skip"))
+            if self.per_token:
+                gate = gate * 2 * torch.sigmoid(owner.skip_token_gate(x0[..., : self.per_token]))
+            x = x + gate * outputs[self.gated[0]]
         return x
 
     def out(self, owner: nn.Module, x: Tensor, outputs: list[Tensor]) -> Tensor:

@@ -160,7 +160,8 @@ class ModelConfig:
 
     def _validate_across_groups(self) -> None:
         att, head, num, res = self.attention, self.head, self.numerics, self.residual
-        if (att.gate or self.embed.smear) and not 0 < self.gate_channels <= self.n_embd:
+        gated = att.gate or self.embed.smear or res.skip_per_token
+        if gated and not 0 < self.gate_channels <= self.n_embd:
             raise ValueError(
                 f"model.gate_channels must be in [1, model.n_embd], got {self.gate_channels}"
             )

@@ -47,6 +47,12 @@ class ResidualConfig:
     weight σ(w), w from −1.5; −1 = off. The 2025-11 record: 4 → 7."""
     skip_to: int = -1
     """See skip_from."""
+    skip_per_token: bool = False
+    """The gated skip's weight per token (record D, #55): σ(w)·2·σ(x0_t[:k]·gᵀ), g (1 × k,
+    `skip_token_gate`) zero, so it starts at σ(w); k = model.gate_channels."""
+    attn_input_layer: int = -1
+    """The attention of every later layer reads RMSNorm of this layer's output instead of
+    its own stream (record D, #77: 7, so layers 8–10 attend from c₇); −1 = off."""
     backout_layer: int = -1
     """Before the final norm x <- x − λ·(output of this layer), λ from 0.5; −1 = off. The
     2025-11 record: 8."""
@@ -60,7 +66,7 @@ class ResidualConfig:
     """The initial p of every sublayer."""
 
     def validate(self, n_layer: int) -> None:
-        for key in ("skip_from", "skip_to", "backout_layer"):
+        for key in ("skip_from", "skip_to", "backout_layer", "attn_input_layer"):
             if not -1 <= getattr(self, key) < n_layer:
                 raise ValueError(
                     f"model.residual.{key} must be −1 (off) or a layer index below "
@@ -71,6 +77,11 @@ class ResidualConfig:
             raise ValueError(
                 f"model.residual.skip_from ({self.skip_from}) and model.residual.skip_to "
                 f"({self.skip_to}): both −1 (off), or from an earlier layer"
+            )
+        if self.skip_per_token and self.skip_from < 0:
+            raise ValueError(
+                "model.residual.skip_per_token gates the skip of model.residual.skip_from / "
+                "skip_to: set them"
             )
         if self.skip_from >= 0 and self.unet:
             raise ValueError(
