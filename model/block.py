@@ -3,6 +3,7 @@
     x <- a·x + b·x0                      x0 shortcut (model.residual.x0_shortcut)
     x <- x + Attn(RMSNorm(x))            unless the layer has no attention (RMSNorm of an
                                          earlier output: model.residual.attn_input_layer)
+    x <- x + λ^x0·x0                     model.residual.x0_after_attention
     x <- x + MLP(RMSNorm(x))             unless the layer has no MLP
 
 each sublayer's add scaled by its (r, p) with model.residual.sublayer_scales
@@ -17,7 +18,7 @@ from model.config import ModelConfig
 from model.context import Context
 from model.layers import MLP, rms_norm
 from model.plan import LayerSpec
-from model.residual import ATTENTION, add_sublayer, x0_mix
+from model.residual import ATTENTION, add_sublayer, inject_x0, x0_mix
 from model.residual import MLP as MLP_COLUMN
 from model.rotary import Rotary
 
@@ -29,7 +30,8 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(cfg, spec, layer) if spec.attention else None
         self.mlp = MLP(cfg) if spec.mlp else None
         res = cfg.residual
-        if res.x0_shortcut and not cfg.numerics.packed_scalars and not spec.empty:
+        self.mixes_x0 = res.x0_shortcut and not spec.empty
+        if self.mixes_x0 and not cfg.numerics.packed_scalars:
             self.x0_mix = nn.Parameter(torch.tensor([res.x0_mix_a_init, 0.0]))  # (a, b)
 
     def forward(
@@ -37,7 +39,7 @@ class Block(nn.Module):
     ) -> Tensor:
         """`attn_input`: the stream the attention reads instead of x (RMSNorm'd here; record
         D's c₇ for the layers after 7), None = x."""
-        if ctx.x0 is not None:
+        if self.mixes_x0:
             packed = ctx.layout is not None
             mix = ctx.packed[ctx.layout.x0_mix(self.layer)] if packed else self.x0_mix
             x = x0_mix(x, ctx.x0, mix)
@@ -45,6 +47,7 @@ class Block(nn.Module):
         if self.attn is not None:
             u = rms_norm(x if attn_input is None else attn_input)
             x = add_sublayer(x, self.attn(u, rotary, ctx), scales, self.layer, ATTENTION)
+            x = inject_x0(x, ctx.x0, ctx.x0_lambdas, self.layer)
         if self.mlp is not None:
             x = add_sublayer(x, self.mlp(rms_norm(x)), scales, self.layer, MLP_COLUMN)
         return x

@@ -7,11 +7,12 @@ from model.scalars import ScalarLayout
 
 
 class Context:
-    """x0, the value-embedding lookups, the masks by window; the packed scalars and their
-    layout (model.numerics.packed_scalars), the YaRN stage and its attention scale (0-d
-    tensors), the per-sublayer residual scales (model.residual.sublayer_scales), XSA's α
-    (model.attention.xsa); block 0's
-    raw values, once block 0 has run (the value residual)."""
+    """What every layer of one forward shares: x0 (None unless a layer reads it), the
+    value-embedding lookups, the masks by window; the packed scalars and their layout
+    (model.numerics.packed_scalars), the YaRN stage and its attention scale (0-d tensors),
+    the per-sublayer residual scales (model.residual.sublayer_scales), XSA's α
+    (model.attention.xsa), the x0 injections' λ (model.residual.x0_after_attention); block
+    0's raw values, once block 0 has run (the value residual)."""
 
     def __init__(
         self,
@@ -24,10 +25,12 @@ class Context:
         attn_scale: Tensor | None = None,
         sublayer_scales: tuple[Tensor, Tensor] | None = None,
         xsa_alphas: Tensor | None = None,
+        x0_lambdas: Tensor | None = None,
     ) -> None:
         self.x0, self.value_embeds, self.masks = x0, value_embeds, masks
         self.packed, self.layout = packed, layout
         self.yarn_stage, self.attn_scale = yarn_stage, attn_scale
         self.sublayer_scales = sublayer_scales
         self.xsa_alphas = xsa_alphas
+        self.x0_lambdas = x0_lambdas
         self.v1: Tensor | None = None

@@ -30,7 +30,7 @@ from model.layers import linear, rms_norm
 from model.loss import model_loss
 from model.masks import build_masks
 from model.plan import describe_plan, layer_plan
-from model.residual import Skips, build_sublayer_scales, sublayer_scales
+from model.residual import Skips, build_sublayer_scales, build_x0_injection, sublayer_scales
 from model.rotary import Rotary
 from model.scalars import build_scalars, scalar
 from model.steps import StepInputs, step_inputs
@@ -57,6 +57,7 @@ class GPT(nn.Module):
         self.layout = build_scalars(self, cfg)
         build_sublayer_scales(self, cfg)
         build_xsa(self, cfg)
+        build_x0_injection(self, cfg)
         att = cfg.attention
         windows = att.long_windows if att.yarn else None
         self.rotary = Rotary(
@@ -166,14 +167,14 @@ class GPT(nn.Module):
 
     def _context(self, idx: Tensor, x: Tensor, step: StepInputs) -> Context:
         """What every layer of this forward shares, computed once."""
-        att = self.cfg.attention
+        att, res = self.cfg.attention, self.cfg.residual
         masks = build_masks(
             idx, att.document_mask, self._windows, step.window, att.window_block,
             impl=att.impl, token_window=att.window_granularity == "token",
             short_window=step.short,
         )  # fmt: skip
         return Context(
-            x0=x if self.cfg.residual.x0_shortcut else None,
+            x0=x if res.x0_shortcut or res.x0_after_attention else None,
             value_embeds=value_lookups(getattr(self, "value_embeds", None), idx),
             masks=masks,
             packed=getattr(self, "scalars", None),
@@ -182,4 +183,5 @@ class GPT(nn.Module):
             attn_scale=step.attn_scale,
             sublayer_scales=sublayer_scales(self),
             xsa_alphas=getattr(self, "xsa_alphas", None),
+            x0_lambdas=getattr(self, "x0_lambdas", None),
         )

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from model.attention import init_bound
-from model.residual import reset_sublayer_scales
+from model.residual import reset_sublayer_scales, reset_x0_injection
 from model.xsa import reset_xsa
 
 
@@ -46,6 +46,7 @@ def initialise(model: nn.Module) -> None:
         model.scalars.copy_(model.layout.initial(cfg.residual.x0_mix_a_init))
     reset_sublayer_scales(model, cfg)
     reset_xsa(model)
+    reset_x0_injection(model)
     if cfg.numerics.dtype == "bf16":
         for module in [*tables, *gates(model)]:  # the 2025-11 record's gates are bf16 too
             module.to(torch.bfloat16)

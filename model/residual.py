@@ -7,6 +7,7 @@ only when on:
     x <- x + σ(w)·out_from              the gated skip, at the input of layer skip_to, w from −1.5
          + σ(w)·2σ(x0_t[:k]·gᵀ)·out_from    or per token (record D, skip_per_token), g from 0
     x <- x − λ·out_backout              backout, after the last layer, λ from 0.5
+    x <- … + λ^x0_ℓ·x0                  after the attention sublayer (record D, x0_after_attention)
     x <- r^A_ℓ·x + p^A_ℓ·Attn_ℓ(u)      per-sublayer scales (record D, D.1 forward step 5):
     x <- r^M_ℓ·x + p^M_ℓ·MLP_ℓ(n)       learned fp32 (r, p) per layer and sublayer, r from √1.1
                                         and p from 1, cast to the stream's dtype before use
@@ -61,6 +62,24 @@ def reset_sublayer_scales(owner: nn.Module, cfg: ModelConfig) -> None:
     if cfg.residual.sublayer_scales:
         owner.resid_lambdas.fill_(cfg.residual.resid_init)
         owner.post_lambdas.fill_(cfg.residual.post_init)
+
+
+def build_x0_injection(owner: nn.Module, cfg: ModelConfig) -> None:
+    """`x0_lambdas` (n_layer,) fp32 on `owner`, the record's name; nothing when
+    model.residual.x0_after_attention is off. Zero at initialisation (`reset_x0_injection`)."""
+    if cfg.residual.x0_after_attention:
+        owner.x0_lambdas = nn.Parameter(torch.zeros(cfg.n_layer))
+
+
+@torch.no_grad()
+def reset_x0_injection(owner: nn.Module) -> None:
+    if hasattr(owner, "x0_lambdas"):
+        owner.x0_lambdas.zero_()
+
+
+def inject_x0(x: Tensor, x0: Tensor, lambdas: Tensor | None, layer: int) -> Tensor:
+    """x + λ^x0_ℓ·x0 with λ in x's dtype; x as it is without the injection."""
+    return x if lambdas is None else x + lambdas[layer].to(x.dtype) * x0
 
 
 def sublayer_scales(owner: nn.Module) -> tuple[Tensor, Tensor] | None:

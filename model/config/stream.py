@@ -56,6 +56,10 @@ class ResidualConfig:
     backout_layer: int = -1
     """Before the final norm x <- x − λ·(output of this layer), λ from 0.5; −1 = off. The
     2025-11 record: 8."""
+    x0_after_attention: bool = False
+    """x ← … + λ^x0_ℓ·x0 right after each attention sublayer (record D, D.1 step 5), λ^x0 the
+    model's (n_layer,) fp32 `x0_lambdas` from 0, cast to the stream's dtype; layers without
+    attention add nothing."""
     sublayer_scales: bool = False
     """Per-sublayer residual scales (record D): x ← r^A_ℓ·x + p^A_ℓ·Attn_ℓ(u), then
     x ← r^M_ℓ·x + p^M_ℓ·MLP_ℓ(n), with learned fp32 (r, p) per layer and sublayer

@@ -21,7 +21,8 @@ KEPT = {"n_layer", "n_head", "n_embd", "vocab_size", "init_std", "gate_channels"
         "compile_backend"}  # fmt: skip
 ADDED = {"residual.sublayer_scales", "residual.resid_init", "residual.post_init", "attention.xsa",
          "head.softcap_shift", "head.softcap_divisor", "attention.key_offset",
-         "residual.skip_per_token", "residual.attn_input_layer"}  # fmt: skip
+         "residual.skip_per_token", "residual.attn_input_layer",
+         "residual.x0_after_attention"}  # fmt: skip
 
 
 def leaves(cls: type, prefix: str = "") -> set[str]:

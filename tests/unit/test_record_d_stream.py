@@ -78,3 +78,39 @@ def test_later_layers_attend_from_an_earlier_output() -> None:
         assert (got["attn"][layer] - F.rms_norm(ins[layer], (32,))).abs().max() > 1e-3
     with pytest.raises(ValueError, match=r"model\.residual\.attn_input_layer"):
         update(BASE, {"residual.attn_input_layer": 4}).validate()
+
+
+def test_x0_is_injected_right_after_attention() -> None:
+    """x ← r·x + p·Attn(u) + λ^x0_ℓ·x0, then the MLP; a layer without attention injects
+    nothing (D.1 step 5; record D's layer 6)."""
+    cfg = update(BASE, {"residual.x0_after_attention": True, "residual.sublayer_scales": True,
+                        "attention.layers": "A.AA"})  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT(cfg).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    assert model.x0_lambdas.shape == (4,) and model.x0_lambdas.dtype == torch.float64
+    seen: dict = {}
+    for i, block in enumerate(model.blocks):
+        block.register_forward_pre_hook(lambda m, a, i=i: seen.__setitem__(("in", i), a[0]))
+        block.register_forward_hook(lambda m, a, o, i=i: seen.__setitem__(("out", i), o))
+        block.mlp.register_forward_hook(lambda m, a, o, i=i: seen.__setitem__(("mlp", i), o))
+        if block.attn is not None:
+            block.attn.register_forward_hook(lambda m, a, o, i=i: seen.__setitem__(("a", i), o))
+    idx = torch.randint(0, 50257, (2, 10), generator=torch.Generator().manual_seed(1))
+    model(idx)
+    x0 = F.rms_norm(model.embed(idx), (32,))
+    r, p, lam = model.resid_lambdas, model.post_lambdas, model.x0_lambdas
+    for i in range(4):
+        x = seen["in", i]
+        if i != 1:
+            x = r[i, 0] * x + p[i, 0] * seen["a", i] + lam[i] * x0
+        want = r[i, 1] * x + p[i, 1] * seen["mlp", i]
+        torch.testing.assert_close(seen["out", i], want, rtol=1e-13, atol=1e-13)
+    without = (
+        r[0, 1] * (r[0, 0] * seen["in", 0] + p[0, 0] * seen["a", 0]) + p[0, 1] * seen["mlp", 0]
+    )
+    assert (seen["out", 0] - without).abs().max() > 1e-3  # the λ^x0 term is there
+    assert not hasattr(GPT(BASE), "x0_lambdas")  # off builds nothing
+    assert not GPT(cfg).x0_lambdas.any()  # λ^x0 starts at 0
