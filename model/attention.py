@@ -167,7 +167,7 @@ class CausalSelfAttention(nn.Module):
         else:
             q, k, v = self.q(x).view(shape), self.k(x).view(shape), self.v(x).view(shape)
         if self.values is not None:
-            v = self.values(self, v, ctx)
+            v = self.values(self, v, ctx, x)
         # QK-norm bounds the attention logits, which lets the records run higher LRs stably.
         if self.qk_norm:
             q, k = rms_norm(q), rms_norm(k)

@@ -23,9 +23,11 @@ from model.xsa import reset_xsa
 def initialise(model: nn.Module) -> None:
     """Draw every parameter of `model` (a `GPT`) in place."""
     cfg = model.cfg
-    tables = [model.embed, *(getattr(model, "value_embeds", None) or {}).values()]
-    for table in tables:
-        nn.init.normal_(table.weight, std=1.0)
+    values = list((getattr(model, "value_embeds", None) or {}).values())
+    tables = [model.embed, *values]
+    nn.init.normal_(model.embed.weight, std=1.0)
+    for table in values:
+        nn.init.normal_(table.weight, std=cfg.embed.value_std)
     bound = init_bound(cfg, cfg.n_embd)  # q, k, v and fc all read the d-wide stream
     for block in model.blocks:
         weights = block.attn.qkv_weights() if block.attn is not None else []
@@ -34,8 +36,9 @@ def initialise(model: nn.Module) -> None:
             nn.init.uniform_(w, -bound, bound)
         if block.attn is not None:
             nn.init.zeros_(block.attn.out_weight())
-            if hasattr(block.attn, "gate"):
-                nn.init.zeros_(block.attn.gate.weight)
+            for gate in ("gate", "value_gate"):  # σ(0): every gate starts half (or 2·½) open
+                if hasattr(block.attn, gate):
+                    nn.init.zeros_(getattr(block.attn, gate).weight)
         if block.mlp is not None:
             nn.init.zeros_(block.mlp.proj.weight)
     nn.init.zeros_(model.lm_head.weight)
@@ -56,6 +59,7 @@ def initialise(model: nn.Module) -> None:
 
 def gates(model: nn.Module) -> list[nn.Module]:
     """The attention gates and the smear gate, where they exist."""
-    out = [b.attn.gate for b in model.blocks if b.attn is not None and hasattr(b.attn, "gate")]
+    attns = [b.attn for b in model.blocks if b.attn is not None]
+    out = [getattr(a, g) for a in attns for g in ("gate", "value_gate") if hasattr(a, g)]
     out += [model.skip_token_gate] if hasattr(model, "skip_token_gate") else []
     return out + ([model.smear_gate] if hasattr(model, "smear_gate") else [])

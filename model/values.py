@@ -5,6 +5,11 @@
     v <- α·v + β·ve            value embeddings: ve = VE_t[tokens] in layers with a table,
                                v <- α·v in the other attention layers, (α, β) from (0.5, 0.5)
                                (model.embed.value_embeds; the 2025-01 and 2025-11 records)
+    v_h <- v_h + 2σ([u[:k/2], ve[:k/2]]·G[h]ᵀ)·ve_h
+                               or gated per head (model.embed.value_gate; record D, #55, #70):
+                               u the attention's input, ve the whole lookup, G (heads × k)
+                               zero so the gate starts at 1; no α, β, and layers without a
+                               table keep v
 
 Their parameters belong to the attention module that reads them (`value_lambda`,
 `value_mix`): those names are what the optimizer's groups and the checkpoints know.
@@ -17,6 +22,7 @@ from torch import Tensor, nn
 
 from model.config import ModelConfig
 from model.context import Context
+from model.layers import linear
 from model.plan import LayerSpec
 
 
@@ -29,6 +35,7 @@ class ValueMix:
     embeds: bool  # the value-embedding mix (α, β) is on
     table: int | None  # this layer's value-embedding table
     layer: int  # its place in the packed scalars
+    gate_half: int = 0  # k/2 with the per-head value gate (its `value_gate`); 0 = (α, β)
 
     @classmethod
     def build(
@@ -40,17 +47,29 @@ class ValueMix:
             return None
         if att.value_residual == "learned":
             owner.value_lambda = nn.Parameter(torch.tensor(att.value_residual_lambda))
-        if embeds and not cfg.numerics.packed_scalars:
+        gated = embeds and cfg.embed.value_gate
+        if gated and spec.value_embed is not None:  # (heads × k), bf16 in a bf16 model
+            owner.value_gate = linear(cfg, cfg.gate_channels, cfg.n_head)
+        elif embeds and not gated and not cfg.numerics.packed_scalars:
             owner.value_mix = nn.Parameter(torch.tensor([0.5, 0.5]))  # (α, β)
-        return cls(att.value_residual, att.value_residual_lambda, embeds, spec.value_embed, layer)
+        half = cfg.gate_channels // 2 if gated else 0
+        return cls(
+            att.value_residual, att.value_residual_lambda, embeds, spec.value_embed, layer, half
+        )
 
-    def __call__(self, owner: nn.Module, v: Tensor, ctx: Context) -> Tensor:
+    def __call__(self, owner: nn.Module, v: Tensor, ctx: Context, u: Tensor) -> Tensor:
+        """v (B, T, H, D) after the mixes; `u`: the attention's input (B, T, d)."""
         if self.residual != "off":
             if ctx.v1 is None:  # block 0: remember its raw values (the mix is then an identity)
                 ctx.v1 = v
             lam = owner.value_lambda if self.residual == "learned" else self.fixed_lambda
             v = (1 - lam) * v + lam * ctx.v1
-        if self.embeds:
+        if self.gate_half:
+            if self.table is not None:
+                ve, k = ctx.value_embeds[self.table], self.gate_half
+                gate = 2 * torch.sigmoid(owner.value_gate(torch.cat([u[..., :k], ve[..., :k]], -1)))
+                v = v + gate[..., None] * ve.view_as(v)
+        elif self.embeds:
             packed = ctx.layout is not None
             mix = ctx.packed[ctx.layout.value_mix(self.layer)] if packed else owner.value_mix
             alpha, beta = mix[0], mix[1]

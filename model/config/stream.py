@@ -14,6 +14,11 @@ class EmbedConfig:
     value_embeds: str = ""
     """Per-layer pattern: a digit = the value-embedding table added to that layer's values
     (v ← α·v + β·ve), "." = none; "" = no tables. The 2025-01 record: "012......012"."""
+    value_gate: bool = False
+    """Each layer with a table adds its lookup gated per head, v_h ← v_h + 2σ([u[:k/2],
+    ve[:k/2]]·G[h]ᵀ)·ve_h, G zero (record D); without it v ← α·v + β·ve (model/values.py)."""
+    value_std: float = 1.0
+    """The value tables' initial std: N(0, value_std²) (record D: 0.01)."""
     smear: bool = False
     """e'_t = e_t + λ·σ(e_t[:k]·wᵀ)·e_(t−1) on the token embeddings (w 1 × k zero, λ from 0,
     k = model.gate_channels)."""
@@ -24,6 +29,12 @@ class EmbedConfig:
                 f"model.embed.rows ({self.rows}) must be 0 or between the GPT-2 vocabulary "
                 f"(50257) and model.vocab_size ({vocab_size})"
             )
+        if self.value_gate and not self.value_embeds:
+            raise ValueError(
+                "model.embed.value_gate gates the value tables: set model.embed.value_embeds"
+            )
+        if self.value_std <= 0:
+            raise ValueError(f"model.embed.value_std must be positive, got {self.value_std}")
         bad = set(self.value_embeds) - set("0123456789.")
         if bad:
             raise ValueError(
