@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from model import GPT, ModelConfig
 from model.config import update
 from optim.partition import param_roles
+from tests.reference import norm, rotate
 
 # bf16 dtypes below follow the CPU's bf16 path: CI reruns this file emulated.
 pytestmark = pytest.mark.cpu_bf16
@@ -25,20 +26,6 @@ pytestmark = pytest.mark.cpu_bf16
 BASE = ModelConfig(n_layer=3, n_head=2, n_embd=32)
 ON = update(BASE, {"residual.sublayer_scales": True})
 SCALES = ("resid_lambdas", "post_lambdas")
-
-
-def norm(z: torch.Tensor) -> torch.Tensor:
-    return z / torch.sqrt(z.square().mean(-1, keepdim=True) + torch.finfo(z.dtype).eps)
-
-
-def rotate(z: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotary: z¹ ← z¹cos + z²sin, z² ← −z¹sin + z²cos, θ_j = base^(−j/(D/2)) (fp32 table)."""
-    D = z.size(-1)
-    theta = base ** (-torch.arange(D // 2).float() / (D // 2))
-    angle = torch.arange(z.size(1), dtype=torch.float64)[:, None] * theta.double()
-    cos, sin = angle.cos()[None, :, None], angle.sin()[None, :, None]
-    z1, z2 = z[..., : D // 2], z[..., D // 2 :]
-    return torch.cat([z1 * cos + z2 * sin, -z1 * sin + z2 * cos], -1)
 
 
 def reference(model: GPT, idx: torch.Tensor, variant: str = "spec") -> torch.Tensor:

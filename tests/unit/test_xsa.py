@@ -17,26 +17,13 @@ import torch.nn.functional as F
 from model import GPT, ModelConfig
 from model.config import update
 from optim.partition import param_roles
+from tests.reference import norm, rotate
 
 BASE = ModelConfig(n_layer=3, n_head=2, n_embd=32)
 ON = update(BASE, {"attention.xsa": "X.X"})
 ON_LAYERS = (0, 2)
 RECORD = ".X.XX..XX.X"  # record D's 11-layer XSA pattern
 WRONG = ("sign", "no tanh", "previous token", "unnormalised", "no floor")
-
-
-def norm(z: torch.Tensor) -> torch.Tensor:
-    return z / torch.sqrt(z.square().mean(-1, keepdim=True) + torch.finfo(z.dtype).eps)
-
-
-def rotate(z: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotary: z¹ ← z¹cos + z²sin, z² ← −z¹sin + z²cos, θ_j = base^(−j/(D/2)) (fp32 table)."""
-    D = z.size(-1)
-    theta = base ** (-torch.arange(D // 2).float() / (D // 2))
-    angle = torch.arange(z.size(1), dtype=torch.float64)[:, None] * theta.double()
-    cos, sin = angle.cos()[None, :, None], angle.sin()[None, :, None]
-    z1, z2 = z[..., : D // 2], z[..., D // 2 :]
-    return torch.cat([z1 * cos + z2 * sin, -z1 * sin + z2 * cos], -1)
 
 
 def xsa(y: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor, variant: str) -> torch.Tensor:
