@@ -3,7 +3,8 @@
 For input u (already RMS-normalised), per head of size D:
 
     q, k, v = u·W_qᵀ, u·W_kᵀ, u·W_vᵀ      (or slices 0, 1, 2 of one merged 3×d×d weight, or of
-                                           the 2025-11 record's 4×d×d W_q, W_k, W_v, W_o)
+                                           the 2025-11 record's 4×d×d W_q, W_k, W_v, W_o;
+                                           record D: u·(λ⁰·W_qkv)ᵀ, attention.weight_lambdas)
     v <- mixes(v)                          value residual, value embeddings (model/values.py)
     q, k <- rotary(RMSNorm(q)), rotary(RMSNorm(k))   QK-norm (unless attention.qk_norm=false)
     k_t[D/2:] <- k_(t−1)[D/2:]             key offset, long-window layers (attention.key_offset)
@@ -11,7 +12,7 @@ For input u (already RMS-normalised), per head of size D:
                                            2025-01), or YaRN's scale of the stage (model/yarn.py)
     y_h <- XSA(y_h)                        learnable XSA (model.attention.xsa, model/xsa.py)
     y_h <- y_h·σ(u[:k]·G[h]ᵀ)               sparse output gate per head (model.attention.gate)
-    out = y·W_oᵀ                            heads concatenated in order
+    out = y·W_oᵀ                            heads concatenated in order (record D: y·(λ¹·W_o)ᵀ)
 
 The mask is causal, or the document / sliding-window rule of `model/masks.py`.
 
@@ -33,6 +34,7 @@ from model.masks import Mask
 from model.max_logit import max_logits
 from model.plan import LayerSpec
 from model.rotary import Rotary
+from model.scalars import WEIGHT_LAMBDAS_INIT
 from model.values import ValueMix
 from model.xsa import xsa
 
@@ -113,6 +115,12 @@ class CausalSelfAttention(nn.Module):
             self.q, self.k, self.v = linear(cfg, d, d), linear(cfg, d, d), linear(cfg, d, d)
         if not att.merged_qkvo:
             self.o = linear(cfg, d, d)
+        self.out_uniform = att.out_init == "uniform"
+        # (λ⁰, λ¹): in the packed vector with record D's layout, else this module's own.
+        self.packed_lambdas = att.weight_lambdas and cfg.numerics.packed_scalars
+        if att.weight_lambdas and not self.packed_lambdas:
+            self.weight_lambdas = nn.Parameter(torch.tensor(WEIGHT_LAMBDAS_INIT))
+            self.weight_lambdas.role = "scalar"  # type: ignore[attr-defined]  # Adam, not Muon
         # The value mixes' parameters are this module's (value_lambda, value_mix), as the
         # optimizer's groups and the checkpoints name them; their formulas are model/values.py's.
         self.values = ValueMix.build(self, cfg, spec, layer)
@@ -142,22 +150,42 @@ class CausalSelfAttention(nn.Module):
             scale_rows(self.k.weight, per_row)
 
     def qkv_weights(self) -> list[Tensor]:
-        """The three hidden matrices, for initialisation: merged, one tensor that is drawn at
-        once (with qkvo its first three slices, so W_o draws nothing)."""
+        """The hidden matrices drawn uniformly at initialisation: merged, one tensor that is
+        drawn at once (with qkvo its first three slices, so W_o draws nothing, unless
+        attention.out_init=uniform draws all four)."""
         if hasattr(self, "qkvo"):
-            return [self.qkvo[:3]]
+            return [self.qkvo if self.out_uniform else self.qkvo[:3]]
+        if self.out_uniform and hasattr(self, "qkv"):
+            return [self.qkv, self.o.weight]
+        if self.out_uniform:
+            return [self.q.weight, self.k.weight, self.v.weight, self.o.weight]
         if hasattr(self, "qkv"):
             return [self.qkv]
         return [self.q.weight, self.k.weight, self.v.weight]
 
-    def out_weight(self) -> Tensor:
-        """W_o, zero at initialisation."""
+    def out_weight(self) -> Tensor | None:
+        """W_o where it starts at zero (attention.out_init=zero), else None."""
+        if self.out_uniform:
+            return None
         return self.qkvo[3] if hasattr(self, "qkvo") else self.o.weight
+
+    def _lambdas(self, ctx: Context) -> tuple[Tensor, Tensor] | None:
+        """(λ⁰, λ¹) of this layer (attention.weight_lambdas), 0-d fp32; None when off."""
+        if self.packed_lambdas:
+            lam = ctx.packed[ctx.layout.weight_lambdas(self.layer)]
+        elif hasattr(self, "weight_lambdas"):
+            lam = self.weight_lambdas
+        else:
+            return None
+        return lam[0], lam[1]
 
     def forward(self, x: Tensor, rotary: Rotary, ctx: Context) -> Tensor:
         B, T, C = x.shape
         shape = (B, T, self.n_head, self.head_dim)
-        if hasattr(self, "qkvo"):
+        lambdas = self._lambdas(ctx)
+        if lambdas is not None:
+            q, k, v = (t.reshape(shape) for t in self._qkv_scaled(x, lambdas[0]))
+        elif hasattr(self, "qkvo"):
             w = self.qkvo.to(x.dtype)
             q, k, v = F.linear(x, w[:3].flatten(0, 1)).view(B, T, 3, -1).unbind(2)
             q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
@@ -186,9 +214,25 @@ class CausalSelfAttention(nn.Module):
             g = torch.sigmoid(self.gate(x[..., : self.gate_channels]))
             y = y * g.transpose(1, 2)[..., None]
         y = y.transpose(1, 2).reshape(B, T, C)
+        if lambdas is not None:  # λ¹·W_o, rounded to the weight's dtype (a 0-d fp32 factor)
+            w_o = self.qkvo[3] if hasattr(self, "qkvo") else self.o.weight
+            return F.linear(y, w_o.to(y.dtype) * lambdas[1])
         if hasattr(self, "qkvo"):
             return F.linear(y, w[3])
         return self.o(y)
+
+    def _qkv_scaled(self, x: Tensor, lam: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v = x·(λ⁰·W_qkv)ᵀ, flat (B, T, d) each: the 0-d fp32 λ⁰ times the weight in
+        x's dtype, which a 0-d tensor does not promote, so the product is rounded once to it,
+        as the record's."""
+        if hasattr(self, "qkvo"):
+            w = self.qkvo[:3].flatten(0, 1)
+        elif hasattr(self, "qkv"):
+            w = self.qkv.flatten(0, 1)
+        else:
+            w = torch.cat([self.q.weight, self.k.weight, self.v.weight])
+        B, T, _ = x.shape
+        return F.linear(x, w.to(x.dtype) * lam).view(B, T, 3, -1).unbind(2)
 
     @property
     def track_max_logit(self) -> bool:

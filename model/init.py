@@ -1,6 +1,8 @@
 """The GPT's initialisation, as the records draw it.
 
-Every residual-branch output and the head start at 0: with the output projections at zero
+Every residual-branch output and the head start at 0 (record D draws W_o uniformly,
+attention.out_init, and the head N(0, 0.005²), head.init_std, with the token table its
+transpose, embed.tied_init): with the output projections at zero
 each block starts as the identity, and with the head at zero the first loss is exactly
 ln(vocab_size), whatever the seed. Hidden matrices (q, k, v, fc) are uniform with std
 model.init_std/√fan_in; embeddings N(0, 1); gates 0 (σ(0) = ½); the packed scalars and the
@@ -16,6 +18,7 @@ from torch import nn
 
 from model.attention import init_bound
 from model.residual import reset_sublayer_scales, reset_x0_injection
+from model.scalars import WEIGHT_LAMBDAS_INIT
 from model.xsa import reset_xsa
 
 
@@ -35,13 +38,21 @@ def initialise(model: nn.Module) -> None:
         for w in weights:
             nn.init.uniform_(w, -bound, bound)
         if block.attn is not None:
-            nn.init.zeros_(block.attn.out_weight())
+            if (w_o := block.attn.out_weight()) is not None:
+                nn.init.zeros_(w_o)
             for gate in ("gate", "value_gate"):  # σ(0): every gate starts half (or 2·½) open
                 if hasattr(block.attn, gate):
                     nn.init.zeros_(getattr(block.attn, gate).weight)
+            if hasattr(block.attn, "weight_lambdas"):
+                block.attn.weight_lambdas.copy_(torch.tensor(WEIGHT_LAMBDAS_INIT))
         if block.mlp is not None:
             nn.init.zeros_(block.mlp.proj.weight)
-    nn.init.zeros_(model.lm_head.weight)
+    if cfg.head.init_std:  # record D: N(0, 0.005²), so the first loss is not ln(vocab)
+        nn.init.normal_(model.lm_head.weight, std=cfg.head.init_std)
+    else:
+        nn.init.zeros_(model.lm_head.weight)
+    if cfg.embed.tied_init:  # E = W_headᵀ: lm_head.weight is (vocab, d) as E is
+        model.embed.weight.copy_(model.lm_head.weight)
     for gate in ("smear_gate", "skip_token_gate"):
         if hasattr(model, gate):
             nn.init.zeros_(getattr(model, gate).weight)
@@ -55,6 +66,9 @@ def initialise(model: nn.Module) -> None:
             module.to(torch.bfloat16)
         if cfg.head.bf16:
             model.lm_head.to(torch.bfloat16)
+        if cfg.numerics.bf16_matrices:  # record D: bf16 weights (the optimizer's fp32 master)
+            for w in matrices(model):
+                w.data = w.data.to(torch.bfloat16)
 
 
 def gates(model: nn.Module) -> list[nn.Module]:
@@ -63,3 +77,16 @@ def gates(model: nn.Module) -> list[nn.Module]:
     out = [getattr(a, g) for a in attns for g in ("gate", "value_gate") if hasattr(a, g)]
     out += [model.skip_token_gate] if hasattr(model, "skip_token_gate") else []
     return out + ([model.smear_gate] if hasattr(model, "smear_gate") else [])
+
+
+def matrices(model: nn.Module) -> list[nn.Parameter]:
+    """The hidden matrices of the attention and MLP sublayers (not their gates or scalars)."""
+    out = []
+    for block in model.blocks:
+        attn = block.attn
+        if attn is not None:
+            out += [getattr(attn, n) for n in ("qkvo", "qkv") if hasattr(attn, n)]
+            out += [getattr(attn, n).weight for n in ("q", "k", "v", "o") if hasattr(attn, n)]
+        if block.mlp is not None:
+            out += [block.mlp.fc.weight, block.mlp.proj.weight]
+    return out

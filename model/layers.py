@@ -49,7 +49,8 @@ class MLP(nn.Module):
         super().__init__()
         d = cfg.n_embd
         self.fc = InOutLinear(d, 4 * d) if cfg.mlp.fc_in_out else linear(cfg, d, 4 * d)
-        self.proj = linear(cfg, 4 * cfg.n_embd, cfg.n_embd)
+        proj_in_out = cfg.mlp.proj_in_out
+        self.proj = InOutLinear(4 * d, d) if proj_in_out else linear(cfg, 4 * d, d)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(F.relu(self.fc(x)).square())

@@ -13,6 +13,16 @@ The record pads to a multiple of its world size (8), so its count depends on the
 here the multiple is a config key (8 by default), the same on any rank count. One vector means
 one Adam tensor instead of dozens of tiny ones. Entries no option reads get a zero gradient and
 so never move.
+
+Record D's vector (model.numerics.scalars_layout=record_2026_07, D.1 "Scalar vector"):
+
+    2ℓ, 2ℓ + 1         (λ⁰_ℓ, λ¹_ℓ): the multipliers of W_qkv and W_o of layer ℓ, init (0.5, 1)
+                       (model.attention.weight_lambdas; layers without attention keep theirs)
+    2n                 λ_smear, init 0
+    2n + 1             w_skip, the skip gate's logit, init −1.5
+    then ones up to the multiple (the record: 2·11 + 2 = 24, no padding on 8 ranks)
+
+It has no x0 mix, value mix or backout: the options that read those refuse this layout.
 """
 
 from dataclasses import dataclass
@@ -26,6 +36,8 @@ SKIP_GATE_INIT = -1.5  # σ(−1.5) = 0.18: the skip starts mostly closed
 VALUE_MIX_INIT = 0.5
 SMEAR_INIT = 0.0  # the smear starts as the identity
 BACKOUT_INIT = 0.5
+WEIGHT_LAMBDAS_INIT = (0.5, 1.0)  # (λ⁰, λ¹): record D's W_qkv and W_o multipliers
+LAYOUTS = ("record_2025_11", "record_2026_07")
 
 
 @dataclass(frozen=True)
@@ -67,12 +79,45 @@ class ScalarLayout:
         return v
 
 
-def build_scalars(owner: nn.Module, cfg: ModelConfig) -> ScalarLayout | None:
+@dataclass(frozen=True)
+class RecordDLayout:
+    """Where each scalar sits in record D's packed vector (module docstring)."""
+
+    n_layer: int
+    multiple: int
+
+    def weight_lambdas(self, layer: int) -> slice:
+        return slice(2 * layer, 2 * layer + 2)
+
+    @property
+    def smear(self) -> int:
+        return 2 * self.n_layer
+
+    @property
+    def skip_gate(self) -> int:
+        return 2 * self.n_layer + 1
+
+    @property
+    def size(self) -> int:
+        used = 2 * self.n_layer + 2
+        return used + (-used) % self.multiple
+
+    def initial(self, a_init: float) -> Tensor:
+        """The vector's initial values (fp32); `a_init` is unused (no x0 mix here)."""
+        v = torch.ones(self.size, dtype=torch.float32)
+        v[0 : 2 * self.n_layer : 2], v[1 : 2 * self.n_layer : 2] = WEIGHT_LAMBDAS_INIT
+        v[self.smear], v[self.skip_gate] = SMEAR_INIT, SKIP_GATE_INIT
+        return v
+
+
+def build_scalars(owner: nn.Module, cfg: ModelConfig) -> ScalarLayout | RecordDLayout | None:
     """The model-level scalars on `owner`: the packed vector `scalars` (its layout returned),
     or, one parameter each, `skip_gate`, `smear_lambda` and `backout_lambda` for the options
     that are on (None returned). The per-layer ones (x0 mix, value mix) are their modules'."""
     if cfg.numerics.packed_scalars:
-        layout = ScalarLayout(cfg.n_layer, cfg.numerics.scalars_multiple)
+        num = cfg.numerics
+        kind = RecordDLayout if num.scalars_layout == "record_2026_07" else ScalarLayout
+        layout = kind(cfg.n_layer, num.scalars_multiple)
         owner.scalars = nn.Parameter(torch.empty(layout.size))
         return layout
     if cfg.residual.skip_from >= 0:

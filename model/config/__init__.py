@@ -176,6 +176,7 @@ class ModelConfig:
                 "model.numerics.packed_scalars has no place for model.residual.unet's skip "
                 "weights or model.attention.value_residual=learned's λ: turn those off"
             )
+        self._validate_scalars_layout()
         if num.packed_scalars and res.skip_from >= 0 and self.n_layer < 2:
             raise ValueError(
                 "model.numerics.packed_scalars reads the skip gate at index 1: needs "
@@ -187,6 +188,29 @@ class ModelConfig:
                 "FP8 head's 2025-01 gradient scale (×2¹⁹) overflows in e5m2: set "
                 "model.numerics.fp8_scales=record_2025_11 (×448)"
             )
+
+    def _validate_scalars_layout(self) -> None:
+        num, res = self.numerics, self.residual
+        if not num.packed_scalars:
+            return
+        if num.scalars_layout == "record_2025_11" and self.attention.weight_lambdas:
+            raise ValueError(
+                "model.attention.weight_lambdas has no place in the record_2025_11 packed "
+                "vector: set model.numerics.scalars_layout=record_2026_07"
+            )
+        if num.scalars_layout != "record_2026_07":
+            return
+        for key, on in (
+            ("residual.x0_shortcut", res.x0_shortcut),
+            ("residual.backout_layer", res.backout_layer >= 0),
+            ("embed.value_embeds (ungated, the α, β mix)",
+             bool(self.embed.value_embeds) and not self.embed.value_gate),
+        ):  # fmt: skip
+            if on:
+                raise ValueError(
+                    f"model.numerics.scalars_layout=record_2026_07 has no place for model.{key}'s "
+                    "scalars: turn it off, or use scalars_layout=record_2025_11"
+                )
 
 
 def update(cfg: Any, changes: dict[str, Any]) -> Any:

@@ -13,6 +13,7 @@ ROPES = ("full", "half_truncated", "interleaved_half")
 VALUE_RESIDUALS = ("off", "fixed", "learned")
 IMPLS = ("auto", "sdpa", "flex")
 WINDOW_GRANULARITIES = ("block", "token")
+OUT_INITS = ("zero", "uniform")
 
 
 @dataclass
@@ -32,6 +33,13 @@ class AttentionConfig:
     """One 3 × d × d parameter for q, k, v (Muon per slice)."""
     merged_qkvo: bool = False
     """One (4, d, d) parameter for W_q, W_k, W_v, W_o (each (out, in); Muon per slice)."""
+    weight_lambdas: bool = False
+    """Record D's (λ⁰, λ¹) per layer (#47, #48): q, k, v = u·(λ⁰·W_qkv)ᵀ and out = y·(λ¹·W_o)ᵀ,
+    the scalar multiplying the weight (in its dtype), from (0.5, 1). In the packed vector with
+    model.numerics.scalars_layout=record_2026_07, else each attention's `weight_lambdas`."""
+    out_init: str = field(default="zero", metadata={"choices": OUT_INITS})
+    """W_o at initialisation: zero (each block starts as the identity) | uniform (record D,
+    #64: drawn like W_q, W_k, W_v)."""
     gate: bool = False
     """Per-head output gate y_h <- y_h·σ(u[:k]·G[h]ᵀ), G (heads × k) zero-init, k =
     model.gate_channels."""

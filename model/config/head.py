@@ -8,6 +8,7 @@ SOFTCAP_FORMS = ("tanh", "sigmoid")
 LOSSES = ("auto", "fused", "plain")
 LOSS_REDUCTIONS = ("mean", "sum")
 LOSS_DTYPES = ("fp32", "bf16")
+SCALAR_LAYOUTS = ("record_2025_11", "record_2026_07")
 FP8_SCALES = ("record_2025_01", "record_2025_11", "record_2026_07")
 
 
@@ -35,6 +36,9 @@ class HeadConfig:
     fp8: bool = False
     """The LM head in FP8 while training (e4m3 forward, e5m2 gradients; divisors
     model.numerics.fp8_scales)."""
+    init_std: float = 0.0
+    """The head's initial weights N(0, init_std²); 0 = zero, so the first loss is ln(vocab)
+    (record D: 0.005)."""
     bf16: bool = False
     """The LM head weight a bf16 parameter (the 2025-11 record); needs model.numerics.dtype=bf16."""
 
@@ -47,6 +51,8 @@ class HeadConfig:
         return self.softcap_form == "tanh" or plain_sigmoid
 
     def validate(self) -> None:
+        if self.init_std < 0:
+            raise ValueError(f"model.head.init_std must be >= 0, got {self.init_std}")
         if self.softcap < 0:
             raise ValueError(f"model.head.softcap must be >= 0, got {self.softcap}")
         if self.softcap_divisor < 0:
@@ -85,11 +91,26 @@ class NumericsConfig:
     packed_scalars: bool = False
     """Every scalar of the model in one fp32 vector, the 2025-11 record's layout
     (model/scalars.py)."""
+    scalars_layout: str = field(default="record_2025_11", metadata={"choices": SCALAR_LAYOUTS})
+    """Which packed vector (model/scalars.py): record_2025_11 (skip logits, x0 and value mixes,
+    λ_smear, λ_back) | record_2026_07 (record D: (λ⁰, λ¹) per layer, λ_smear, w_skip)."""
+    bf16_matrices: bool = False
+    """The hidden matrices (attention's and the MLP's) are bf16 parameters, as record D's are
+    (its optimizer keeps the fp32 master); needs model.numerics.dtype=bf16."""
     scalars_multiple: int = 8
     """The packed vector is padded (with ones) to a multiple of this: the record's 8 ranks, kept
     whatever the rank count so the parameter count is the same everywhere."""
 
     def validate(self) -> None:
+        if self.scalars_layout != "record_2025_11" and not self.packed_scalars:
+            raise ValueError(
+                f"model.numerics.scalars_layout={self.scalars_layout} lays out the packed "
+                "vector: set model.numerics.packed_scalars=true"
+            )
+        if self.bf16_matrices and self.dtype != "bf16":
+            raise ValueError(
+                "model.numerics.bf16_matrices=true needs model.numerics.dtype=bf16 (a bf16 stream)"
+            )
         if self.scalars_multiple <= 0:
             raise ValueError(
                 f"model.numerics.scalars_multiple must be positive, got {self.scalars_multiple}"

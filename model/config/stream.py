@@ -19,6 +19,9 @@ class EmbedConfig:
     ve[:k/2]]·G[h]ᵀ)·ve_h, G zero (record D); without it v ← α·v + β·ve (model/values.py)."""
     value_std: float = 1.0
     """The value tables' initial std: N(0, value_std²) (record D: 0.01)."""
+    tied_init: bool = False
+    """The token table starts as the LM head's transpose, E = W_headᵀ (record D, #51; the
+    optimizer keeps them tied until it splits them); needs model.embed.rows = 0."""
     smear: bool = False
     """e'_t = e_t + λ·σ(e_t[:k]·wᵀ)·e_(t−1) on the token embeddings (w 1 × k zero, λ from 0,
     k = model.gate_channels)."""
@@ -32,6 +35,11 @@ class EmbedConfig:
         if self.value_gate and not self.value_embeds:
             raise ValueError(
                 "model.embed.value_gate gates the value tables: set model.embed.value_embeds"
+            )
+        if self.tied_init and self.rows:
+            raise ValueError(
+                "model.embed.tied_init copies the head (model.vocab_size rows) into the token "
+                f"table: model.embed.rows must be 0, got {self.rows}"
             )
         if self.value_std <= 0:
             raise ValueError(f"model.embed.value_std must be positive, got {self.value_std}")
@@ -113,6 +121,9 @@ class MlpConfig:
     attention nor MLP is skipped whole (no x0 mix). The 2025-11 record: ".MMMMMMMMMMM"."""
     fc_in_out: bool = False
     """Store C_fc as (in, out) = (d, 4d), used as u·C_fc (C_proj stays (out, in))."""
+    proj_in_out: bool = False
+    """Store C_proj as (in, out) = (4d, d), used as h·C_proj (record D, #48: both MLP matrices
+    3,072 × 768); the stored shape decides NorMuon's axis."""
 
     def validate(self) -> None:
         bad = set(self.layers) - set("M.")
