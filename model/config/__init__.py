@@ -181,11 +181,30 @@ class ModelConfig:
                 "model.numerics.packed_scalars reads the skip gate at index 1: needs "
                 "model.n_layer >= 2"
             )
+        if res.mudd:
+            self._validate_mudd()
         if head.fp8 and head.reduction == "sum" and num.fp8_scales == "record_2025_01":
             raise ValueError(
                 "model.head.reduction=sum gives per-token logit gradients of O(1), which the "
                 "FP8 head's 2025-01 gradient scale (×2¹⁹) overflows in e5m2: set "
                 "model.numerics.fp8_scales=record_2025_11 (×448)"
+            )
+
+    def _validate_mudd(self) -> None:
+        if "0" not in self.embed.value_embeds:
+            raise ValueError(
+                "model.residual.mudd adds ve₀, the lookup of value table 0, after the last "
+                "layer: model.embed.value_embeds must name table 0"
+            )
+        if self.n_head % 2:
+            raise ValueError(
+                "model.residual.mudd gates the first and the second half of the heads' value "
+                f"embeddings apart: model.n_head must be even, got {self.n_head}"
+            )
+        if self.attention.value_residual != "off":
+            raise ValueError(
+                "model.residual.mudd sets the last layer's values itself: turn "
+                "model.attention.value_residual off"
             )
 
 
