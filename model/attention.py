@@ -6,6 +6,7 @@ For input u (already RMS-normalised), per head of size D:
                                            the 2025-11 record's 4×d×d W_q, W_k, W_v, W_o;
                                            record D: u·(λ⁰·W_qkv)ᵀ, attention.weight_lambdas)
     v <- mixes(v)                          value residual, value embeddings (model/values.py)
+    v <- v + aux                           the MUDD layer, instead of the mixes (model/mudd.py)
     q, k <- rotary(RMSNorm(q)), rotary(RMSNorm(k))   QK-norm (unless attention.qk_norm=false)
     k_t[D/2:] <- k_(t−1)[D/2:]             key offset, long-window layers (attention.key_offset)
     y = softmax(scale·q·kᵀ + mask)·v       scale 1/√D, or model.attention.scale (0.12 in
@@ -123,7 +124,8 @@ class CausalSelfAttention(nn.Module):
             self.weight_lambdas.role = "scalar"  # type: ignore[attr-defined]  # Adam, not Muon
         # The value mixes' parameters are this module's (value_lambda, value_mix), as the
         # optimizer's groups and the checkpoints name them; their formulas are model/values.py's.
-        self.values = ValueMix.build(self, cfg, spec, layer)
+        # The MUDD layer's values take its aux instead (model/mudd.py).
+        self.values = None if spec.mudd else ValueMix.build(self, cfg, spec, layer)
         self.gate_channels = cfg.gate_channels
         if att.gate:  # (heads × k), an nn.Linear as the record's (bf16 in a bf16 model)
             self.gate = linear(cfg, cfg.gate_channels, cfg.n_head)
@@ -179,7 +181,8 @@ class CausalSelfAttention(nn.Module):
             return None
         return lam[0], lam[1]
 
-    def forward(self, x: Tensor, rotary: Rotary, ctx: Context) -> Tensor:
+    def forward(self, x: Tensor, rotary: Rotary, ctx: Context, aux: Tensor | None = None) -> Tensor:
+        """`aux` (B, T, H, D): added to the values instead of their mixes (the MUDD layer)."""
         B, T, C = x.shape
         shape = (B, T, self.n_head, self.head_dim)
         lambdas = self._lambdas(ctx)
@@ -196,6 +199,8 @@ class CausalSelfAttention(nn.Module):
             q, k, v = self.q(x).view(shape), self.k(x).view(shape), self.v(x).view(shape)
         if self.values is not None:
             v = self.values(self, v, ctx, x)
+        if aux is not None:
+            v = v + aux
         # QK-norm bounds the attention logits, which lets the records run higher LRs stably.
         if self.qk_norm:
             q, k = rms_norm(q), rms_norm(k)

@@ -7,7 +7,8 @@
     x <- x + MLP(RMSNorm(x))             unless the layer has no MLP
 
 each sublayer's add scaled by its (r, p) with model.residual.sublayer_scales
-(model/residual.py). A layer with neither sublayer is never called.
+(model/residual.py). A layer with neither sublayer is never called. With
+model.residual.mudd the last layer is the MUDD block instead (model/mudd.py).
 """
 
 import torch
@@ -17,6 +18,7 @@ from model.attention import CausalSelfAttention
 from model.config import ModelConfig
 from model.context import Context
 from model.layers import MLP, rms_norm
+from model.mudd import mudd_layer
 from model.plan import LayerSpec
 from model.residual import ATTENTION, add_sublayer, inject_x0, x0_mix
 from model.residual import MLP as MLP_COLUMN
@@ -29,6 +31,7 @@ class Block(nn.Module):
         self.layer = layer
         self.attn = CausalSelfAttention(cfg, spec, layer) if spec.attention else None
         self.mlp = MLP(cfg) if spec.mlp else None
+        self.mudd, self.value_table = spec.mudd, spec.value_embed  # model.residual.mudd
         res = cfg.residual
         self.mixes_x0 = res.x0_shortcut and not spec.empty
         if self.mixes_x0 and not cfg.numerics.packed_scalars:
@@ -39,6 +42,8 @@ class Block(nn.Module):
     ) -> Tensor:
         """`attn_input`: the stream the attention reads instead of x (RMSNorm'd here; record
         D's c₇ for the layers after 7), None = x."""
+        if self.mudd:  # the whole layer is MUDD's (model/mudd.py)
+            return mudd_layer(self, x, rotary, ctx, attn_input)
         if self.mixes_x0:
             packed = ctx.layout is not None
             mix = ctx.packed[ctx.layout.x0_mix(self.layer)] if packed else self.x0_mix

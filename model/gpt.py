@@ -9,7 +9,8 @@ The forward reads as docs/records.md's, one part per line:
     embed → smear → RMSNorm                   model/embedding.py
     x0, value lookups, masks, YaRN: once      model/context.py, model/steps.py, model/masks.py
     the layers of the plan, with their skips  model/plan.py, model/block.py, model/residual.py
-    backout → RMSNorm → head → loss           model/residual.py, model/head.py, model/loss.py
+    backout or MUDD → RMSNorm → head → loss   model/residual.py, model/mudd.py, model/head.py,
+                                              model/loss.py
 
 What each layer has comes from the layer plan; options that are off build nothing and cost
 nothing. Parameter names (and so optimizer groups and checkpoints) are the module tree's:
@@ -29,6 +30,7 @@ from model.init import initialise
 from model.layers import linear, rms_norm
 from model.loss import model_loss
 from model.masks import build_masks
+from model.mudd import build_mudd, mudd_out, mudd_params
 from model.plan import describe_plan, layer_plan
 from model.residual import Skips, build_sublayer_scales, build_x0_injection, sublayer_scales
 from model.rotary import Rotary
@@ -58,6 +60,7 @@ class GPT(nn.Module):
         build_sublayer_scales(self, cfg)
         build_xsa(self, cfg)
         build_x0_injection(self, cfg)
+        build_mudd(self, cfg, self.plan)
         att = cfg.attention
         windows = att.long_windows if att.yarn else None
         self.rotary = Rotary(
@@ -145,16 +148,22 @@ class GPT(nn.Module):
 
     def _layers(self, x: Tensor, ctx: Context) -> Tensor:
         """The plan's layers in order, each input with the skips that end there, then the
-        backout (model/residual.py); an empty layer only passes x on. After
-        model.residual.attn_input_layer, attention reads that layer's output."""
-        x0, source = x, self.cfg.residual.attn_input_layer
+        backout (model/residual.py), or MUDD's mix (model/mudd.py); an empty layer only
+        passes x on. After model.residual.attn_input_layer, attention reads that layer's
+        output."""
+        res = self.cfg.residual
+        x0, source = x, res.attn_input_layer
         outputs: list[Tensor] = []
         for i, block in enumerate(self.blocks):
-            x = self.skips.into(self, i, x, outputs, x0)
+            x = layer_input = self.skips.into(self, i, x, outputs, x0)
             if not self.plan[i].empty:
                 attn_input = outputs[source] if 0 <= source < i else None
                 x = block(x, self.rotary, ctx, attn_input)
             outputs.append(x)
+        if ctx.mudd is not None:  # MUDD's mix after the last layer; layer_input is its c₉
+            ve0 = ctx.value_embeds[0]
+            c7, c3 = outputs[source], outputs[res.skip_from]
+            return mudd_out(x, ctx.mudd, ctx.x0, c7, layer_input, ve0, c3)
         return self.skips.out(self, x, outputs)
 
     def _head(self, x: Tensor, targets: Tensor | None) -> Tensor:
@@ -174,7 +183,7 @@ class GPT(nn.Module):
             short_window=step.short,
         )  # fmt: skip
         return Context(
-            x0=x if res.x0_shortcut or res.x0_after_attention else None,
+            x0=x if res.x0_shortcut or res.x0_after_attention or res.mudd else None,
             value_embeds=value_lookups(getattr(self, "value_embeds", None), idx),
             masks=masks,
             packed=getattr(self, "scalars", None),
@@ -184,4 +193,5 @@ class GPT(nn.Module):
             sublayer_scales=sublayer_scales(self),
             xsa_alphas=getattr(self, "xsa_alphas", None),
             x0_lambdas=getattr(self, "x0_lambdas", None),
+            mudd=mudd_params(self),
         )

@@ -10,13 +10,14 @@ sublayer scales their tabled values. With model.numerics.dtype=bf16 the tables, 
 (head.bf16) the head become bf16 parameters: N(0, 1) rounded to bf16, as the records'.
 
 The draws happen in this order (the RNG stream decides every value): the token table, the
-value tables, then each block's q/k/v and fc.
+value tables, then each block's q/k/v and fc, then MUDD's W1 (model/mudd.py).
 """
 
 import torch
 from torch import nn
 
 from model.attention import init_bound
+from model.mudd import reset_mudd
 from model.residual import reset_sublayer_scales, reset_x0_injection
 from model.scalars import WEIGHT_LAMBDAS_INIT
 from model.xsa import reset_xsa
@@ -61,6 +62,7 @@ def initialise(model: nn.Module) -> None:
     reset_sublayer_scales(model, cfg)
     reset_xsa(model)
     reset_x0_injection(model)
+    reset_mudd(model, cfg)  # its own dtype already (model/mudd.py)
     if cfg.numerics.dtype == "bf16":
         for module in [*tables, *gates(model)]:  # the 2025-11 record's gates are bf16 too
             module.to(torch.bfloat16)

@@ -27,6 +27,7 @@ class LayerSpec:
     skip_from: int | None  # U-net: the earlier layer whose output is added at the input
     mlp: bool = True  # False: no MLP (with no attention either, the block is skipped)
     xsa: bool = False  # learnable XSA on this layer's attention output
+    mudd: bool = False  # the MUDD block (model.residual.mudd): the last layer
 
     @property
     def empty(self) -> bool:
@@ -61,6 +62,7 @@ def layer_plan(cfg: ModelConfig) -> list[LayerSpec]:
                 skip_from=skip if skip is not None and skip >= 0 else None,
                 mlp=mlps[layer] == "M",
                 xsa=xsa[layer] == "X" and attention[layer] == "A",
+                mudd=cfg.residual.mudd and layer == n - 1,
             )
         )
     return plan
@@ -77,6 +79,8 @@ def describe_plan(plan: list[LayerSpec]) -> str:
             bits.append(s.window)
         if s.xsa:
             bits.append("xsa")
+        if s.mudd:
+            bits.append("mudd")
         if s.value_embed is not None:
             bits.append(f"ve{s.value_embed}")
         if s.skip_from is not None:

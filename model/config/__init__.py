@@ -182,6 +182,8 @@ class ModelConfig:
                 "model.numerics.packed_scalars reads the skip gate at index 1: needs "
                 "model.n_layer >= 2"
             )
+        if res.mudd:
+            self._validate_mudd()
         if head.fp8 and head.reduction == "sum" and num.fp8_scales == "record_2025_01":
             raise ValueError(
                 "model.head.reduction=sum gives per-token logit gradients of O(1), which the "
@@ -211,6 +213,22 @@ class ModelConfig:
                     f"model.numerics.scalars_layout=record_2026_07 has no place for model.{key}'s "
                     "scalars: turn it off, or use scalars_layout=record_2025_11"
                 )
+    def _validate_mudd(self) -> None:
+        if "0" not in self.embed.value_embeds:
+            raise ValueError(
+                "model.residual.mudd adds ve₀, the lookup of value table 0, after the last "
+                "layer: model.embed.value_embeds must name table 0"
+            )
+        if self.n_head % 2:
+            raise ValueError(
+                "model.residual.mudd gates the first and the second half of the heads' value "
+                f"embeddings apart: model.n_head must be even, got {self.n_head}"
+            )
+        if self.attention.value_residual != "off":
+            raise ValueError(
+                "model.residual.mudd sets the last layer's values itself: turn "
+                "model.attention.value_residual off"
+            )
 
 
 def update(cfg: Any, changes: dict[str, Any]) -> Any:

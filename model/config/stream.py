@@ -87,6 +87,17 @@ class ResidualConfig:
     """The initial r of every sublayer (record D: √1.1, so the stream grows by 1.1 per layer)."""
     post_init: float = 1.0
     """The initial p of every sublayer."""
+    mudd: bool = False
+    """MUDD dense connections (record D, #81; model/mudd.py): the last layer's residual
+    coefficients, values and value-embedding gate come per token from a coefficient network
+    on its input, and a second network mixes c₀ = x0, c₇ = output of attn_input_layer,
+    c₉ = the last layer's input, ve₀ = table 0's lookup and c₃ = output of skip_from into the
+    stream after it (n₁ on c₇ is the backout). Needs attn_input_layer, skip_from and table 0
+    in model.embed.value_embeds; excludes backout_layer. Parameters `mudd_w1`
+    (2, mudd_hidden, d), `mudd_w2` (2, 14, mudd_hidden), `mudd_b2` (2, 14): 14 outputs per
+    network, of which the last layer reads 14 and the one after it 5."""
+    mudd_hidden: int = 64
+    """The MUDD coefficient networks' hidden width (record D: 64)."""
 
     def validate(self, n_layer: int) -> None:
         for key in ("skip_from", "skip_to", "backout_layer", "attn_input_layer"):
@@ -109,6 +120,29 @@ class ResidualConfig:
         if self.skip_from >= 0 and self.unet:
             raise ValueError(
                 "model.residual.skip_from and model.residual.unet: one kind of skip at a time"
+            )
+        if self.mudd_hidden <= 0:
+            raise ValueError(f"model.residual.mudd_hidden must be positive, got {self.mudd_hidden}")
+        if self.mudd:
+            self._validate_mudd(n_layer)
+
+    def _validate_mudd(self, n_layer: int) -> None:
+        if not 0 <= self.attn_input_layer < n_layer - 1 or self.skip_from < 0:
+            raise ValueError(
+                "model.residual.mudd reads c₇ = the output of model.residual.attn_input_layer "
+                f"(below the last layer, {n_layer - 1}) and c₃ = the output of "
+                f"model.residual.skip_from: set both (got {self.attn_input_layer}, "
+                f"{self.skip_from})"
+            )
+        if self.backout_layer >= 0:
+            raise ValueError(
+                "model.residual.mudd replaces the backout (its post-loop coefficient on c₇): "
+                "set model.residual.backout_layer=-1"
+            )
+        if self.x0_shortcut:
+            raise ValueError(
+                "model.residual.mudd computes the last layer's whole residual, which has no "
+                "place for model.residual.x0_shortcut's mix: turn one off"
             )
 
 
