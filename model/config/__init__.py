@@ -213,6 +213,7 @@ class ModelConfig:
                     f"model.numerics.scalars_layout=record_2026_07 has no place for model.{key}'s "
                     "scalars: turn it off, or use scalars_layout=record_2025_11"
                 )
+
     def _validate_mudd(self) -> None:
         if "0" not in self.embed.value_embeds:
             raise ValueError(
