@@ -22,6 +22,7 @@ from model import GPT, ModelConfig
 from model.attention import CausalSelfAttention
 from model.config import update
 from model.context import Context
+from model.flops import training_flops
 from model.masks import EOT, build_masks, paired_key
 from model.plan import describe_plan, layer_plan
 from model.rotary import Rotary
@@ -273,3 +274,12 @@ def test_the_record_pattern_and_the_errors() -> None:
         layer_plan(update(ModelConfig(), {"attention.paired": ".P..", "attention.xsa": ".X.."}))
     with pytest.raises(ValueError, match=r"model\.attention\.paired"):
         layer(config())[0].track_max_logit = True
+
+
+def test_flops_count_the_doubled_pairs_at_half_width() -> None:
+    """12·d·P for the normal layers' pairs P, 12·(d/2)·P₂ for a paired layer's P₂ over 2T."""
+    cfg, idx, w = config(n_layer=2, paired="P."), tokens(), torch.tensor(W)
+    masks = build_masks(idx, True, {"long"}, w, 128, "sdpa", True, paired=frozenset({"long"}))
+    normal, doubled = masks["long"].sum().item(), masks[paired_key("long")].sum().item()
+    d = cfg.n_embd
+    assert training_flops(idx, cfg, 0, w).item() == 12 * d * normal + 6 * d * doubled
