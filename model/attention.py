@@ -12,6 +12,8 @@ For input u (already RMS-normalised), per head of size D:
     y = softmax(scale·q·kᵀ + mask)·v       scale 1/√D, or model.attention.scale (0.12 in
                                            2025-01), or YaRN's scale of the stage (model/yarn.py)
     y_h <- XSA(y_h)                        learnable XSA (model.attention.xsa, model/xsa.py)
+    (paired layers: rotary at 2t / 2t+1, heads h and h + H/2 in one slot over 2T positions,
+     no key offset, no XSA; model.attention.paired, model/paired.py)
     y_h <- y_h·σ(u[:k]·G[h]ᵀ)               sparse output gate per head (model.attention.gate)
     out = y·W_oᵀ                            heads concatenated in order (record D: y·(λ¹·W_o)ᵀ)
 
@@ -31,8 +33,9 @@ from torch import Tensor, nn
 from model.config import ModelConfig
 from model.context import Context
 from model.layers import linear, rms_norm
-from model.masks import Mask
+from model.masks import Mask, paired_key
 from model.max_logit import max_logits
+from model.paired import double, paired_positions, undouble
 from model.plan import LayerSpec
 from model.rotary import Rotary
 from model.scalars import WEIGHT_LAMBDAS_INIT
@@ -100,7 +103,10 @@ class CausalSelfAttention(nn.Module):
         self.max_logit: Tensor | None = None  # (n_head,) fp32, the running max per head
         self.window = spec.window
         self.xsa = spec.xsa
-        self.key_offset = cfg.attention.key_offset and spec.window == "long"
+        self.paired = spec.paired
+        self.mask_key = paired_key(spec.window) if spec.paired else spec.window
+        # the key offset is the normal long-window layers' (a paired layer has none)
+        self.key_offset = cfg.attention.key_offset and spec.window == "long" and not spec.paired
         self.layer = layer  # its place in the packed scalars
         d, att = cfg.n_embd, cfg.attention
         if att.merged_qkvo:
@@ -204,15 +210,22 @@ class CausalSelfAttention(nn.Module):
         # QK-norm bounds the attention logits, which lets the records run higher LRs stably.
         if self.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
-        q, k = rotary(q, ctx.yarn_stage).transpose(1, 2), rotary(k, ctx.yarn_stage).transpose(1, 2)
+        if self.paired:  # heads h, h + H/2 in one slot over 2T positions (model/paired.py)
+            pos = paired_positions(T, self.n_head, x.device)
+            q, k = rotary(q, ctx.yarn_stage, pos), rotary(k, ctx.yarn_stage, pos)
+            q, k, v = double(q), double(k), double(v)
+        else:
+            q, k = rotary(q, ctx.yarn_stage), rotary(k, ctx.yarn_stage)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.key_offset:
             k = offset_keys(k)
-        v = v.transpose(1, 2)
-        mask = ctx.masks[self.window] if ctx.masks is not None else None
+        mask = ctx.masks[self.mask_key] if ctx.masks is not None else None
         scale = ctx.attn_scale if ctx.attn_scale is not None else self.scale
         if self._fold is not None and self.training:  # evaluation is no part of a step
             self._fold(q, k, mask, scale)
         y = attend(q, k, v, mask, scale)
+        if self.paired:  # back to (B, H, T, D): slot s at 2t is head s, at 2t+1 head s + H/2
+            y = undouble(y)
         if self.xsa:  # the layer's row of the model's α (model/xsa.py)
             y = xsa(y, v, ctx.xsa_alphas[self.layer])
         if hasattr(self, "gate"):  # σ(u[:k]·G[h]ᵀ) per position and head: (B, T, H)
@@ -246,6 +259,11 @@ class CausalSelfAttention(nn.Module):
 
     @track_max_logit.setter
     def track_max_logit(self, on: bool) -> None:
+        if on and self.paired:  # a slot's logits mix two heads: no per-head maximum
+            raise ValueError(
+                f"QK-clip tracks per-head logits; layer {self.layer} pairs heads "
+                "(model.attention.paired): turn one off"
+            )
         # A loop of chunks with host-side bounds: eager, never traced by torch.compile. The
         # wrapper is made here, not at import: it imports torch._dynamo (half a second).
         self._fold = torch.compiler.disable(self._fold_max_logit) if on else None

@@ -20,7 +20,9 @@ the same way; MLP-only and empty layers none. A document-masked, windowed model 
 credited with the attention it computes, not with a whole packed sequence's: over the 2025-01
 record's 49,152-token sequence, with documents ~1000 tokens long, causal attention would be 25
 times the pairs that even its widest window lets through. (Masked elements that a kernel
-computes anyway inside a partial tile are not counted.) Recomputation and the optimizer
+computes anyway inside a partial tile are not counted.) A paired-head layer
+(model.attention.paired) attends over 2T positions with H/2 heads: its pairs, by the same rule
+over the doubled sequence, are half as wide (d/2). Recomputation and the optimizer
 (Newton–Schulz) are not counted.
 
 The pairs come from the batch's tokens on its device, O(B·T) with no host sync: query i
@@ -84,21 +86,23 @@ def training_flops(
     on their device: 6·N·tokens + 12·d·P (module docstring). `n_params`: N (`matmul_params`);
     `window_tokens`: the step's window, as the model's forward takes it (a device tensor keeps
     the count free of host syncs)."""
-    kinds = Counter(s.window for s in layer_plan(cfg) if s.attention)
+    plan = layer_plan(cfg)
+    kinds = Counter(s.window for s in plan if s.attention and not s.paired)
+    paired = Counter(s.window for s in plan if s.paired)
     lengths: dict[str, Tensor] = {}
     token = cfg.attention.window_granularity == "token"
     if window_tokens is not None and token:
         for kind, w in (("long", window_tokens), ("short", short_window_tokens)):
             if w is not None:
                 lengths[kind] = torch.as_tensor(w, device=idx.device).floor().long()
-        if "short" in kinds and "short" not in lengths:
+        if "short" in kinds | paired and "short" not in lengths:
             raise ValueError(
                 "model.attention.window_granularity=token: count FLOPs with short_window_tokens"
             )
     elif window_tokens is not None:
         tokens = torch.as_tensor(window_tokens, dtype=torch.float64, device=idx.device)
         lengths = window_lengths(torch.ceil(tokens / cfg.attention.window_block).long())
-    elif kinds.keys() - {None}:
+    elif (kinds | paired).keys() - {None}:
         raise ValueError(
             "model.attention.window is set but no window size was given to count FLOPs"
         )
@@ -108,7 +112,17 @@ def training_flops(
         pairs = pairs + layers * attended_pairs(
             idx, cfg.attention.document_mask, n_blocks, cfg.attention.window_block, token
         )
-    return 6.0 * n_params * idx.numel() + 12.0 * cfg.n_embd * pairs.double()
+    flops = 6.0 * n_params * idx.numel() + 12.0 * cfg.n_embd * pairs.double()
+    if paired:  # 2T positions: token t's EOT at 2t opens its document, 2t+1 holds a non-EOT
+        doubled = torch.stack([idx, torch.zeros_like(idx)], -1).flatten(-2)
+        half = torch.zeros((), dtype=torch.int64, device=idx.device)
+        for kind, layers in paired.items():
+            n_blocks = lengths[kind] if kind is not None else None
+            half = half + layers * attended_pairs(
+                doubled, cfg.attention.document_mask, n_blocks, cfg.attention.window_block, token
+            )
+        flops = flops + 6.0 * cfg.n_embd * half.double()
+    return flops
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,8 @@ class GPT(nn.Module):
             self.register_buffer(
                 "yarn_scales", torch.tensor(scales, dtype=torch.float64), persistent=False
             )
-        self._windows = {s.window for s in self.plan if s.attention}
+        self._windows = {s.window for s in self.plan if s.attention and not s.paired}
+        self._paired_windows = frozenset(s.window for s in self.plan if s.paired)
         # Micro-steps per optimizer step, each backpropagating loss / micro_steps: the FP8
         # head's gradient cast undoes that factor (model/head.py). Set by the trainer.
         self.micro_steps = 1
@@ -180,7 +181,7 @@ class GPT(nn.Module):
         masks = build_masks(
             idx, att.document_mask, self._windows, step.window, att.window_block,
             impl=att.impl, token_window=att.window_granularity == "token",
-            short_window=step.short,
+            short_window=step.short, paired=self._paired_windows,
         )  # fmt: skip
         return Context(
             x0=x if res.x0_shortcut or res.x0_after_attention or res.mudd else None,

@@ -214,9 +214,14 @@ def build_masks(
     impl: str = "auto",
     token_window: bool = False,
     short_window: Tensor | None = None,
+    paired: frozenset[str | None] = frozenset(),
 ) -> dict[str | None, Mask] | None:
     """The masks one forward needs, by window kind ("long", "short", None = no window); None
     when plain causal attention covers everything (no document mask, no windows).
+
+    `paired`: the window kinds of the paired-head layers (model/paired.py), whose masks are
+    the same rule over the doubled sequence of 2T positions (position 2t and 2t+1 in token
+    t's document; windows counted in doubled positions), keyed by `paired_key(kind)`.
 
     `window_blocks`: without `token_window`, the long window N in blocks (short: `window_lengths`)
     or each kind's N ({"long": N, "short": n}, for a short window that is not ⌊N/2⌋). With
@@ -226,9 +231,9 @@ def build_masks(
     `impl`: "sdpa" for dense boolean masks, "flex" for block masks, "auto" for flex on CUDA
     and sdpa elsewhere. Block masks share one tile structure; only the window's lists differ.
     """
-    if not document and kinds <= {None}:
+    if not document and (kinds | paired) <= {None}:
         return None
-    if kinds - {None} and window_blocks is None:
+    if (kinds | paired) - {None} and window_blocks is None:
         raise ValueError("model.attention.window is set but no window size was given to forward()")
     if impl == "auto":
         impl = "flex" if idx.device.type == "cuda" else "sdpa"
@@ -237,7 +242,7 @@ def build_masks(
     T = idx.size(1)
     docs = document_ids(idx) if document else None
     if token_window:
-        if "short" in kinds and short_window is None:
+        if "short" in kinds | paired and short_window is None:
             raise ValueError(
                 "model.attention.window_granularity=token: short-window layers need the forward's "
                 "short_window_tokens"
@@ -247,12 +252,27 @@ def build_masks(
         lengths = {kind: n.clamp(min=1) for kind, n in window_blocks.items()}
     else:
         lengths = window_lengths(window_blocks) if window_blocks is not None else {}
-    tiles = tile_structure(docs, T, block, idx.device) if impl == "flex" else None
     masks: dict[str | None, Mask] = {}
-    for kind in kinds:
-        n = lengths[kind] if kind is not None else None
-        if tiles is not None:
-            masks[kind] = block_mask(tiles, T, n, block, token_window)
-        else:
-            masks[kind] = dense_mask(docs, T, n, block, idx.device, token_window)
+    for keys, length, ids in (
+        ({kind: kind for kind in kinds}, T, docs),
+        # a token's two positions both belong to its document
+        ({paired_key(kind): kind for kind in paired}, 2 * T, _doubled(docs)),
+    ):
+        tiles = tile_structure(ids, length, block, idx.device) if impl == "flex" and keys else None
+        for key, kind in keys.items():
+            n = lengths[kind] if kind is not None else None
+            if tiles is not None:
+                masks[key] = block_mask(tiles, length, n, block, token_window)
+            else:
+                masks[key] = dense_mask(ids, length, n, block, idx.device, token_window)
     return masks
+
+
+def paired_key(kind: str | None) -> str:
+    """The key of the paired-head layers' mask of window kind `kind` in `build_masks`'s dict."""
+    return "paired" if kind is None else f"paired_{kind}"
+
+
+def _doubled(docs: Tensor | None) -> Tensor | None:
+    """doc ids over the doubled sequence: positions 2t and 2t+1 take token t's."""
+    return None if docs is None else docs.repeat_interleave(2, dim=-1)

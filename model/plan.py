@@ -28,6 +28,7 @@ class LayerSpec:
     mlp: bool = True  # False: no MLP (with no attention either, the block is skipped)
     xsa: bool = False  # learnable XSA on this layer's attention output
     mudd: bool = False  # the MUDD block (model.residual.mudd): the last layer
+    paired: bool = False  # paired-head attention (model/paired.py)
 
     @property
     def empty(self) -> bool:
@@ -50,6 +51,7 @@ def layer_plan(cfg: ModelConfig) -> list[LayerSpec]:
     tables = resample(tables, n) if tables else "." * n
     mlps = resample(cfg.mlp.layers, n) if cfg.mlp.layers else "M" * n
     xsa = resample(att.xsa, n) if att.xsa else "." * n
+    paired = resample(att.paired, n) if att.paired else "." * n
     encoder = n // 2
     plan = []
     for layer in range(n):
@@ -63,8 +65,14 @@ def layer_plan(cfg: ModelConfig) -> list[LayerSpec]:
                 mlp=mlps[layer] == "M",
                 xsa=xsa[layer] == "X" and attention[layer] == "A",
                 mudd=cfg.residual.mudd and layer == n - 1,
+                paired=paired[layer] == "P" and attention[layer] == "A",
             )
         )
+        if plan[-1].paired and plan[-1].xsa:
+            raise ValueError(
+                f"layer {layer} is paired (model.attention.paired) and has XSA "
+                "(model.attention.xsa): a paired layer has no XSA"
+            )
     return plan
 
 
@@ -77,6 +85,8 @@ def describe_plan(plan: list[LayerSpec]) -> str:
             bits.append("no mlp")
         if s.attention and s.window:
             bits.append(s.window)
+        if s.paired:
+            bits.append("paired")
         if s.xsa:
             bits.append("xsa")
         if s.mudd:

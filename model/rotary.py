@@ -17,7 +17,8 @@ d = 128), kept apart so that a record run can match the record's rotary tables b
 
 Angles are computed in fp32. With `bf16` (the 2024-11 record) the cos/sin tables are rounded
 to bf16 and the rotation runs in the input's dtype; otherwise it runs in fp32 and the result
-is cast back. Positions are indices along the sequence (a packed sequence's, across documents).
+is cast back. Positions are indices along the sequence (a packed sequence's, across documents),
+or given per token and head (the paired-head layers' 2t and 2t+1, model/paired.py).
 
 With `stage_freqs` (YaRN, model/yarn.py: one row of frequencies per stage) the forward takes the
 stage as a 0-d tensor and rotates by that row, so a compiled model does not recompile when the
@@ -59,14 +60,21 @@ class Rotary(nn.Module):
         )
         self.register_buffer("stage_freqs", table, persistent=False)  # None: no YaRN
 
-    def forward(self, x: Tensor, stage: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, stage: Tensor | None = None, positions: Tensor | None = None
+    ) -> Tensor:
         """Rotate x of shape (B, T, n_head, head_dim); angles are recomputed (T × d/2, cheap).
-        `stage`: the YaRN stage (0-d integer tensor), None = the base frequencies."""
-        t = torch.arange(x.size(1), device=x.device, dtype=torch.float32)
+        `stage`: the YaRN stage (0-d integer tensor), None = the base frequencies.
+        `positions`: each token's and head's position (T, n_head), fp32 (the paired-head
+        layers', model/paired.py); None = 0 … T−1 for every head."""
         inv_freq = self.inv_freq
         if stage is not None and self.stage_freqs is not None:
             inv_freq = self.stage_freqs.index_select(0, stage.reshape(1))[0]  # no host sync
-        freqs = torch.outer(t, inv_freq)[None, :, None, :]
+        if positions is not None:  # the same products t·ω as the table's rows
+            freqs = (positions[..., None] * inv_freq)[None]
+        else:
+            t = torch.arange(x.size(1), device=x.device, dtype=torch.float32)
+            freqs = torch.outer(t, inv_freq)[None, :, None, :]
         cos, sin = freqs.cos(), freqs.sin()
         if self.bf16:
             cos, sin = cos.bfloat16().to(x.dtype), sin.bfloat16().to(x.dtype)

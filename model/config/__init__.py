@@ -115,7 +115,7 @@ class ModelConfig:
         r = self.residual
         return bool(
             self.attention.window or self.embed.value_embeds or self.attention.layers
-            or self.attention.xsa
+            or self.attention.xsa or self.attention.paired
             or self.mlp.layers or r.unet or r.skip_from >= 0 or r.backout_layer >= 0
         )  # fmt: skip
 
@@ -160,6 +160,11 @@ class ModelConfig:
 
     def _validate_across_groups(self) -> None:
         att, head, num, res = self.attention, self.head, self.numerics, self.residual
+        if "P" in att.paired and self.n_head % 2:
+            raise ValueError(
+                f"model.attention.paired pairs head h with h + H/2: needs an even model.n_head, "
+                f"got {self.n_head}"
+            )
         gated = att.gate or self.embed.smear or res.skip_per_token
         if gated and not 0 < self.gate_channels <= self.n_embd:
             raise ValueError(

@@ -57,6 +57,11 @@ class AttentionConfig:
     """Per-layer pattern: "X" learnable XSA, "." none; "" = none (record D: ".X.XX..XX.X").
     y_h <- y_h − tanh(α_h)·⟨y_h, v̂_h⟩·v̂_h after attention, v̂ = v/max(‖v‖, 10⁻⁴) per head and
     token, α (n_layer × n_head, `xsa_alphas`) from 0 (model/xsa.py)."""
+    paired: str = ""
+    """Per-layer pattern: "P" paired-head attention, "." normal; "" = none (record D:
+    "P.P..P...P."). Head h and head h + H/2 share a slot over 2T positions (h at 2t for h < H/2,
+    else 2t+1), rotated at position 2t + (h mod 2), the window counted in those positions;
+    no key offset, no XSA; needs an even model.n_head (model/paired.py)."""
     # --- rotary ---------------------------------------------------------------------------
     rope: str = field(default="full", metadata={"choices": ROPES})
     """full: base rope_base on every dim | half_truncated: 32 frequencies 1 … 1/1024 on the
@@ -121,7 +126,7 @@ class AttentionConfig:
             if getattr(self, key) < 0:
                 raise ValueError(f"model.attention.{key} must be >= 0, got {getattr(self, key)}")
         self._validate_windows()
-        for key, allowed in (("window", "LS"), ("layers", "A."), ("xsa", "X.")):
+        for key, allowed in (("window", "LS"), ("layers", "A."), ("xsa", "X."), ("paired", "P.")):
             bad = set(getattr(self, key)) - set(allowed)
             if bad:
                 raise ValueError(

@@ -26,7 +26,8 @@ ADDED = {"residual.sublayer_scales", "residual.resid_init", "residual.post_init"
          "attention.weight_lambdas", "attention.out_init", "numerics.scalars_layout",
          "numerics.bf16_matrices", "head.init_std", "embed.tied_init",
          "mlp.proj_in_out",
-         "residual.mudd", "residual.mudd_hidden"}  # fmt: skip
+         "residual.mudd", "residual.mudd_hidden",
+         "attention.paired"}  # fmt: skip
 
 
 def leaves(cls: type, prefix: str = "") -> set[str]:
