@@ -28,6 +28,7 @@ class Context:
         xsa_alphas: Tensor | None = None,
         x0_lambdas: Tensor | None = None,
         mudd: tuple[Tensor, Tensor, Tensor] | None = None,
+        value_gates: Tensor | None = None,
     ) -> None:
         self.x0, self.value_embeds, self.masks = x0, value_embeds, masks
         self.packed, self.layout = packed, layout
@@ -36,4 +37,5 @@ class Context:
         self.xsa_alphas = xsa_alphas
         self.x0_lambdas = x0_lambdas
         self.mudd = mudd
+        self.value_gates = value_gates
         self.v1: Tensor | None = None

@@ -36,6 +36,7 @@ from model.residual import Skips, build_sublayer_scales, build_x0_injection, sub
 from model.rotary import Rotary
 from model.scalars import build_scalars, scalar
 from model.steps import StepInputs, step_inputs
+from model.values import build_value_gates
 from model.xsa import build_xsa
 from model.yarn import yarn_table
 
@@ -59,6 +60,7 @@ class GPT(nn.Module):
         self.layout = build_scalars(self, cfg)
         build_sublayer_scales(self, cfg)
         build_xsa(self, cfg)
+        build_value_gates(self, cfg, self.plan)
         build_x0_injection(self, cfg)
         build_mudd(self, cfg, self.plan)
         att = cfg.attention
@@ -193,6 +195,7 @@ class GPT(nn.Module):
             attn_scale=step.attn_scale,
             sublayer_scales=sublayer_scales(self),
             xsa_alphas=getattr(self, "xsa_alphas", None),
+            value_gates=getattr(self, "value_gates", None),
             x0_lambdas=getattr(self, "x0_lambdas", None),
             mudd=mudd_params(self),
         )

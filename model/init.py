@@ -41,9 +41,8 @@ def initialise(model: nn.Module) -> None:
         if block.attn is not None:
             if (w_o := block.attn.out_weight()) is not None:
                 nn.init.zeros_(w_o)
-            for gate in ("gate", "value_gate"):  # σ(0): every gate starts half (or 2·½) open
-                if hasattr(block.attn, gate):
-                    nn.init.zeros_(getattr(block.attn, gate).weight)
+            if hasattr(block.attn, "gate"):  # σ(0): every gate starts half open
+                nn.init.zeros_(block.attn.gate.weight)
             if hasattr(block.attn, "weight_lambdas"):
                 block.attn.weight_lambdas.copy_(torch.tensor(WEIGHT_LAMBDAS_INIT))
         if block.mlp is not None:
@@ -62,12 +61,16 @@ def initialise(model: nn.Module) -> None:
     reset_sublayer_scales(model, cfg)
     reset_xsa(model)
     reset_x0_injection(model)
+    if hasattr(model, "value_gates"):  # 2σ(0) = 1: each value table starts added whole
+        model.value_gates.zero_()
     reset_mudd(model, cfg)  # its own dtype already (model/mudd.py)
     if cfg.numerics.dtype == "bf16":
         for module in [*tables, *gates(model)]:  # the 2025-11 record's gates are bf16 too
             module.to(torch.bfloat16)
         if cfg.head.bf16:
             model.lm_head.to(torch.bfloat16)
+        if hasattr(model, "value_gates"):  # bf16 as the record's gates
+            model.value_gates.data = model.value_gates.data.to(torch.bfloat16)
         if cfg.numerics.bf16_matrices:  # record D: bf16 weights (the optimizer's fp32 master)
             for w in matrices(model):
                 w.data = w.data.to(torch.bfloat16)
@@ -76,7 +79,7 @@ def initialise(model: nn.Module) -> None:
 def gates(model: nn.Module) -> list[nn.Module]:
     """The attention gates and the smear gate, where they exist."""
     attns = [b.attn for b in model.blocks if b.attn is not None]
-    out = [getattr(a, g) for a in attns for g in ("gate", "value_gate") if hasattr(a, g)]
+    out = [a.gate for a in attns if hasattr(a, "gate")]
     out += [model.skip_token_gate] if hasattr(model, "skip_token_gate") else []
     return out + ([model.smear_gate] if hasattr(model, "smear_gate") else [])
 

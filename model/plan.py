@@ -29,6 +29,7 @@ class LayerSpec:
     xsa: bool = False  # learnable XSA on this layer's attention output
     mudd: bool = False  # the MUDD block (model.residual.mudd): the last layer
     paired: bool = False  # paired-head attention (model/paired.py)
+    value_slot: int | None = None  # its row of `value_gates`: the how-many-th layer with a table
 
     @property
     def empty(self) -> bool:
@@ -66,6 +67,7 @@ def layer_plan(cfg: ModelConfig) -> list[LayerSpec]:
                 xsa=xsa[layer] == "X" and attention[layer] == "A",
                 mudd=cfg.residual.mudd and layer == n - 1,
                 paired=paired[layer] == "P" and attention[layer] == "A",
+                value_slot=None if tables[layer] == "." else layer - tables[:layer].count("."),
             )
         )
         if plan[-1].paired and plan[-1].xsa:

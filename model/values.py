@@ -9,20 +9,23 @@
                                or gated per head (model.embed.value_gate; record D, #55, #70):
                                u the attention's input, ve the whole lookup, G (heads × k)
                                zero so the gate starts at 1; no α, β, and layers without a
-                               table keep v
+                               table keep v. The G of the layers with a table are the rows of
+                               one (layers with a table, heads, k) tensor `value_gates`, in
+                               layer order, as record D's ve_gate_bank (the MUDD layer's row
+                               is never read: its gate is MUDD's)
 
-Their parameters belong to the attention module that reads them (`value_lambda`,
+Their parameters (but the gates) belong to the attention module that reads them (`value_lambda`,
 `value_mix`): those names are what the optimizer's groups and the checkpoints know.
 """
 
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import ModelConfig
 from model.context import Context
-from model.layers import linear
 from model.plan import LayerSpec
 
 
@@ -35,7 +38,8 @@ class ValueMix:
     embeds: bool  # the value-embedding mix (α, β) is on
     table: int | None  # this layer's value-embedding table
     layer: int  # its place in the packed scalars
-    gate_half: int = 0  # k/2 with the per-head value gate (its `value_gate`); 0 = (α, β)
+    gate_half: int = 0  # k/2 with the per-head value gate; 0 = (α, β)
+    slot: int | None = None  # its gate's row of the model's `value_gates`
 
     @classmethod
     def build(
@@ -48,14 +52,13 @@ class ValueMix:
         if att.value_residual == "learned":
             owner.value_lambda = nn.Parameter(torch.tensor(att.value_residual_lambda))
         gated = embeds and cfg.embed.value_gate
-        if gated and spec.value_embed is not None:  # (heads × k), bf16 in a bf16 model
-            owner.value_gate = linear(cfg, cfg.gate_channels, cfg.n_head)
-        elif embeds and not gated and not cfg.numerics.packed_scalars:
+        if embeds and not gated and not cfg.numerics.packed_scalars:
             owner.value_mix = nn.Parameter(torch.tensor([0.5, 0.5]))  # (α, β)
         half = cfg.gate_channels // 2 if gated else 0
         return cls(
-            att.value_residual, att.value_residual_lambda, embeds, spec.value_embed, layer, half
-        )
+            att.value_residual, att.value_residual_lambda, embeds, spec.value_embed, layer, half,
+            spec.value_slot,
+        )  # fmt: skip
 
     def __call__(self, owner: nn.Module, v: Tensor, ctx: Context, u: Tensor) -> Tensor:
         """v (B, T, H, D) after the mixes; `u`: the attention's input (B, T, d)."""
@@ -67,7 +70,8 @@ class ValueMix:
         if self.gate_half:
             if self.table is not None:
                 ve, k = ctx.value_embeds[self.table], self.gate_half
-                gate = 2 * torch.sigmoid(owner.value_gate(torch.cat([u[..., :k], ve[..., :k]], -1)))
+                g = ctx.value_gates[self.slot].to(u.dtype)
+                gate = 2 * torch.sigmoid(F.linear(torch.cat([u[..., :k], ve[..., :k]], -1), g))
                 v = v + gate[..., None] * ve.view_as(v)
         elif self.embeds:
             packed = ctx.layout is not None
@@ -78,3 +82,12 @@ class ValueMix:
             else:
                 v = alpha * v + beta * ctx.value_embeds[self.table].view_as(v)
         return v
+
+
+def build_value_gates(owner: nn.Module, cfg: ModelConfig, plan: list[LayerSpec]) -> None:
+    """`value_gates` (layers with a table, n_head, k) on `owner` with model.embed.value_gate;
+    an Adam parameter (record D's gates are Adam's), zero at initialisation."""
+    rows = sum(s.value_embed is not None for s in plan)
+    if cfg.embed.value_gate and rows:
+        owner.value_gates = nn.Parameter(torch.zeros(rows, cfg.n_head, cfg.gate_channels))
+        owner.value_gates.role = "scalar"  # type: ignore[attr-defined]  # Adam, not Muon

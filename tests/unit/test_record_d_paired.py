@@ -128,6 +128,9 @@ def spec_layer(P: dict, pre: str, u, idx, paired: bool, rope: str, variant="spec
 
 def spec_model(model: GPT, idx, variant: str = "spec"):
     P = dict(model.named_parameters())
+    for layer, spec in enumerate(model.plan):  # the value gates are rows of value_gates
+        if spec.value_slot is not None:
+            P[f"blocks.{layer}.attn.value_gate.weight"] = P["value_gates"][spec.value_slot]
     x = norm(P["embed.weight"][idx])
     for layer, spec in enumerate(model.plan):
         pre = f"blocks.{layer}."
@@ -198,11 +201,13 @@ def test_the_layer_is_the_spec(H: int, rope: str) -> None:
         idx, True, set(), torch.tensor(W), 128, "sdpa", True, paired=frozenset({"long"})
     )
     assert set(masks) == {paired_key("long")}
-    got = attn(u, rotary, Context(None, {0: ve}, masks))
+    gates = (torch.randn(1, H, 12, dtype=torch.float64, generator=gen) * 0.5).requires_grad_()
+    got = attn(u, rotary, Context(None, {0: ve}, masks, value_gates=gates))
     P = {f"blocks.0.attn.{n}": p for n, p in attn.named_parameters()}
+    P["blocks.0.attn.value_gate.weight"] = gates[0]
     want = spec_layer(P, "blocks.0.", u, idx, True, rope, ve=ve)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-    inputs = [u, ve, *attn.parameters()]
+    inputs = [u, ve, gates, *attn.parameters()]
     g = torch.randn_like(got)
     for a, b in zip(
         torch.autograd.grad(got, inputs, g), torch.autograd.grad(want, inputs, g), strict=True
