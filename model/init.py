@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from model.attention import init_bound
+from model.bigram import reset_bigram
 from model.residual import reset_sublayer_scales, reset_x0_injection
 from model.xsa import reset_xsa
 
@@ -25,6 +26,7 @@ def initialise(model: nn.Module) -> None:
     cfg = model.cfg
     values = list((getattr(model, "value_embeds", None) or {}).values())
     tables = [model.embed, *values]
+    tables += [model.bigram_embed] if hasattr(model, "bigram_embed") else []
     nn.init.normal_(model.embed.weight, std=1.0)
     for table in values:
         nn.init.normal_(table.weight, std=cfg.embed.value_std)
@@ -50,6 +52,7 @@ def initialise(model: nn.Module) -> None:
     reset_sublayer_scales(model, cfg)
     reset_xsa(model)
     reset_x0_injection(model)
+    reset_bigram(model, cfg)  # last: its sign draw leaves the other parameters' draws as they were
     if cfg.numerics.dtype == "bf16":
         for module in [*tables, *gates(model)]:  # the 2025-11 record's gates are bf16 too
             module.to(torch.bfloat16)
