@@ -4,6 +4,7 @@
     x <- x + Attn(RMSNorm(x))            unless the layer has no attention (RMSNorm of an
                                          earlier output: model.residual.attn_input_layer)
     x <- x + λ^x0·x0                     model.residual.x0_after_attention
+    x[:k] <- x[:k] + λ^bg·b              the bigram term, layers ≥ 1 (model/bigram.py)
     x <- x + MLP(RMSNorm(x))             unless the layer has no MLP
 
 each sublayer's add scaled by its (r, p) with model.residual.sublayer_scales
@@ -20,7 +21,7 @@ from model.context import Context
 from model.layers import MLP, rms_norm
 from model.mudd import mudd_layer
 from model.plan import LayerSpec
-from model.residual import ATTENTION, add_sublayer, inject_x0, x0_mix
+from model.residual import ATTENTION, add_sublayer, inject_bigram, inject_x0, x0_mix
 from model.residual import MLP as MLP_COLUMN
 from model.rotary import Rotary
 
@@ -53,6 +54,8 @@ class Block(nn.Module):
             u = rms_norm(x if attn_input is None else attn_input)
             x = add_sublayer(x, self.attn(u, rotary, ctx), scales, self.layer, ATTENTION)
             x = inject_x0(x, ctx.x0, ctx.x0_lambdas, self.layer)
+            if ctx.bigram is not None and self.layer > 0:  # layer 0's is in x from the start
+                x = inject_bigram(x, ctx.bigram, ctx.bigram_lambdas[self.layer])
         if self.mlp is not None:
             x = add_sublayer(x, self.mlp(rms_norm(x)), scales, self.layer, MLP_COLUMN)
         return x

@@ -13,6 +13,8 @@ class Context:
     the per-sublayer residual scales (model.residual.sublayer_scales), XSA's α
     (model.attention.xsa), the x0 injections' λ (model.residual.x0_after_attention), the MUDD
     networks' (W1, W2, b2) (model.residual.mudd); block
+    (model.attention.xsa), the x0 injections' λ (model.residual.x0_after_attention), the
+    bigram term b (B, T, k) and its λ^bg (model.embed.bigram_rows, model/bigram.py); block
     0's raw values, once block 0 has run (the value residual)."""
 
     def __init__(
@@ -29,6 +31,8 @@ class Context:
         x0_lambdas: Tensor | None = None,
         mudd: tuple[Tensor, Tensor, Tensor] | None = None,
         value_gates: Tensor | None = None,
+        bigram: Tensor | None = None,
+        bigram_lambdas: Tensor | None = None,
     ) -> None:
         self.x0, self.value_embeds, self.masks = x0, value_embeds, masks
         self.packed, self.layout = packed, layout
@@ -38,4 +42,5 @@ class Context:
         self.x0_lambdas = x0_lambdas
         self.mudd = mudd
         self.value_gates = value_gates
+        self.bigram, self.bigram_lambdas = bigram, bigram_lambdas
         self.v1: Tensor | None = None

@@ -6,7 +6,7 @@ separate `nn.Linear` (q, k, v, o, fc, proj) so Muon orthogonalises each one on i
 
 The forward reads as docs/records.md's, one part per line:
 
-    embed → smear → RMSNorm                   model/embedding.py
+    embed → smear → RMSNorm (+ bigram term)   model/embedding.py, model/bigram.py
     x0, value lookups, masks, YaRN: once      model/context.py, model/steps.py, model/masks.py
     the layers of the plan, with their skips  model/plan.py, model/block.py, model/residual.py
     backout or MUDD → RMSNorm → head → loss   model/residual.py, model/mudd.py, model/head.py,
@@ -20,6 +20,7 @@ nothing. Parameter names (and so optimizer groups and checkpoints) are the modul
 import torch
 from torch import Tensor, nn
 
+from model.bigram import bigram_start, build_bigram
 from model.block import Block
 from model.config import ModelConfig
 from model.context import Context
@@ -63,6 +64,7 @@ class GPT(nn.Module):
         build_value_gates(self, cfg, self.plan)
         build_x0_injection(self, cfg)
         build_mudd(self, cfg, self.plan)
+        build_bigram(self, cfg)
         att = cfg.attention
         windows = att.long_windows if att.yarn else None
         self.rotary = Rotary(
@@ -94,7 +96,8 @@ class GPT(nn.Module):
         reads its weight directly, not through its forward, so it must be gathered when the
         model's own forward starts."""
         blocks = [b for b in self.blocks if next(b.parameters(), None) is not None]  # not empty
-        return [self.embed, *getattr(self, "value_embeds", {}).values(), *blocks]
+        bigram = [self.bigram_embed] if hasattr(self, "bigram_embed") else []
+        return [self.embed, *getattr(self, "value_embeds", {}).values(), *bigram, *blocks]
 
     def count_flops(
         self,
@@ -138,24 +141,27 @@ class GPT(nn.Module):
             self.cfg.attention, getattr(self, "yarn_scales", None), window_tokens,
             short_window_tokens, yarn_stage,
         )  # fmt: skip
-        x = self._embed(idx)
-        x = self._layers(x, self._context(idx, x, step))
+        x, x0, bigram = self._embed(idx)
+        x = self._layers(x, x0, self._context(idx, x0, step, bigram))
         return self._head(x, targets)
 
-    def _embed(self, idx: Tensor) -> Tensor:
-        """RMSNorm of the (smeared) token embeddings: the stream's start, and x0."""
+    def _embed(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(x, x0, b): the stream's start, RMSNorm of the (smeared) token embeddings, with
+        λ^bg_0·b added where the bigram part is on (model/bigram.py); x0, the same tensor
+        with model.residual.bigram_in_x0 (the record's in-place add), else without the term;
+        b, the bigram term (None when off)."""
         e = self.embed(idx)
         if self.cfg.embed.smear:
             e = smear(e, self.smear_gate, scalar(self, "smear"), self.cfg.gate_channels)
-        return rms_norm(e)
+        return bigram_start(self, idx, rms_norm(e))
 
-    def _layers(self, x: Tensor, ctx: Context) -> Tensor:
+    def _layers(self, x: Tensor, x0: Tensor, ctx: Context) -> Tensor:
         """The plan's layers in order, each input with the skips that end there, then the
         backout (model/residual.py), or MUDD's mix (model/mudd.py); an empty layer only
         passes x on. After model.residual.attn_input_layer, attention reads that layer's
         output."""
         res = self.cfg.residual
-        x0, source = x, res.attn_input_layer
+        source = res.attn_input_layer
         outputs: list[Tensor] = []
         for i, block in enumerate(self.blocks):
             x = layer_input = self.skips.into(self, i, x, outputs, x0)
@@ -177,7 +183,7 @@ class GPT(nn.Module):
         )
         return model_loss(logits, targets, cfg.head, self.training)
 
-    def _context(self, idx: Tensor, x: Tensor, step: StepInputs) -> Context:
+    def _context(self, idx: Tensor, x0: Tensor, step: StepInputs, bigram: Tensor | None) -> Context:
         """What every layer of this forward shares, computed once."""
         att, res = self.cfg.attention, self.cfg.residual
         masks = build_masks(
@@ -186,7 +192,7 @@ class GPT(nn.Module):
             short_window=step.short, paired=self._paired_windows,
         )  # fmt: skip
         return Context(
-            x0=x if res.x0_shortcut or res.x0_after_attention or res.mudd else None,
+            x0=x0 if res.x0_shortcut or res.x0_after_attention or res.mudd else None,
             value_embeds=value_lookups(getattr(self, "value_embeds", None), idx),
             masks=masks,
             packed=getattr(self, "scalars", None),
@@ -198,4 +204,6 @@ class GPT(nn.Module):
             value_gates=getattr(self, "value_gates", None),
             x0_lambdas=getattr(self, "x0_lambdas", None),
             mudd=mudd_params(self),
+            bigram=bigram,
+            bigram_lambdas=getattr(self, "bigram_lambdas", None),
         )

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from model.attention import init_bound
+from model.bigram import reset_bigram
 from model.mudd import reset_mudd
 from model.residual import reset_sublayer_scales, reset_x0_injection
 from model.scalars import WEIGHT_LAMBDAS_INIT
@@ -29,6 +30,7 @@ def initialise(model: nn.Module) -> None:
     cfg = model.cfg
     values = list((getattr(model, "value_embeds", None) or {}).values())
     tables = [model.embed, *values]
+    tables += [model.bigram_embed] if hasattr(model, "bigram_embed") else []
     nn.init.normal_(model.embed.weight, std=1.0)
     for table in values:
         nn.init.normal_(table.weight, std=cfg.embed.value_std)
@@ -64,6 +66,7 @@ def initialise(model: nn.Module) -> None:
     if hasattr(model, "value_gates"):  # 2σ(0) = 1: each value table starts added whole
         model.value_gates.zero_()
     reset_mudd(model, cfg)  # its own dtype already (model/mudd.py)
+    reset_bigram(model, cfg)  # last: its sign draw leaves the other parameters' draws as they were
     if cfg.numerics.dtype == "bf16":
         for module in [*tables, *gates(model)]:  # the 2025-11 record's gates are bf16 too
             module.to(torch.bfloat16)

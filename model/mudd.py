@@ -44,6 +44,7 @@ from model.config import ModelConfig
 from model.context import Context
 from model.layers import rms_norm
 from model.plan import LayerSpec
+from model.residual import inject_bigram
 from model.rotary import Rotary
 
 SCALE = 0.1  # the networks' output scale: b2 and W2 hold coefficients ×10
@@ -130,10 +131,8 @@ def mudd_layer(block: nn.Module, x: Tensor, rotary: Rotary, ctx: Context, c7: Te
         aux = gate * ve + v_mudd
     a = block.attn(rms_norm(c7), rotary, ctx, aux)
     x = m[8] * x + m[9] * a + m[10] * c0
-    bigram = getattr(ctx, "bigram", None)  # the bigram term b (B, T, k), where there is one
-    if bigram is not None:
-        k = bigram.size(-1)
-        x = torch.cat([x[..., :k] + m[11] * bigram, x[..., k:]], -1)
+    if ctx.bigram is not None:  # the bigram term b (B, T, k), where there is one
+        x = inject_bigram(x, ctx.bigram, m[11])
     if block.mlp is not None:
         x = m[12] * x + m[13] * block.mlp(rms_norm(x))
     return x

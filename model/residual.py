@@ -8,6 +8,8 @@ only when on:
          + σ(w)·2σ(x0_t[:k]·gᵀ)·out_from    or per token (record D, skip_per_token), g from 0
     x <- x − λ·out_backout              backout, after the last layer, λ from 0.5
     x <- … + λ^x0_ℓ·x0                  after the attention sublayer (record D, x0_after_attention)
+    x[:k] <- x[:k] + λ^bg_ℓ·b           then the bigram term (record D, model/bigram.py): before
+                                        layer 0 into x (and x0), after the attention of ℓ ≥ 1
     x <- r^A_ℓ·x + p^A_ℓ·Attn_ℓ(u)      per-sublayer scales (record D, D.1 forward step 5):
     x <- r^M_ℓ·x + p^M_ℓ·MLP_ℓ(n)       learned fp32 (r, p) per layer and sublayer, r from √1.1
                                         and p from 1, cast to the stream's dtype before use
@@ -20,6 +22,7 @@ their own (model/scalars.py).
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import ModelConfig
@@ -80,6 +83,14 @@ def reset_x0_injection(owner: nn.Module) -> None:
 def inject_x0(x: Tensor, x0: Tensor, lambdas: Tensor | None, layer: int) -> Tensor:
     """x + λ^x0_ℓ·x0 with λ in x's dtype; x as it is without the injection."""
     return x if lambdas is None else x + lambdas[layer].to(x.dtype) * x0
+
+
+def inject_bigram(x: Tensor, b: Tensor, coef: Tensor) -> Tensor:
+    """x with coef·b added to its first k channels, b (B, T, k); `coef` (λ^bg_ℓ, or MUDD's
+    per-token coefficient) broadcasts against b and enters in x's dtype. Out of place: the
+    record adds in place, which autograd would refuse on a tensor it still needs."""
+    term = coef.to(x.dtype) * b.to(x.dtype)
+    return x + F.pad(term, (0, x.size(-1) - b.size(-1)))
 
 
 def sublayer_scales(owner: nn.Module) -> tuple[Tensor, Tensor] | None:

@@ -157,6 +157,19 @@ class ModelConfig:
                     f"backend; use inductor, or eager / aot_eager to trace without kernels"
                 )
         self._validate_across_groups()
+        self._validate_bigram()
+
+    def _validate_bigram(self) -> None:
+        rows, dim = self.embed.bigram_rows, self.embed.bigram_dim
+        if rows and dim > self.n_embd:
+            raise ValueError(
+                f"model.embed.bigram_dim ({dim}) must be at most model.n_embd ({self.n_embd})"
+            )
+        if self.residual.bigram_in_x0 and not rows:
+            raise ValueError(
+                "model.residual.bigram_in_x0 puts the bigram term in x0: set "
+                "model.embed.bigram_rows"
+            )
 
     def _validate_across_groups(self) -> None:
         att, head, num, res = self.attention, self.head, self.numerics, self.residual

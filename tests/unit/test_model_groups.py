@@ -27,7 +27,9 @@ ADDED = {"residual.sublayer_scales", "residual.resid_init", "residual.post_init"
          "numerics.bf16_matrices", "head.init_std", "embed.tied_init",
          "mlp.proj_in_out",
          "residual.mudd", "residual.mudd_hidden",
-         "attention.paired"}  # fmt: skip
+         "attention.paired",
+         "embed.bigram_rows", "embed.bigram_dim", "embed.bigram_signs",
+         "residual.bigram_lambda_init", "residual.bigram_in_x0"}  # fmt: skip
 
 
 def leaves(cls: type, prefix: str = "") -> set[str]:

@@ -1,0 +1,107 @@
+"""The bigram-hash embedding (record D, D.1 forward step 2; #62, sign trick #83): a term b
+per token from a hash of the token and its predecessor, added to the stream's first k
+channels (model.embed.bigram_rows, bigram_dim = k, bigram_signs).
+
+For each row x_0 … x_(T−1) of the batch (the record's rank sequence: the hash restarts at
+every row's start, ignores document boundaries, and is the same in evaluation), with R rows
+of the table Bg and N rows of the sign table S:
+
+    h_0 = R − 1                                              the reserved last row
+    h_t = ((36,313·x_t) XOR (27,191·x_(t−1))) mod (R − 1)    t ≥ 1
+    σ_0 = 0,   σ_t = (x_(t−1) XOR x_t) mod N                 t ≥ 1 (N = 0: S ≡ +1)
+    b_t = Bg[h_t] ⊙ S[σ_t]                                   (k channels)
+
+The record hashes in int32, whose products cannot overflow for ids below ⌊(2³¹ − 1)/36,313⌋
+= 59,137 (GPT-2's 50,304 included). Here the hash runs in int64: for such ids every product,
+XOR and remainder is the same non-negative integer in both widths, so the rows are the
+record's; larger ids (which would overflow the record's int32) stay exact.
+
+Where b enters the stream (model/residual.py `inject_bigram`, λ^bg the model's (n_layer,)
+fp32 `bigram_lambdas`, cast to the stream's dtype):
+
+    x = x0 + λ^bg_0·b        before layer 0, into x0 as well with residual.bigram_in_x0
+    x <- x + λ^bg_ℓ·b        after the attention sublayer (and its x0 injection) of each
+                             layer ℓ ≥ 1 with attention; layers without attention add nothing
+
+Bg (`bigram_embed`, an nn.Embedding, so Adam's embedding group) starts at zero, so the part
+starts as the identity. S (`bigram_signs`, a buffer: state, saved in checkpoints, not
+trained) holds the signs of a N(0, 1) draw from the CPU default generator, in the model's
+dtype; λ^bg starts at residual.bigram_lambda_init.
+"""
+
+import torch
+from torch import Tensor, nn
+
+from model.config import ModelConfig
+from model.residual import inject_bigram
+
+HASH_CURRENT = 36_313  # the record's multiplier of x_t
+HASH_PREVIOUS = 27_191  # the record's multiplier of x_(t−1)
+
+
+def bigram_indices(idx: Tensor, rows: int, signs: int) -> tuple[Tensor, Tensor | None]:
+    """(h, σ) for token ids `idx` (B, T), each (B, T) int64 (module docstring); σ is None
+    when `signs` is 0."""
+    x = idx.long()
+    cur, prev = x[:, 1:], x[:, :-1]
+    first = torch.full_like(x[:, :1], rows - 1)
+    hashed = torch.bitwise_xor(HASH_CURRENT * cur, HASH_PREVIOUS * prev) % (rows - 1)
+    h = torch.cat([first, hashed], 1)
+    if not signs:
+        return h, None
+    return h, torch.cat([torch.zeros_like(first), torch.bitwise_xor(prev, cur) % signs], 1)
+
+
+def build_bigram(owner: nn.Module, cfg: ModelConfig) -> None:
+    """`bigram_embed` (rows × k), the buffer `bigram_signs` (signs × k) and `bigram_lambdas`
+    (n_layer,) fp32 on `owner`; nothing when model.embed.bigram_rows is 0. Drawn by
+    `reset_bigram`."""
+    emb = cfg.embed
+    if not emb.bigram_rows:
+        return
+    # `_weight` skips nn.Embedding's own N(0, 1) draw: the table starts at zero anyway, and
+    # the other parameters' draws stay those of the model without the part.
+    table = torch.zeros(emb.bigram_rows, emb.bigram_dim)
+    owner.bigram_embed = nn.Embedding(emb.bigram_rows, emb.bigram_dim, _weight=table)
+    if emb.bigram_signs:
+        dtype = torch.bfloat16 if cfg.numerics.dtype == "bf16" else torch.float32
+        signs = torch.ones(emb.bigram_signs, emb.bigram_dim, dtype=dtype)
+        owner.register_buffer("bigram_signs", signs)  # persistent: state, not trained
+    owner.bigram_lambdas = nn.Parameter(torch.empty(cfg.n_layer))
+    owner.bigram_lambdas.role = "scalar"  # type: ignore[attr-defined]  # Adam, not Muon
+
+
+@torch.no_grad()
+def reset_bigram(owner: nn.Module, cfg: ModelConfig) -> None:
+    """Bg zero, λ^bg at its initial value, S the signs of a fresh N(0, 1) draw (CPU default
+    generator, whatever device S is on)."""
+    if not hasattr(owner, "bigram_embed"):
+        return
+    owner.bigram_embed.weight.zero_()
+    owner.bigram_lambdas.fill_(cfg.residual.bigram_lambda_init)
+    if hasattr(owner, "bigram_signs"):
+        z = torch.randn(owner.bigram_signs.shape)
+        # ±1 even for a draw of exactly 0 (where sign() would give 0); otherwise sign(z).
+        owner.bigram_signs.copy_(torch.where(z < 0, -1.0, 1.0))
+
+
+def bigram_term(owner: nn.Module, idx: Tensor) -> Tensor | None:
+    """b (B, T, k) for `idx` (B, T), in the table's dtype; None when the part is off."""
+    if not hasattr(owner, "bigram_embed"):
+        return None
+    emb = owner.cfg.embed
+    h, sigma = bigram_indices(idx, emb.bigram_rows, emb.bigram_signs)
+    b = owner.bigram_embed(h)  # through the module, so FSDP gathers the table
+    # ±1 is exact in any dtype: S meets b in b's (FSDP may gather Bg in another than S's)
+    return b if sigma is None else b * owner.bigram_signs[sigma].to(b.dtype)
+
+
+def bigram_start(owner: nn.Module, idx: Tensor, x0: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(x, x0, b) from x0 = RMSNorm(e′): the stream's start x = x0 + λ^bg_0·b; x0 that same
+    tensor with model.residual.bigram_in_x0 (the record's in-place add, done out of place),
+    else as given; b for the later layers. (x0, x0, None) when the part is off."""
+    b = bigram_term(owner, idx)
+    if b is None:
+        return x0, x0, None
+    x = inject_bigram(x0, b, owner.bigram_lambdas[0])
+    return x, x if owner.cfg.residual.bigram_in_x0 else x0, b
