@@ -1,0 +1,149 @@
+"""Record D's whole model (../shared/docs/RECORD_D.md D.1, D.2) against the float64 reference
+written from the spec alone (tests/record_d_reference.py, which imports nothing of the
+project): the record's 11-layer table and the same table resampled to 8 layers, at a toy width
+(6 heads of 16), every parameter random so that every mechanism matters. Logits to 1e-9 and
+every parameter's gradient to 1e-7; and the reference's misreadings (no x0 quirk, adjacent
+head pairs, record C's rotary pairing) are far outside those tolerances."""
+
+import pytest
+import torch
+
+from model import GPT, ModelConfig
+from model.config import update
+from tests import record_d_reference as ref
+
+H, D, BOS, T = 6, 16, 50256, 24
+SHORT, LONG, SCALE = 3, 7, 0.5
+
+# The record's model block (what the preset composes), at toy width and with its 11-layer table.
+RECORD_D = {
+    "attention.layers": "AAAAAA.AAAA", "attention.paired": "P.P..P...P.",
+    "attention.window": "SSSLSSSSSSL", "attention.xsa": ".X.XX..XX.X",
+    "attention.key_offset": True, "attention.rope": "interleaved_half",
+    "attention.merged_qkvo": True, "attention.gate": True, "attention.document_mask": True,
+    "attention.weight_lambdas": True, "attention.out_init": "uniform",
+    "attention.window_granularity": "token", "attention.window_phases": [1],
+    "attention.scale": SCALE,
+    "embed.value_embeds": ".01.....234", "embed.value_gate": True, "embed.smear": True,
+    "embed.bigram_rows": 97, "embed.bigram_dim": 8, "embed.bigram_signs": 16,
+    "residual.sublayer_scales": True, "residual.x0_after_attention": True,
+    "residual.skip_from": 3, "residual.skip_to": 6, "residual.skip_per_token": True,
+    "residual.attn_input_layer": 7, "residual.mudd": True, "residual.mudd_hidden": 8,
+    "residual.bigram_in_x0": True, "mlp.proj_in_out": True,
+    "head.softcap": 23.0, "head.softcap_form": "sigmoid", "head.softcap_shift": 5.0,
+    "head.softcap_divisor": 7.5, "head.loss": "plain", "head.reduction": "sum",
+    "numerics.packed_scalars": True, "numerics.scalars_layout": "record_2026_07",
+}  # fmt: skip
+
+# The 11-layer table resampled to 8 layers (model/plan.py: record layers 0 1 3 4 6 7 9 10), with
+# the layer indices the resampled table puts the skip and c₇ at.
+EIGHT = {"n_layer": 8, "residual.skip_from": 2, "residual.skip_to": 4,
+         "residual.attn_input_layer": 5}  # fmt: skip
+SHAPES = {
+    11: ref.RecordDShape(),
+    8: ref.RecordDShape(n_layer=8, attention="AAAA.AAA", paired="P.....P.", window="SSLSSSSL",
+                        key_offset="..K....K", xsa=".XXX.X.X", value_table=".0....34",
+                        skip_from=2, skip_to=4, c7=5),
+}  # fmt: skip
+
+
+def config(n_layer: int) -> ModelConfig:
+    changes = RECORD_D if n_layer == 11 else {**RECORD_D, **EIGHT}
+    return update(ModelConfig(n_layer=11, n_head=H, n_embd=H * D), changes)
+
+
+def shape(n_layer: int) -> ref.RecordDShape:
+    s = SHAPES[n_layer]
+    s.head_dim, s.vocab, s.bigram_rows, s.bigram_dim = D, 50304, 97, 8
+    s.sign_rows, s.mudd_hidden = 16, 8
+    return s
+
+
+def randomised(cfg: ModelConfig) -> GPT:
+    """The model in float64 with every parameter random and non-zero (signs as they are)."""
+    torch.manual_seed(0)
+    model = GPT(cfg).double().train()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            scale = 0.5 if p.dim() <= 1 or name.startswith("mudd") else 0.3
+            p.copy_(p + torch.randn_like(p) * scale)
+    return model
+
+
+def record_params(model: GPT) -> dict[str, torch.Tensor]:
+    """The model's parameters under the reference's names (views: gradients flow back)."""
+    P = dict(model.named_parameters())
+    out = {"E": P["embed.weight"], "W_head": P["lm_head.weight"], "Bg": P["bigram_embed.weight"],
+           "S": model.bigram_signs, "smear_gate": P["smear_gate.weight"],
+           "skip_gate": P["skip_token_gate.weight"],
+           "scalars": P["scalars"][: 2 * model.cfg.n_layer + 2]}  # fmt: skip
+    for name in ("resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "xsa_alphas",
+                 "mudd_w1", "mudd_w2", "mudd_b2"):  # fmt: skip
+        out[name] = P[name]
+    out |= {f"VE.{t}": table.weight for t, table in model.value_embeds.items()}
+    for layer, (block, spec) in enumerate(zip(model.blocks, model.plan, strict=True)):
+        if block.attn is not None:
+            w = block.attn.qkvo
+            out |= {f"W_{n}.{layer}": w[i] for i, n in enumerate("qkvo")}
+            out[f"attn_gate.{layer}"] = block.attn.gate.weight
+        if spec.value_slot is not None:
+            out[f"ve_gate.{layer}"] = model.value_gates[spec.value_slot]
+        out[f"c_fc.{layer}"], out[f"c_proj.{layer}"] = block.mlp.fc.weight, block.mlp.proj.weight
+    return out
+
+
+def tokens() -> torch.Tensor:
+    """Two rows: a piece before the first document start, documents of 1 and several tokens."""
+    idx = torch.randint(0, 50257, (2, T), generator=torch.Generator().manual_seed(1))
+    idx[0, [3, 9, 10]] = BOS
+    idx[1, [0, 15]] = BOS
+    return idx
+
+
+def reference(model: GPT, idx: torch.Tensor, n_layer: int, **kw) -> tuple:
+    omega = model.rotary.inv_freq[: D // 4].double()  # the model's fp32-computed frequencies
+    return ref.forward(
+        record_params(model), idx, shape(n_layer), window_short=SHORT, window_long=LONG,
+        attn_scale=SCALE, bos=BOS, rope_omega=omega, **kw,
+    )  # fmt: skip
+
+
+def ours(model: GPT, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    windows = {"window_tokens": torch.tensor(float(LONG)),
+               "short_window_tokens": torch.tensor(float(SHORT))}  # fmt: skip
+    return model(idx, targets, **windows)
+
+
+@pytest.fixture(autouse=True)
+def float64_epsilon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The RMSNorm ε is the stream dtype's machine epsilon (model/layers.py): the record's
+    2⁻²³ in fp32 and bf16, 2⁻⁵² in this float64 check; the reference takes the same."""
+    monkeypatch.setattr(ref, "EPS", torch.finfo(torch.float64).eps)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("n_layer", [11, 8])
+def test_the_whole_model_is_the_reference(n_layer: int) -> None:
+    model = randomised(config(n_layer))
+    idx = tokens()
+    targets = idx.roll(-1, 1)
+    got = ours(model, idx)
+    want, _ = reference(model, idx, n_layer, mtp_weights=None)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    names, params = zip(*model.named_parameters(), strict=True)
+    loss_got = ours(model, idx, targets)
+    _, loss_want = reference(model, idx, n_layer, mtp_weights=None, targets=targets)
+    torch.testing.assert_close(loss_got, loss_want, rtol=1e-11, atol=0)
+    g_got = torch.autograd.grad(loss_got, params)
+    g_want = torch.autograd.grad(loss_want, params, allow_unused=True)
+    for name, a, b in zip(names, g_got, g_want, strict=True):
+        b = torch.zeros_like(a) if b is None else b
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-7 * b.abs().max(), msg=name)
+    if n_layer == 11:  # each misreading moves the logits by far more than the tolerance
+        for kw in ({"x0_quirk": False}, {"paired_pairing": "adjacent"},
+                   {"rope_pairing": "half"}):  # fmt: skip
+            wrong, _ = reference(model, idx, n_layer, mtp_weights=None, **kw)
+            assert rel(wrong, got) > 1e-4, kw
