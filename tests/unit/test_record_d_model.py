@@ -147,3 +147,36 @@ def test_the_whole_model_is_the_reference(n_layer: int) -> None:
                    {"rope_pairing": "half"}):  # fmt: skip
             wrong, _ = reference(model, idx, n_layer, mtp_weights=None, **kw)
             assert rel(wrong, got) > 1e-4, kw
+
+
+FP32 = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "xsa_alphas"}
+
+
+def test_the_records_shape_has_its_parameter_count_and_dtypes() -> None:
+    """At the record's shape (D.1's table, on the meta device): 490,908,680 trainable values,
+    the record's 498,773,000 less its 7,864,320 padding entries (qk_bank[60:64], vo_bank[20:24],
+    mlp_bank[11]), which only divide its banks over 8 ranks; bf16 but the fp32 lambdas."""
+    cfg = update(ModelConfig(n_layer=11, n_head=6, n_embd=768, init_std=0.5), {
+        **RECORD_D, "attention.scale": 0.0, "embed.bigram_rows": 754_560,
+        "embed.bigram_dim": 192, "embed.bigram_signs": 8192, "residual.mudd_hidden": 64,
+        "numerics.dtype": "bf16", "numerics.bf16_matrices": True, "head.bf16": True,
+        "head.init_std": 0.005, "embed.tied_init": True, "embed.value_std": 0.01,
+    })  # fmt: skip
+    with torch.device("meta"):
+        model = GPT(cfg)
+    params = dict(model.named_parameters())
+    assert sum(p.numel() for p in params.values()) == 490_908_680 == 498_773_000 - 7_864_320
+    banks = {  # the record's tensors, as this model holds them
+        "qk_bank[0:60] + vo_bank[0:20]": sum(b.attn.qkvo.numel() for b in model.blocks if b.attn),
+        "mlp_bank[0:11]": sum(b.mlp.fc.weight.numel() + b.mlp.proj.weight.numel()
+                              for b in model.blocks),
+        "attn_gate_bank": sum(b.attn.gate.weight.numel() for b in model.blocks if b.attn),
+        "ve_gate_bank": params["value_gates"].numel(),
+        "bigram_embed": params["bigram_embed.weight"].numel(),
+    }  # fmt: skip
+    assert banks == {"qk_bank[0:60] + vo_bank[0:20]": 60 * 256 * 768 + 20 * 768 * 768,
+                     "mlp_bank[0:11]": 11 * 2 * 3072 * 768, "attn_gate_bank": 720,
+                     "ve_gate_bank": 360, "bigram_embed": 144_875_520}  # fmt: skip
+    for name, p in params.items():
+        assert p.dtype == (torch.float32 if name in FP32 else torch.bfloat16), name
+    assert model.bigram_signs.shape == (8192, 192)  # a buffer: not trained, not counted
