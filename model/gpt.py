@@ -33,6 +33,7 @@ from model.loss import model_loss
 from model.masks import build_masks
 from model.mudd import build_mudd, mudd_out, mudd_params
 from model.plan import describe_plan, layer_plan
+from model.record_loss import record_head_loss
 from model.residual import Skips, build_sublayer_scales, build_x0_injection, sublayer_scales
 from model.rotary import Rotary
 from model.scalars import build_scalars, scalar
@@ -105,10 +106,11 @@ class GPT(nn.Module):
         window_tokens: Tensor | float | None = None,
         short_window_tokens: Tensor | float | None = None,
         yarn_stage: Tensor | None = None,
+        mtp_weights: Tensor | None = None,
     ) -> Tensor:
         """Training FLOPs of one forward and backward over `idx` (model/flops.py), a 0-d
         tensor on its device; the forward's step arguments as it takes them (the YaRN stage
-        changes no FLOPs)."""
+        and the MTP weights change no FLOPs)."""
         if self._flops is None:
             self._flops = StepFlops.of(self)
         return self._flops(idx, window_tokens, short_window_tokens)
@@ -129,13 +131,15 @@ class GPT(nn.Module):
         window_tokens: Tensor | None = None,
         short_window_tokens: Tensor | None = None,
         yarn_stage: Tensor | None = None,
+        mtp_weights: Tensor | None = None,
     ) -> Tensor:
         """Logits (B, T, vocab) when `targets` is None, else the cross-entropy loss (the mean,
         or in training with model.head.reduction=sum the sum over tokens).
 
         The step arguments (model/steps.py): `window_tokens`, the long sliding window, in
         tokens; `short_window_tokens`, the short one (token windows only; block windows halve
-        the long one); `yarn_stage`, the YaRN stage (None = stage 0).
+        the long one); `yarn_stage`, the YaRN stage (None = stage 0); `mtp_weights`, the
+        multi-token weights (K_max,) that training with model.head.mtp needs (model/mtp.py).
         """
         step = step_inputs(
             self.cfg.attention, getattr(self, "yarn_scales", None), window_tokens,
@@ -143,7 +147,7 @@ class GPT(nn.Module):
         )  # fmt: skip
         x, x0, bigram = self._embed(idx)
         x = self._layers(x, x0, self._context(idx, x0, step, bigram))
-        return self._head(x, targets)
+        return self._head(x, targets, mtp_weights if self.cfg.head.mtp else None)
 
     def _embed(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """(x, x0, b): the stream's start, RMSNorm of the (smeared) token embeddings, with
@@ -175,13 +179,22 @@ class GPT(nn.Module):
             return mudd_out(x, ctx.mudd, ctx.x0, c7, layer_input, ve0, c3)
         return self.skips.out(self, x, outputs)
 
-    def _head(self, x: Tensor, targets: Tensor | None) -> Tensor:
-        """RMSNorm → the LM head (FP8 in training where on) → the softcapped logits or loss."""
+    def _head(self, x: Tensor, targets: Tensor | None, mtp_weights: Tensor | None) -> Tensor:
+        """RMSNorm → the LM head (FP8 in training where on) → the softcapped logits or loss;
+        in training with model.head.loss=record_2026_07 head and loss in one
+        (model/record_loss.py)."""
         cfg = self.cfg
+        if self.training and targets is not None and cfg.head.loss == "record_2026_07":
+            if cfg.head.mtp and mtp_weights is None:
+                raise ValueError("model.head.mtp: the training forward needs mtp_weights")
+            return record_head_loss(
+                self.lm_head, rms_norm(x), targets, mtp_weights, cfg.head,
+                cfg.numerics.fp8_scales, self.micro_steps,
+            )  # fmt: skip
         logits = head_logits(
             self.lm_head, rms_norm(x), cfg.head.fp8, self.micro_steps, cfg.numerics.fp8_scales
         )
-        return model_loss(logits, targets, cfg.head, self.training)
+        return model_loss(logits, targets, cfg.head, self.training, mtp_weights)
 
     def _context(self, idx: Tensor, x0: Tensor, step: StepInputs, bigram: Tensor | None) -> Context:
         """What every layer of this forward shares, computed once."""

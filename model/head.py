@@ -89,12 +89,7 @@ class FP8Matmul(torch.autograd.Function):
         micro_steps: int = 1,
         scales: FP8Scales = RECORD_2025_01,
     ) -> Tensor:
-        x8 = x.div(scales.x).to(torch.float8_e4m3fn)
-        w8 = w.div(scales.w).to(torch.float8_e4m3fn)
-        out = scaled_mm(
-            x8, w8.T, _scale(scales.x, x), _scale(scales.w, x), torch.bfloat16,
-            use_fast_accum=True,
-        )  # fmt: skip
+        out, x8, w8 = fp8_product(x, w, scales)
         ctx.save_for_backward(x8, w8)
         ctx.scales, ctx.micro_steps, ctx.w_dtype = scales, micro_steps, w.dtype
         return out
@@ -107,12 +102,30 @@ class FP8Matmul(torch.autograd.Function):
         if k != 1:
             scaled = scaled.mul(k)
         g8 = scaled.to(torch.float8_e5m2)
-        g_s = scales.g / k  # the divisor G₈ was taken at, relative to this G
-        grad_x = scaled_mm(g8, w8, _scale(g_s, grad), _scale(scales.w, grad), torch.bfloat16)
-        grad_w = scaled_mm(
-            x8.T, g8, _scale(scales.x, grad), _scale(g_s, grad), torch.float32
-        ).T  # fmt: skip
-        return grad_x, grad_w.to(ctx.w_dtype), None, None
+        # g_s / k: the divisor G₈ was taken at, relative to this G
+        grad_x, grad_w = fp8_grads(g8, x8, w8, scales, scales.g / k, ctx.w_dtype)
+        return grad_x, grad_w, None, None
+
+
+def fp8_product(x: Tensor, w: Tensor, scales: FP8Scales) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward of the module docstring: (logits, X₈, W₈)."""
+    x8 = x.div(scales.x).to(torch.float8_e4m3fn)
+    w8 = w.div(scales.w).to(torch.float8_e4m3fn)
+    out = scaled_mm(
+        x8, w8.T, _scale(scales.x, x), _scale(scales.w, x), torch.bfloat16, use_fast_accum=True
+    )  # fmt: skip
+    return out, x8, w8
+
+
+def fp8_grads(
+    g8: Tensor, x8: Tensor, w8: Tensor, scales: FP8Scales, g_s: float, w_dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """(∂L/∂X, ∂L/∂W) from the e5m2 gradient G₈ taken at the divisor `g_s`, as in the module
+    docstring; also the backward of the record's loss form (model/record_loss.py), whose G₈
+    comes from the loss itself."""
+    grad_x = scaled_mm(g8, w8, _scale(g_s, g8), _scale(scales.w, g8), torch.bfloat16)
+    grad_w = scaled_mm(x8.T, g8, _scale(scales.x, g8), _scale(g_s, g8), torch.float32).T
+    return grad_x, grad_w.to(w_dtype)
 
 
 def head_logits(

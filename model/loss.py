@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from model.config import HeadConfig
+from model.mtp import mtp_cross_entropy
 
 # Rows per chunk on CPU: 128 × 50304 fp32 logits are 26 MB, which mostly stays in cache across
 # the passes below (measured fastest of 4..2048 rows: 0.9 s vs 2.5 s for 2048 × 50304 logits,
@@ -95,9 +96,18 @@ def softcap_cross_entropy(
     return _SoftcapCrossEntropy.apply(logits, targets, cap, chunk, reduction == "mean")
 
 
-def model_loss(logits: Tensor, targets: Tensor | None, cfg: HeadConfig, training: bool) -> Tensor:
+def model_loss(
+    logits: Tensor,
+    targets: Tensor | None,
+    cfg: HeadConfig,
+    training: bool,
+    mtp_weights: Tensor | None = None,
+) -> Tensor:
     """The model's output from its head's logits (B, T, V): the softcapped logits (at least
     fp32) when `targets` is None, else the loss as `cfg` (model.head) asks.
+
+    model.head.mtp: in training the multi-token loss with the step's `mtp_weights` (K_max,),
+    by autograd in fp32 at least (model/mtp.py); evaluation is next-token as without it.
 
     model.head.reduction=sum sums over tokens in training only; evaluation is always the mean.
     model.head.loss_dtype=bf16 caps in the logits' own dtype and, in training, takes the
@@ -108,6 +118,14 @@ def model_loss(logits: Tensor, targets: Tensor | None, cfg: HeadConfig, training
     reduction = "sum" if training and cfg.reduction == "sum" else "mean"
     low = cfg.loss_dtype == "bf16"
     cpu = logits.device.type == "cpu"
+    at_least_fp32 = torch.promote_types(logits.dtype, torch.float32)
+    if training and targets is not None and cfg.mtp:
+        if mtp_weights is None:
+            raise ValueError("model.head.mtp: the training forward needs the step's mtp_weights")
+        z = logits.to(at_least_fp32)
+        if cap > 0:
+            z = softcap(z, cap, cfg.softcap_form, cfg.softcap_shift, cfg.softcap_divisor)
+        return mtp_cross_entropy(z, targets, mtp_weights, reduction == "mean")
     fused = cfg.loss == "fused" or (cfg.loss == "auto" and cpu and cfg.tanh_expressible)
     if targets is not None and cap > 0 and fused and not low:
         # 30·σ(z/7.5) = 15·tanh(z/15) + 15, and a constant shift leaves the loss as it is.
@@ -115,7 +133,6 @@ def model_loss(logits: Tensor, targets: Tensor | None, cfg: HeadConfig, training
         return softcap_cross_entropy(
             logits.flatten(0, 1), targets.flatten(), tanh_cap, reduction=reduction
         )
-    at_least_fp32 = torch.promote_types(logits.dtype, torch.float32)
     if not low:
         logits = logits.to(at_least_fp32)
     if cap > 0:

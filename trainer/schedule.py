@@ -5,9 +5,10 @@ The loop asks `Schedule.at(step)` once per training step and hands the optimizer
 evaluation after `step` updates asks `model_args(step)`. Each package declares its own
 step-dependent values as pure functions of (step, total steps) beside the settings that drive
 them: the optimizer's in optim/schedule.py (LR multiplier, Muon momentum), the model's in
-`ModelConfig.step_args` (the attention window), the data's in `TrainConfig.seq_len_at` (the
-sequence length by phase). A new one is a function there and its use; this object and the
-loop pass it through unchanged. `scripts/sample.py` uses the same object.
+`ModelConfig.step_args` (the attention window, the MTP weights), the data's in
+`TrainConfig.seq_len_at` (the sequence length by phase). A new one is a function there and
+its use; this object and the loop pass it through unchanged. `scripts/sample.py` uses the
+same object.
 
 The schedules span the scheduled steps, train.steps − train.extension_steps, and hold their
 final values over the extension steps after them (the 2025-11 record's 40 of 2,160).
@@ -26,7 +27,7 @@ class StepValues:
     """What one training update takes."""
 
     optim: OptimValues
-    model_args: dict[str, float]  # keyword arguments of the model's forward
+    model_args: dict[str, float | tuple[float, ...]]  # keyword arguments of the model's forward
     seq_len: int  # tokens per sequence (train.seq_len_at); 0 when built without `train`
 
 
@@ -65,7 +66,7 @@ class Schedule:
             0 if self.train is None else self.train.seq_len_at(step),
         )
 
-    def model_args(self, step: int) -> dict[str, float]:
+    def model_args(self, step: int) -> dict[str, float | tuple[float, ...]]:
         """The model's forward arguments at `step` (0 ... total_steps: an update, or an
         evaluation after `step` updates; step == total_steps is the final evaluation)."""
         return self.model.step_args(

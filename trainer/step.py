@@ -66,7 +66,9 @@ class TrainStep:
     summed_loss: bool = False
     skip_nonfinite: bool = False  # train.on_nonfinite=skip
     # The forward's step arguments as device tensors, kept while their value holds
-    _args: dict[str, tuple[float, Tensor]] = field(default_factory=dict, init=False, repr=False)
+    _args: dict[str, tuple[float | tuple[float, ...], Tensor]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def __call__(self, step: int, asked: Callable[[], bool]) -> StepDone:
         """Take step `step` (1-based); `asked()`: whether this rank was asked to stop."""
@@ -100,16 +102,26 @@ class TrainStep:
         counted = flops_all if flops is not None else None
         return StepDone(mean, grads_finite, stop, counted, dt, values.optim.lr_mult)
 
-    def on_device(self, args: dict[str, float]) -> dict[str, Tensor]:
+    def on_device(self, args: dict[str, float | tuple[float, ...]]) -> dict[str, Tensor]:
         """The schedule's forward arguments as device tensors (a changing Python number would
-        make a compiled model recompile). Each is filled in on the device, not copied from
-        the host (a copy waits for the queued work), and reused while its value holds."""
+        make a compiled model recompile): a number as a 0-d tensor, a tuple (the MTP weights)
+        as a 1-D one. Each is filled in on the device, not copied from the host (a copy waits
+        for the queued work), and reused while its value holds."""
         for key, value in args.items():
             held = self._args.get(key)
             if held is None or held[0] != value:
-                full = torch.full((), value, dtype=torch.float64, device=self.rt.device)
-                self._args[key] = (value, full)
+                self._args[key] = (value, filled(value, self.rt.device))
         return {key: self._args[key][1] for key in args}
+
+
+def filled(value: float | tuple[float, ...], device: torch.device) -> Tensor:
+    """`value` as a float64 tensor on `device`, each entry filled in there (`on_device`)."""
+    if not isinstance(value, tuple):
+        return torch.full((), value, dtype=torch.float64, device=device)
+    out = torch.empty(len(value), dtype=torch.float64, device=device)
+    for i, v in enumerate(value):
+        out[i].fill_(v)
+    return out
 
 
 def reduce_step(

@@ -8,7 +8,7 @@ builds exactly the same model, parameter for parameter and bit for bit:
     model.embed       the token and value embedding tables, the smear
     model.residual    the x0 shortcut, skips, backout, per-sublayer scales
     model.mlp         which layers have an MLP, C_fc's layout
-    model.head        softcap, loss form, reduction and dtype, FP8 and bf16 head
+    model.head        softcap, loss form, reduction and dtype, MTP, FP8 and bf16 head
     model.numerics    the model's dtype, the FP8 head's scales, packed scalars
 
 Per-layer options (`attention.window`, `embed.value_embeds`, `attention.layers`,
@@ -25,6 +25,7 @@ from model.config.attention import AttentionConfig
 from model.config.head import HeadConfig, NumericsConfig
 from model.config.moved import MOVED, moved_message
 from model.config.stream import EmbedConfig, MlpConfig, ResidualConfig
+from model.mtp_schedule import mtp_weights_at
 from model.window_schedule import window_at, window_schedule_at
 
 OPERATIONAL = {"resume": "operational"}  # how a checkpoint treats a field (trainer/config.py)
@@ -82,7 +83,7 @@ class ModelConfig:
         total_steps: int,
         scheduled_steps: int | None = None,
         final_eval: bool = False,
-    ) -> dict[str, float]:
+    ) -> dict[str, float | tuple[float, ...]]:
         """The forward's step-dependent arguments for `step` (0 ... total_steps: the training
         update `step`, or an evaluation after `step` updates); the run's schedule
         (trainer/schedule.py) asks for them once per step. The schedules span the first
@@ -92,9 +93,19 @@ class ModelConfig:
         With window_phases: {"window_tokens": the long window, "short_window_tokens": the
         short one (both whole blocks, in tokens), and with yarn "yarn_stage": the index into
         `attention.long_windows` (`window_schedule_at`)}. Otherwise {"window_tokens":
-        window_at(...)} with window_tokens, or {}."""
-        att = self.attention
+        window_at(...)} with window_tokens, or {}. With head.mtp also "mtp_weights": the
+        multi-token weights, a tuple of len(head.mtp_weights) floats (`mtp_weights_at`)."""
         scheduled = total_steps if scheduled_steps is None else scheduled_steps
+        args = self._window_args(step, total_steps, scheduled, final_eval)
+        if self.head.mtp:
+            args["mtp_weights"] = mtp_weights_at(self.head.mtp_weights, step, scheduled)
+        return args
+
+    def _window_args(
+        self, step: int, total_steps: int, scheduled: int, final_eval: bool
+    ) -> dict[str, float | tuple[float, ...]]:
+        """`step_args`' window part."""
+        att = self.attention
         if att.window_phases:
             long, short, stage = window_schedule_at(att, step, scheduled, final_eval)
             args = {
@@ -202,6 +213,11 @@ class ModelConfig:
             )
         if res.mudd:
             self._validate_mudd()
+        if head.loss == "record_2026_07" and not head.fp8:
+            raise ValueError(
+                "model.head.loss=record_2026_07 writes the FP8 head's e5m2 gradient: set "
+                "model.head.fp8=true"
+            )
         if head.fp8 and head.reduction == "sum" and num.fp8_scales == "record_2025_01":
             raise ValueError(
                 "model.head.reduction=sum gives per-token logit gradients of O(1), which the "

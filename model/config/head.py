@@ -1,11 +1,12 @@
 """`model.head` and `model.numerics`: the LM head and its loss, and the model's number
 formats."""
 
+import math
 from dataclasses import dataclass, field
 
 DTYPES = ("fp32", "bf16")
 SOFTCAP_FORMS = ("tanh", "sigmoid")
-LOSSES = ("auto", "fused", "plain")
+LOSSES = ("auto", "fused", "plain", "record_2026_07")
 LOSS_REDUCTIONS = ("mean", "sum")
 LOSS_DTYPES = ("fp32", "bf16")
 SCALAR_LAYOUTS = ("record_2025_11", "record_2026_07")
@@ -27,7 +28,10 @@ class HeadConfig:
     """τ of the sigmoid form; 0 = c/4 (record D: 7.5)."""
     loss: str = field(default="auto", metadata={"choices": LOSSES})
     """Softcapped cross-entropy: fused (chunked, for CPU caches) | plain (the formula, which
-    torch.compile fuses on GPU) | auto: fused on CPU, plain elsewhere."""
+    torch.compile fuses on GPU) | auto: fused on CPU, plain elsewhere | record_2026_07: record
+    D's training form (model/record_loss.py: σ rounded to bf16, the e5m2 logit gradient written
+    by the loss with its end-of-sequence quirk; needs head.fp8, reduction=sum and the sigmoid
+    cap; evaluation takes the plain formula)."""
     reduction: str = field(default="mean", metadata={"choices": LOSS_REDUCTIONS})
     """The training loss over tokens: mean | sum (the 2025-11 record). Evaluation: the mean."""
     loss_dtype: str = field(default="fp32", metadata={"choices": LOSS_DTYPES})
@@ -41,6 +45,14 @@ class HeadConfig:
     (record D: 0.005)."""
     bf16: bool = False
     """The LM head weight a bf16 parameter (the 2025-11 record); needs model.numerics.dtype=bf16."""
+    mtp: bool = False
+    """Multi-token prediction in training (record D, model/mtp.py): position i's logits are
+    also scored against the targets of i+1 … i+K−1 of its row, weighted by the step's
+    `mtp_weights`; evaluation stays next-token. Needs head.loss≠fused."""
+    mtp_weights: list[float] = field(default_factory=lambda: [1.0, 0.5, 0.25])
+    """With mtp: the weights w_0 … w_{P−1} of P equal phases of the scheduled steps; phase p
+    keeps w_0 … w_{P−1−p}, its last one falling linearly to 0 over the phase, and the last
+    phase keeps w_0 (`mtp_weights_at`; record D: [1, 0.5, 0.25])."""
 
     @property
     def tanh_expressible(self) -> bool:
@@ -71,11 +83,41 @@ class HeadConfig:
                 "(model.head.softcap_shift / softcap_divisor) is not: use model.head.loss=plain "
                 "or auto"
             )
+        self._validate_loss_forms()
         if self.loss == "fused" and self.loss_dtype == "bf16":
             raise ValueError(
                 "model.head.loss=fused computes in fp32: use model.head.loss=plain or auto "
                 "with model.head.loss_dtype=bf16"
             )
+
+    def _validate_loss_forms(self) -> None:
+        """MTP and the record's loss form (the FP8 head they need: ModelConfig)."""
+        w = list(self.mtp_weights)
+        if not w or not all(0 <= v < math.inf for v in w):
+            raise ValueError(
+                f"model.head.mtp_weights must be one or more finite weights >= 0, got {w}"
+            )
+        if self.mtp and self.loss == "fused":
+            raise ValueError(
+                "model.head.mtp needs model.head.loss=plain, auto or record_2026_07: the fused "
+                "loss scores the next token only"
+            )
+        if self.mtp and self.loss_dtype == "bf16" and self.loss != "record_2026_07":
+            raise ValueError(
+                "model.head.mtp computes its cross-entropy in fp32: set model.head.loss_dtype="
+                "fp32, or model.head.loss=record_2026_07"
+            )
+        if self.loss == "record_2026_07":
+            if self.softcap_form != "sigmoid" or self.softcap <= 0:
+                raise ValueError(
+                    "model.head.loss=record_2026_07 caps with c·σ((z + b)/τ): set "
+                    "model.head.softcap_form=sigmoid and model.head.softcap > 0"
+                )
+            if self.reduction != "sum":
+                raise ValueError(
+                    "model.head.loss=record_2026_07 writes the gradient of the summed loss: set "
+                    "model.head.reduction=sum"
+                )
 
 
 @dataclass

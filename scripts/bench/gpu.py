@@ -57,6 +57,7 @@ from trainer.launch.compile import CompileCounts, compile_model, reset_compile_s
 from trainer.observe.flops import mfu, peak_flops
 from trainer.runtime import Runtime, init_runtime
 from trainer.schedule import Schedule
+from trainer.step import filled
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 GPUS = 8  # the records' world: each GPU runs batch_size / 8 sequences per step
@@ -180,7 +181,7 @@ def record_ms(name: str, b: Bench, step: int) -> float | None:
 def model_args(b: Bench, step: int) -> dict[str, Tensor]:
     """The forward's step arguments as device tensors, as the training loop gives them."""
     args = b.schedule.model_args(step)
-    return {k: torch.full((), v, dtype=torch.float64, device=b.rt.device) for k, v in args.items()}
+    return {k: filled(v, b.rt.device) for k, v in args.items()}
 
 
 def train_step(b: Bench, step: int, batch: Batch, args: dict[str, Tensor]) -> None:

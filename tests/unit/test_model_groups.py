@@ -29,7 +29,8 @@ ADDED = {"residual.sublayer_scales", "residual.resid_init", "residual.post_init"
          "residual.mudd", "residual.mudd_hidden",
          "attention.paired",
          "embed.bigram_rows", "embed.bigram_dim", "embed.bigram_signs",
-         "residual.bigram_lambda_init", "residual.bigram_in_x0"}  # fmt: skip
+         "residual.bigram_lambda_init", "residual.bigram_in_x0",
+         "head.mtp", "head.mtp_weights"}  # fmt: skip
 
 
 def leaves(cls: type, prefix: str = "") -> set[str]:
