@@ -1,9 +1,11 @@
 """Record D's whole model (../shared/docs/RECORD_D.md D.1, D.2) against the float64 reference
 written from the spec alone (tests/record_d_reference.py, which imports nothing of the
 project): the record's 11-layer table and the same table resampled to 8 layers, at a toy width
-(6 heads of 16), every parameter random so that every mechanism matters. Logits to 1e-9 and
-every parameter's gradient to 1e-7; and the reference's misreadings (no x0 quirk, adjacent
-head pairs, record C's rotary pairing) are far outside those tolerances."""
+(6 heads of 16), every parameter random so that every mechanism matters. Logits to 1e-9, and
+every parameter's gradient of the multi-token loss (its autograd form) to 1e-7. The
+reference's misreadings (no x0 quirk, adjacent head pairs, record C's rotary pairing) are far
+outside those tolerances. The FP8 MLP, the FP8 head and the record's loss form are roundings,
+tested against their formulas with explicit casts (test_record_d_fp8_mlp.py, _mtp.py)."""
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from tests import record_d_reference as ref
 
 H, D, BOS, T = 6, 16, 50256, 24
 SHORT, LONG, SCALE = 3, 7, 0.5
+MTP = [1.0, 0.5, 0.2]  # stage 1's weights (its last one mid-decay): t+1, t+2, t+3
 
 # The record's model block (what the preset composes), at toy width and with its 11-layer table.
 RECORD_D = {
@@ -32,6 +35,7 @@ RECORD_D = {
     "residual.bigram_in_x0": True, "mlp.proj_in_out": True,
     "head.softcap": 23.0, "head.softcap_form": "sigmoid", "head.softcap_shift": 5.0,
     "head.softcap_divisor": 7.5, "head.loss": "plain", "head.reduction": "sum",
+    "head.mtp": True,
     "numerics.packed_scalars": True, "numerics.scalars_layout": "record_2026_07",
 }  # fmt: skip
 
@@ -110,7 +114,8 @@ def reference(model: GPT, idx: torch.Tensor, n_layer: int, **kw) -> tuple:
 
 def ours(model: GPT, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
     windows = {"window_tokens": torch.tensor(float(LONG)),
-               "short_window_tokens": torch.tensor(float(SHORT))}  # fmt: skip
+               "short_window_tokens": torch.tensor(float(SHORT)),
+               "mtp_weights": torch.tensor(MTP, dtype=torch.float64)}  # fmt: skip
     return model(idx, targets, **windows)
 
 
@@ -135,7 +140,7 @@ def test_the_whole_model_is_the_reference(n_layer: int) -> None:
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
     names, params = zip(*model.named_parameters(), strict=True)
     loss_got = ours(model, idx, targets)
-    _, loss_want = reference(model, idx, n_layer, mtp_weights=None, targets=targets)
+    _, loss_want = reference(model, idx, n_layer, mtp_weights=MTP, targets=targets)
     torch.testing.assert_close(loss_got, loss_want, rtol=1e-11, atol=0)
     g_got = torch.autograd.grad(loss_got, params)
     g_want = torch.autograd.grad(loss_want, params, allow_unused=True)
