@@ -49,5 +49,6 @@ class Block(nn.Module):
             x = add_sublayer(x, self.attn(u, rotary, ctx), scales, self.layer, ATTENTION)
             x = inject_x0(x, ctx.x0, ctx.x0_lambdas, self.layer)
         if self.mlp is not None:
-            x = add_sublayer(x, self.mlp(rms_norm(x)), scales, self.layer, MLP_COLUMN)
+            out = self.mlp(rms_norm(x), ctx.micro_steps)
+            x = add_sublayer(x, out, scales, self.layer, MLP_COLUMN)
         return x

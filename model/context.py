@@ -11,7 +11,8 @@ class Context:
     value-embedding lookups, the masks by window; the packed scalars and their layout
     (model.numerics.packed_scalars), the YaRN stage and its attention scale (0-d tensors),
     the per-sublayer residual scales (model.residual.sublayer_scales), XSA's α
-    (model.attention.xsa), the x0 injections' λ (model.residual.x0_after_attention); block
+    (model.attention.xsa), the x0 injections' λ (model.residual.x0_after_attention), the
+    micro-steps per update (the FP8 MLP's slots, model/mlp_fp8.py); block
     0's raw values, once block 0 has run (the value residual)."""
 
     def __init__(
@@ -26,6 +27,7 @@ class Context:
         sublayer_scales: tuple[Tensor, Tensor] | None = None,
         xsa_alphas: Tensor | None = None,
         x0_lambdas: Tensor | None = None,
+        micro_steps: int = 1,
     ) -> None:
         self.x0, self.value_embeds, self.masks = x0, value_embeds, masks
         self.packed, self.layout = packed, layout
@@ -33,4 +35,5 @@ class Context:
         self.sublayer_scales = sublayer_scales
         self.xsa_alphas = xsa_alphas
         self.x0_lambdas = x0_lambdas
+        self.micro_steps = micro_steps
         self.v1: Tensor | None = None

@@ -19,6 +19,7 @@ nothing. Parameter names (and so optimizer groups and checkpoints) are the modul
 import torch
 from torch import Tensor, nn
 
+from model import mlp_fp8
 from model.block import Block
 from model.config import ModelConfig
 from model.context import Context
@@ -73,7 +74,8 @@ class GPT(nn.Module):
             )
         self._windows = {s.window for s in self.plan if s.attention}
         # Micro-steps per optimizer step, each backpropagating loss / micro_steps: the FP8
-        # head's gradient cast undoes that factor (model/head.py). Set by the trainer.
+        # head's gradient cast undoes that factor (model/head.py), and the FP8 MLP keeps one
+        # delayed scale per micro-step (model/mlp_fp8.py). Set by the trainer.
         self.micro_steps = 1
         self._flops: StepFlops | None = None  # counted on first use (N needs the parameters)
         self.reset_parameters()
@@ -103,6 +105,18 @@ class GPT(nn.Module):
         if self._flops is None:
             self._flops = StepFlops.of(self)
         return self._flops(idx, window_tokens, short_window_tokens)
+
+    def rank_state(self) -> dict:
+        """What this rank keeps that the parameters don't and a checkpoint must: the FP8 MLP's
+        delayed scales (model/mlp_fp8.py); {} when there is none."""
+        return mlp_fp8.rank_state(mlp_fp8.delayed_states(self.blocks))
+
+    def load_rank_state(self, saved: list[dict], rank: int, world_size: int) -> str | None:
+        """Put back `rank_state()` of every saved rank (in rank order) on `rank` of
+        `world_size`; returns a line saying what each rank took, None if nothing to do."""
+        states = mlp_fp8.delayed_states(self.blocks)
+        device = next(self.parameters()).device
+        return mlp_fp8.load_rank_state(states, saved, rank, world_size, self.micro_steps, device)
 
     def plan_summary(self) -> str:
         """The layer plan in one line, "" when every layer is alike."""
@@ -184,4 +198,5 @@ class GPT(nn.Module):
             sublayer_scales=sublayer_scales(self),
             xsa_alphas=getattr(self, "xsa_alphas", None),
             x0_lambdas=getattr(self, "x0_lambdas", None),
+            micro_steps=self.micro_steps,
         )

@@ -22,7 +22,8 @@ KEPT = {"n_layer", "n_head", "n_embd", "vocab_size", "init_std", "gate_channels"
 ADDED = {"residual.sublayer_scales", "residual.resid_init", "residual.post_init", "attention.xsa",
          "head.softcap_shift", "head.softcap_divisor", "attention.key_offset",
          "residual.skip_per_token", "residual.attn_input_layer",
-         "residual.x0_after_attention", "embed.value_gate", "embed.value_std"}  # fmt: skip
+         "residual.x0_after_attention", "embed.value_gate", "embed.value_std", "mlp.fp8",
+         "mlp.fp8_act_headroom", "mlp.fp8_weight_headroom", "mlp.fp8_bootstrap"}  # fmt: skip
 
 
 def leaves(cls: type, prefix: str = "") -> set[str]:
