@@ -19,7 +19,6 @@ nothing. Parameter names (and so optimizer groups and checkpoints) are the modul
 import torch
 from torch import Tensor, nn
 
-from model import mlp_fp8
 from model.block import Block
 from model.config import ModelConfig
 from model.context import Context
@@ -30,6 +29,7 @@ from model.init import initialise
 from model.layers import linear, rms_norm
 from model.loss import model_loss
 from model.masks import build_masks
+from model.mlp_fp8 import delayed_states, fp8_rank_state, load_fp8_rank_state
 from model.plan import describe_plan, layer_plan
 from model.residual import Skips, build_sublayer_scales, build_x0_injection, sublayer_scales
 from model.rotary import Rotary
@@ -109,14 +109,14 @@ class GPT(nn.Module):
     def rank_state(self) -> dict:
         """What this rank keeps that the parameters don't and a checkpoint must: the FP8 MLP's
         delayed scales (model/mlp_fp8.py); {} when there is none."""
-        return mlp_fp8.rank_state(mlp_fp8.delayed_states(self.blocks))
+        return fp8_rank_state(delayed_states(self.blocks))
 
     def load_rank_state(self, saved: list[dict], rank: int, world_size: int) -> str | None:
         """Put back `rank_state()` of every saved rank (in rank order) on `rank` of
         `world_size`; returns a line saying what each rank took, None if nothing to do."""
-        states = mlp_fp8.delayed_states(self.blocks)
+        states = delayed_states(self.blocks)
         device = next(self.parameters()).device
-        return mlp_fp8.load_rank_state(states, saved, rank, world_size, self.micro_steps, device)
+        return load_fp8_rank_state(states, saved, rank, world_size, self.micro_steps, device)
 
     def plan_summary(self) -> str:
         """The layer plan in one line, "" when every layer is alike."""

@@ -30,8 +30,8 @@ compiled model agree):
   only by s_up's bf16 rounding (< 449.8), which rounds to 448 whether a cast saturates or not.
   The down projection's are clamped to ±448 first, as the record's, so no result depends on
   what a cast does above 448 (torch 2.13's CPU cast saturates; a non-saturating one gives NaN).
-- s_up and the bootstrap s_w are rounded to bf16 (as bf16(fp32(m/448))), as the record says; a/448,
-  s_act and the delayed s_w are fp32: (h·m)/448.
+- s_up and the bootstrap s_w are rounded to bf16, as bf16(fp32(m/448)), as the record says;
+  a/448, s_act and the delayed s_w stay fp32: (h·m)/448.
 - a zero maximum (c_proj's zero init) gives the scale 1: its operand is all zeros, so the
   product is 0 whatever the scale, where 0/0 would give NaN.
 - the up projection accumulates in full fp32, the down projection with Hopper's fast
@@ -42,6 +42,11 @@ update (gradient accumulation: model.micro_steps) plays k of them: micro-step i 
 rank r·k + i (the same rows of the global batch, data/loader.py). Each slot keeps its own max
 post, so micro-step i's s_act comes from micro-step i of the previous step, and c_proj is
 quantised once per update: 8 GPUs × 1 and 1 GPU × 8 micro-steps see the same scales.
+
+Only training forwards (module.training with grad enabled) run in FP8 and move the delayed
+scales; evaluation is the plain bf16 MLP. The scales are saved per rank with each checkpoint
+(`GPT.rank_state`, trainer/checkpoint/state.py), and `load_fp8_rank_state` maps them onto a
+resumed run's ranks, whatever its world size.
 """
 
 import torch
@@ -211,14 +216,14 @@ def delayed_states(blocks: nn.ModuleList) -> dict[int, FP8MlpState]:
     return out
 
 
-def rank_state(states: dict[int, FP8MlpState]) -> dict:
+def fp8_rank_state(states: dict[int, FP8MlpState]) -> dict:
     """This rank's delayed scales for a checkpoint: {"fp8_mlp": {layer: state}}, {} if none."""
     if not states:
         return {}
     return {"fp8_mlp": {str(i): s.state_dict() for i, s in states.items()}}
 
 
-def load_rank_state(
+def load_fp8_rank_state(
     states: dict[int, FP8MlpState],
     saved: list[dict],
     rank: int,
@@ -226,7 +231,7 @@ def load_rank_state(
     slots: int,
     device: torch.device,
 ) -> str | None:
-    """Put back what `rank_state` gave on every saved rank (`saved`, in rank order) into this
+    """Put back what `fp8_rank_state` gave on every saved rank (`saved`, in rank order) into this
     rank's `states`, this run taking `slots` micro-steps per update; returns the line to log.
 
     The saved slots, rank after rank, are the record's ranks 0 … V−1 (module docstring); this

@@ -21,6 +21,7 @@ from trainer.runtime import Runtime
 E4M3, BF16, F64 = torch.float8_e4m3fn, torch.bfloat16, torch.float64
 D = 32  # width; the MLP is 4D = 128 wide
 BASE = ModelConfig(n_layer=2, n_head=2, n_embd=D)
+RT = Runtime(0, 1, 0, torch.device("cpu"), None)  # rank 0 of 1
 
 
 def config(mode: str = "up_down", **mlp) -> ModelConfig:
@@ -221,7 +222,8 @@ def test_the_backward_is_bf16_from_the_fp8_activations(
     c_fc, c_proj = layer.fc.weight.to(BF16).double(), layer.proj.weight.to(BF16).double()
 
     def grads(pre: torch.Tensor, post: torch.Tensor) -> list[torch.Tensor]:
-        d_pre = 2 * (g64 @ c_proj) * pre.clamp(min=0)
+        d_post = (g64 @ c_proj).to(BF16).double()  # bf16 products, as the spec's
+        d_pre = (2 * d_post * pre.clamp(min=0)).to(BF16).double()
         return [d_pre @ c_fc, d_pre.T @ n64, g64.T @ post]  # ∂n, ∂c_fc, ∂c_proj
 
     got = [n.grad.flatten(0, 1), layer.fc.weight.grad, layer.proj.weight.grad]
@@ -230,9 +232,9 @@ def test_the_backward_is_bf16_from_the_fp8_activations(
     wrong = grads(plain_pre, F.relu(plain_pre).square())
     for actual, expected, other in zip(got, grads(pre, post), wrong, strict=True):
         error = (actual.double() - expected).norm() / expected.norm()
-        assert error < 4e-3, error  # bf16 roundings of g·c_proj and ∂pre
-        # negative control: the gradient of the bf16 MLP is farther off than that
-        assert (other - expected).norm() / expected.norm() > 3 * error
+        assert error < 2.5e-3, error  # the result's own bf16 rounding: ≤ 2⁻⁹ per element
+        # negative control: the gradient of the bf16 MLP's own pre is far off that
+        assert (other - expected).norm() / expected.norm() > 10 * error
 
 
 def trained_model(steps: int, micro_steps: int = 1) -> GPT:
@@ -267,14 +269,13 @@ def test_a_checkpoint_resumes_with_the_same_scales(
 ) -> None:
     """Through the trainer's own save and restore (trainer/checkpoint/state.py, files.py)."""
     model = trained_model(steps=3)
-    rt = Runtime(0, 1, 0, torch.device("cpu"), None)  # rank 0 of 1
-    trainer = trainer_state(Progress(step=3), Loader(), rt, model)
+    trainer = trainer_state(Progress(step=3), Loader(), RT, model)
     parts = {"model": model.state_dict(), "optimizers": [], "trainer": trainer}
     path = files.save(tmp_path, 3, parts, {"world_size": 1}, keep=1)
     resumed = GPT(config(fp8_bootstrap=1))
     resumed.load_state_dict(files.load(path).parts["model"])
     with caplog.at_level(logging.INFO, logger="train"):
-        restore_trainer(files.load(path), Loader(), rt, resumed)
+        restore_trainer(files.load(path), Loader(), RT, resumed)
     assert "each slot takes its own" in caplog.text
     saved, back = model.rank_state()["fp8_mlp"], resumed.rank_state()["fp8_mlp"]
     assert saved.keys() == back.keys() == {"0", "1"} and saved["0"]["forwards"] == 3
@@ -315,13 +316,8 @@ def test_another_world_size_maps_the_slots() -> None:
     assert state.act_max.tolist() == [10.0] and int(state.forwards) == 2
     assert "start afresh" in model.load_rank_state([{}, {}], rank=0, world_size=2)
     assert int(state.forwards) == 0 and not state.act_max.any()
-
-
-def test_a_slot_count_change_without_resume_fails() -> None:
-    layer = make_mlp()
-    layer(inputs(0), micro_steps=2)
-    with pytest.raises(ValueError, match="micro-step slots"):
-        layer(inputs(0), micro_steps=1)
+    with pytest.raises(ValueError, match="micro-step slots"):  # slots change only on resume
+        model.blocks[1].mlp(inputs(0), micro_steps=2)
 
 
 def test_off_builds_nothing() -> None:
@@ -329,8 +325,7 @@ def test_off_builds_nothing() -> None:
     assert not any(hasattr(b.mlp, "fp8") for b in model.blocks)
     assert model.rank_state() == {}
     assert model.load_rank_state([], 0, 1) is None
-    rt = Runtime(0, 1, 0, torch.device("cpu"), None)  # rank 0 of 1
-    assert "model_rank" not in trainer_state(Progress(), Loader(), rt, model)
+    assert "model_rank" not in trainer_state(Progress(), Loader(), RT, model)
     on = GPT(config("up_down"))
     assert list(on.state_dict()) == list(model.state_dict())  # no parameters, no buffers
     assert not mlp_fp8.delayed_states(GPT(config("up")).blocks)  # current scales keep none
