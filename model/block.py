@@ -57,5 +57,6 @@ class Block(nn.Module):
             if ctx.bigram is not None and self.layer > 0:  # layer 0's is in x from the start
                 x = inject_bigram(x, ctx.bigram, ctx.bigram_lambdas[self.layer])
         if self.mlp is not None:
-            x = add_sublayer(x, self.mlp(rms_norm(x)), scales, self.layer, MLP_COLUMN)
+            out = self.mlp(rms_norm(x), ctx.micro_steps)
+            x = add_sublayer(x, out, scales, self.layer, MLP_COLUMN)
         return x

@@ -12,10 +12,10 @@ class Context:
     (model.numerics.packed_scalars), the YaRN stage and its attention scale (0-d tensors),
     the per-sublayer residual scales (model.residual.sublayer_scales), XSA's α
     (model.attention.xsa), the x0 injections' λ (model.residual.x0_after_attention), the MUDD
-    networks' (W1, W2, b2) (model.residual.mudd); block
-    (model.attention.xsa), the x0 injections' λ (model.residual.x0_after_attention), the
-    bigram term b (B, T, k) and its λ^bg (model.embed.bigram_rows, model/bigram.py); block
-    0's raw values, once block 0 has run (the value residual)."""
+    networks' (W1, W2, b2) (model.residual.mudd), the value gates (model.embed.value_gate),
+    the bigram term b (B, T, k) and its λ^bg (model.embed.bigram_rows, model/bigram.py), the
+    micro-steps per update (the FP8 MLP's slots, model/mlp_fp8.py); block 0's raw values,
+    once block 0 has run (the value residual)."""
 
     def __init__(
         self,
@@ -33,6 +33,7 @@ class Context:
         value_gates: Tensor | None = None,
         bigram: Tensor | None = None,
         bigram_lambdas: Tensor | None = None,
+        micro_steps: int = 1,
     ) -> None:
         self.x0, self.value_embeds, self.masks = x0, value_embeds, masks
         self.packed, self.layout = packed, layout
@@ -43,4 +44,5 @@ class Context:
         self.mudd = mudd
         self.value_gates = value_gates
         self.bigram, self.bigram_lambdas = bigram, bigram_lambdas
+        self.micro_steps = micro_steps
         self.v1: Tensor | None = None

@@ -31,6 +31,7 @@ from model.init import initialise
 from model.layers import linear, rms_norm
 from model.loss import model_loss
 from model.masks import build_masks
+from model.mlp_fp8 import delayed_states, fp8_rank_state, load_fp8_rank_state
 from model.mudd import build_mudd, mudd_out, mudd_params
 from model.plan import describe_plan, layer_plan
 from model.record_loss import record_head_loss
@@ -82,7 +83,8 @@ class GPT(nn.Module):
         self._windows = {s.window for s in self.plan if s.attention and not s.paired}
         self._paired_windows = frozenset(s.window for s in self.plan if s.paired)
         # Micro-steps per optimizer step, each backpropagating loss / micro_steps: the FP8
-        # head's gradient cast undoes that factor (model/head.py). Set by the trainer.
+        # head's gradient cast undoes that factor (model/head.py), and the FP8 MLP keeps one
+        # delayed scale per micro-step (model/mlp_fp8.py). Set by the trainer.
         self.micro_steps = 1
         self._flops: StepFlops | None = None  # counted on first use (N needs the parameters)
         self.reset_parameters()
@@ -114,6 +116,18 @@ class GPT(nn.Module):
         if self._flops is None:
             self._flops = StepFlops.of(self)
         return self._flops(idx, window_tokens, short_window_tokens)
+
+    def rank_state(self) -> dict:
+        """What this rank keeps that the parameters don't and a checkpoint must: the FP8 MLP's
+        delayed scales (model/mlp_fp8.py); {} when there is none."""
+        return fp8_rank_state(delayed_states(self.blocks))
+
+    def load_rank_state(self, saved: list[dict], rank: int, world_size: int) -> str | None:
+        """Put back `rank_state()` of every saved rank (in rank order) on `rank` of
+        `world_size`; returns a line saying what each rank took, None if nothing to do."""
+        states = delayed_states(self.blocks)
+        device = next(self.parameters()).device
+        return load_fp8_rank_state(states, saved, rank, world_size, self.micro_steps, device)
 
     def plan_summary(self) -> str:
         """The layer plan in one line, "" when every layer is alike."""
@@ -219,4 +233,5 @@ class GPT(nn.Module):
             mudd=mudd_params(self),
             bigram=bigram,
             bigram_lambdas=getattr(self, "bigram_lambdas", None),
+            micro_steps=self.micro_steps,
         )

@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import ModelConfig
+from model.mlp_fp8 import FP8Mlp
 
 
 def rms_norm(x: Tensor) -> Tensor:
@@ -43,7 +44,8 @@ class InOutLinear(nn.Module):
 
 
 class MLP(nn.Module):
-    """proj(relu(fc(x))²): 4× wide, ReLU²."""
+    """proj(relu(fc(x))²): 4× wide, ReLU²; with model.mlp.fp8 its training forwards in FP8
+    (model/mlp_fp8.py)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -51,6 +53,11 @@ class MLP(nn.Module):
         self.fc = InOutLinear(d, 4 * d) if cfg.mlp.fc_in_out else linear(cfg, d, 4 * d)
         proj_in_out = cfg.mlp.proj_in_out
         self.proj = InOutLinear(4 * d, d) if proj_in_out else linear(cfg, 4 * d, d)
+        if cfg.mlp.fp8 != "off":  # a plain attribute: no parameters, no buffers
+            self.fp8 = FP8Mlp(cfg.mlp)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, micro_steps: int = 1) -> Tensor:
+        """`micro_steps`: the updates' gradient accumulation (the FP8 state's slots)."""
+        if hasattr(self, "fp8") and self.training and torch.is_grad_enabled():
+            return self.fp8(self.fc.weight, self.proj.weight, x, micro_steps)
         return self.proj(F.relu(self.fc(x)).square())

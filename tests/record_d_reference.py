@@ -1,7 +1,7 @@
 """Independent float64 reference of record D's (#89) model forward and training loss.
 
-Written only from docs/RECORD_D.md (D.1, D.2, D.4, D.10), docs/RECORD_C.md (smear, mask) and
-docs/RECORDS.md section 0; nothing of the project is imported. Exact math: float64 everywhere,
+Written only from ../shared/docs/RECORD_D.md (D.1, D.2, D.4, D.10), RECORD_C.md (smear, mask) and
+RECORDS.md section 0; nothing of the project is imported. Exact math: float64 everywhere,
 no bf16 / FP8 roundings (the FP8 MLP and head, bf16 rotary tables and bf16 sigma of D.1/D.2 are
 deliberately absent). Citations: "fwd n" = D.1 forward-pass step n, "Attn n" = D.1 Attn_l step n,
 "MUDD" = D.1 MUDD paragraph, "VE gate" = D.1 value-embedding gate, "D.2" = loss.
@@ -9,7 +9,6 @@ deliberately absent). Citations: "fwd n" = D.1 forward-pass step n, "Attn n" = D
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -278,98 +277,3 @@ def forward(
         picked = logits[:, : T - k].gather(-1, targets[:, k:, None]).squeeze(-1)
         loss = loss + w * (lse[:, : T - k] - picked).sum()
     return logits, loss
-
-
-def init_params(shape: RecordDShape, generator: torch.Generator) -> dict[str, Tensor]:
-    """Random float64 params for tests: all non-zero, scaled so that every mechanism matters."""
-    s, g = shape, generator
-    L, H, D, gc, V = s.n_layer, s.n_head, s.head_dim, s.gate_channels, s.vocab
-    d = H * D
-
-    def nrm(*size: int, std: float = 1.0, mean: float = 0.0) -> Tensor:
-        return mean + std * torch.randn(*size, generator=g, dtype=F64)
-
-    p = {"E": nrm(V, d), "W_head": nrm(V, d, std=2 * d**-0.5)}
-    for c in sorted(set(s.value_table) - {"."}):
-        p[f"VE.{c}"] = nrm(V, d, std=0.5)
-    p["Bg"] = nrm(s.bigram_rows, s.bigram_dim, std=0.5)
-    p["S"] = torch.where(nrm(s.sign_rows, s.bigram_dim) >= 0, 1.0, -1.0).to(F64)
-    for layer in range(L):
-        if s.attention[layer] == "A":
-            for w in ("W_q", "W_k", "W_v", "W_o"):
-                p[f"{w}.{layer}"] = nrm(d, d, std=d**-0.5)
-            p[f"attn_gate.{layer}"] = nrm(H, gc, std=0.5)
-        if s.value_table[layer] != "." and layer != L - 1:  # the MUDD layer's VE gate is MUDD's
-            p[f"ve_gate.{layer}"] = nrm(H, gc, std=0.5)
-        p[f"c_fc.{layer}"] = nrm(4 * d, d, std=d**-0.5)
-        p[f"c_proj.{layer}"] = nrm(4 * d, d, std=0.5 * (4 * d) ** -0.5)
-    p["smear_gate"], p["skip_gate"] = nrm(1, gc, std=0.5), nrm(1, gc, std=0.5)
-    lam = torch.stack([torch.full((L,), 0.5), torch.ones(L)], 1).reshape(-1).to(F64)
-    p["scalars"] = torch.cat([lam, torch.tensor([0.5, -0.5], dtype=F64)]) + nrm(2 * L + 2, std=0.1)
-    p["resid_lambdas"] = nrm(L, 2, mean=1.1**0.5, std=0.05)
-    p["post_lambdas"] = nrm(L, 2, mean=1.0, std=0.1)
-    p["x0_lambdas"], p["bigram_lambdas"] = nrm(L, mean=0.2, std=0.1), nrm(L, mean=0.3, std=0.1)
-    p["xsa_alphas"] = nrm(L, H, std=0.5)
-    p["mudd_w1"] = (2 * torch.rand(2, s.mudd_hidden, d, generator=g, dtype=F64) - 1) * d**-0.5
-    p["mudd_w2"] = nrm(2, 14, s.mudd_hidden, std=0.5)
-    b2 = torch.zeros(2, 14, dtype=F64)  # D.1 MUDD bias table (stored values), plus noise
-    b2[0, 6] = b2[0, 7] = 20.0
-    b2[0, 8] = b2[0, 12] = 1.1**0.5 / 0.1
-    b2[0, 9] = b2[0, 13] = 10.0
-    b2[0, 11], b2[1, 1] = 0.5, -5.0
-    p["mudd_b2"] = b2 + nrm(2, 14, std=0.5)
-    return p
-
-
-def _self_check() -> None:
-    t0 = time.perf_counter()
-    torch.manual_seed(0)
-    shape = RecordDShape(
-        head_dim=16, vocab=64, bigram_rows=97, bigram_dim=8, sign_rows=16, mudd_hidden=8
-    )
-    gen = torch.Generator().manual_seed(1234)
-    params = {k: v.requires_grad_(k != "S") for k, v in init_params(shape, gen).items()}
-    bos, T = 0, 24
-    seq = torch.randint(1, shape.vocab, (2, T + 1), generator=gen)
-    seq[0, [3, 11, 17]] = bos  # row 0: a 3-token pre-BOS segment, then three documents
-    seq[1, [0, 9, 10]] = bos  # row 1: starts with BOS, includes a one-token document
-    tokens, targets = seq[:, :T], seq[:, 1:]
-    kw = {"window_short": 3, "window_long": 7, "attn_scale": 0.5, "bos": bos, "targets": targets}
-    mtp = [1.0, 0.5, 0.25]
-    logits, loss = forward(params, tokens, shape, mtp_weights=mtp, **kw)
-    loss.backward()
-    print(f"MTP loss (sum, weights {mtp}): {loss.item():.10f}")
-    bad = [k for k, v in params.items() if v.requires_grad and not v.grad.abs().sum() > 0]
-    assert torch.isfinite(logits).all() and not bad, f"zero/non-finite grads: {bad}"
-    print(f"all {len(params) - 1} trainable tensors get non-zero finite gradients")
-    with torch.no_grad():
-        ref = logits.detach()
-        _, ce = forward(params, tokens, shape, mtp_weights=None, **kw)
-        ce_torch = F.cross_entropy(
-            ref.reshape(-1, shape.vocab), targets.reshape(-1), reduction="sum"
-        )
-        print(
-            f"next-token CE (sum): {ce.item():.10f}  |diff vs F.cross_entropy| "
-            f"{(ce - ce_torch).abs().item():.2e}"
-        )
-        assert torch.allclose(ce, ce_torch, rtol=1e-12, atol=1e-9)
-        for name, value in (
-            ("x0_quirk", False),
-            ("paired_pairing", "adjacent"),
-            ("rope_pairing", "half"),
-        ):
-            alt, _ = forward(params, tokens, shape, mtp_weights=mtp, **{**kw, name: value})
-            diff = (alt - ref).abs().max().item()
-            print(f"negative control {name}={value!r}: max |delta logits| = {diff:.3e}")
-            assert diff > 1e-6, name
-        changed = tokens.clone()  # causality: changing the last token leaves earlier logits
-        changed[:, -1] = (changed[:, -1] % (shape.vocab - 1)) + 1
-        alt, _ = forward(params, changed, shape, mtp_weights=mtp, **kw)
-        diff = (alt[:, :-1] - ref[:, :-1]).abs().max().item()
-        print(f"causality: max |delta logits| before the changed last token = {diff:.1e}")
-        assert diff == 0.0
-    print(f"self-check passed in {time.perf_counter() - t0:.2f} s")
-
-
-if __name__ == "__main__":
-    _self_check()

@@ -7,7 +7,7 @@ builds exactly the same model, parameter for parameter and bit for bit:
     model.attention   kind, merged weights, gates, masks, rotary and YaRN, sliding windows
     model.embed       the token and value embedding tables, the smear
     model.residual    the x0 shortcut, skips, backout, per-sublayer scales
-    model.mlp         which layers have an MLP, C_fc's layout
+    model.mlp         which layers have an MLP, C_fc's and C_proj's layout, FP8 projections
     model.head        softcap, loss form, reduction and dtype, MTP, FP8 and bf16 head
     model.numerics    the model's dtype, the FP8 head's scales, packed scalars
 
@@ -200,6 +200,11 @@ class ModelConfig:
                 raise ValueError(
                     f"model.head.{key}=true needs model.numerics.dtype=bf16 (its inputs are bf16)"
                 )
+        if self.mlp.fp8 != "off" and not bf16:
+            raise ValueError(
+                f"model.mlp.fp8={self.mlp.fp8} needs model.numerics.dtype=bf16 (its inputs and "
+                "its backward are bf16)"
+            )
         if num.packed_scalars and (res.unet or att.value_residual == "learned"):
             raise ValueError(
                 "model.numerics.packed_scalars has no place for model.residual.unet's skip "

@@ -2,7 +2,9 @@
 layers add to it, and the MLP sublayer."""
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+MLP_FP8 = ("off", "up", "up_down")
 
 
 @dataclass
@@ -197,8 +199,32 @@ class MlpConfig:
     proj_in_out: bool = False
     """Store C_proj as (in, out) = (4d, d), used as h·C_proj (record D, #48: both MLP matrices
     3,072 × 768); the stored shape decides NorMuon's axis."""
+    fp8: str = field(default="off", metadata={"choices": MLP_FP8})
+    """The MLP's projections as FP8 GEMMs in training forwards, backward in bf16 (record D,
+    model/mlp_fp8.py): up (the up projection, current scales: #84) | up_down (and the down
+    projection, delayed scales: #89) | off; needs model.numerics.dtype=bf16."""
+    fp8_act_headroom: float = 1.80
+    """The down projection's activation divisor: this × the layer's max ReLU² output of the
+    previous training forward / 448 (mlp.fp8=up_down)."""
+    fp8_weight_headroom: float = 1.12
+    """The down projection's weight divisor: this × max|C_proj| at the previous quantisation /
+    448, after the bootstrap (mlp.fp8=up_down)."""
+    fp8_bootstrap: int = 16
+    """B: the weight quantisations after optimizer updates 0 … B−1 (training steps 0 … B) use
+    bf16(max|C_proj|/448) of the current weights, without headroom (mlp.fp8=up_down)."""
 
     def validate(self) -> None:
+        if self.fp8 not in MLP_FP8:
+            raise ValueError(
+                f"model.mlp.fp8 must be one of {' | '.join(MLP_FP8)}, got {self.fp8!r}"
+            )
+        for key in ("fp8_act_headroom", "fp8_weight_headroom"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"model.mlp.{key} must be positive, got {getattr(self, key)}")
+        if self.fp8_bootstrap < 0:
+            raise ValueError(
+                f"model.mlp.fp8_bootstrap must be >= 0 (steps), got {self.fp8_bootstrap}"
+            )
         bad = set(self.layers) - set("M.")
         if bad:
             raise ValueError(

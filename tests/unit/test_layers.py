@@ -56,12 +56,12 @@ def test_model_and_data_import_only_themselves() -> None:
 
 # The model's config: its schema, and the pure window schedule the schema's step arguments
 # and the trainer's sequence length by phase share.
-CONFIG_LAYER = {"model.config", "model.window_schedule"}
+CONFIG_LAYER = {"model.config", "model.window_schedule", "model.mtp_schedule"}
 
 
 def in_config_layer(name: str) -> bool:
     """`name` is the config schema (model.config or one of its group modules) or the window
-    schedule."""
+    or MTP-weight schedule (torch-free functions of the config)."""
     return name in CONFIG_LAYER or name.startswith("model.config.")
 
 
@@ -72,8 +72,8 @@ def test_trainer_imports_from_model_only_config_schemas() -> None:
 
 
 def test_the_model_config_is_a_schema_only() -> None:
-    """model/config/ imports nothing of the model's parts (only itself and the window
-    schedule): reading or checking a config never builds, or imports, a model."""
+    """model/config/ imports nothing of the model's parts (only itself and the window and
+    MTP-weight schedules): reading or checking a config never builds, or imports, a model."""
     bad = {m: d for m, deps in GRAPH.items() if in_config_layer(m) for d in deps
            if not in_config_layer(d)}  # fmt: skip
     assert not bad, bad

@@ -30,7 +30,9 @@ ADDED = {"residual.sublayer_scales", "residual.resid_init", "residual.post_init"
          "attention.paired",
          "embed.bigram_rows", "embed.bigram_dim", "embed.bigram_signs",
          "residual.bigram_lambda_init", "residual.bigram_in_x0",
-         "head.mtp", "head.mtp_weights"}  # fmt: skip
+         "head.mtp", "head.mtp_weights",
+         "mlp.fp8",
+         "mlp.fp8_act_headroom", "mlp.fp8_weight_headroom", "mlp.fp8_bootstrap"}  # fmt: skip
 
 
 def leaves(cls: type, prefix: str = "") -> set[str]:

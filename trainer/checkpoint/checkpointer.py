@@ -89,7 +89,7 @@ class Checkpointer:
             restore_tensors(loaded, self.model, self.optimizer, self.sharded)
         except ValueError as e:
             raise CheckpointError(f"{loaded.path}: {e}") from e
-        return restore_trainer(loaded, self.loader, self.rt)
+        return restore_trainer(loaded, self.loader, self.rt, self.model)
 
     def save(self, progress: Progress) -> Path:
         """Write a checkpoint of `progress`; a collective: every rank must call it.
@@ -98,7 +98,7 @@ class Checkpointer:
         checkpoint is then still the newest and intact.
         """
         t0 = time.perf_counter()
-        trainer = trainer_state(progress, self.loader, self.rt)
+        trainer = trainer_state(progress, self.loader, self.rt, self.model)
         meta = metadata(progress, self.conf, self.rt)
         write = save_dcp if self.sharded else save_whole
         keep = self.conf.train.checkpoint_keep

@@ -1,12 +1,14 @@
 """What a checkpoint holds beside the tensors: the trainer's part (the loop's `Progress`, the
-loader's global position and every rank's RNG states) and the metadata (world size, threads,
-progress at a glance, the config and the code's version), and how the trainer's part is put
-back into a run."""
+loader's global position, every rank's RNG states and the model's per-rank state) and the
+metadata (world size, threads, progress at a glance, the config and the code's version), and
+how the trainer's part is put back into a run."""
 
+import logging
 from dataclasses import asdict
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from trainer.checkpoint.files import CheckpointError, Loaded
 from trainer.config import Config
@@ -14,6 +16,8 @@ from trainer.launch.dist import gather
 from trainer.observe.progress import Progress
 from trainer.observe.provenance import code_version
 from trainer.runtime import Runtime, rng_state, set_rng_state
+
+log = logging.getLogger("train")
 
 
 class Loader(Protocol):
@@ -23,11 +27,18 @@ class Loader(Protocol):
     def load_state_dict(self, state: dict[str, int]) -> None: ...
 
 
-def trainer_state(progress: Progress, loader: Loader, rt: Runtime) -> dict[str, Any]:
+def trainer_state(
+    progress: Progress, loader: Loader, rt: Runtime, model: nn.Module | None = None
+) -> dict[str, Any]:
     """The trainer's part of a checkpoint of `progress`; a collective (the RNG states of every
-    rank are gathered)."""
+    rank are gathered, and the model's per-rank state where it has one: `rank_state()`, the
+    FP8 MLP's delayed scales)."""
     rngs = gather(rng_state(rt.device), rt)
-    return {"progress": asdict(progress), "loader": loader.state_dict(), "rng": rngs}
+    state = {"progress": asdict(progress), "loader": loader.state_dict(), "rng": rngs}
+    own = model.rank_state() if hasattr(model, "rank_state") else {}
+    if own:  # every rank alike (the same config), so every rank takes part in the gather
+        state["model_rank"] = gather(own, rt)
+    return state
 
 
 def metadata(progress: Progress, conf: Config, rt: Runtime) -> dict[str, Any]:
@@ -45,8 +56,12 @@ def metadata(progress: Progress, conf: Config, rt: Runtime) -> dict[str, Any]:
     return meta
 
 
-def restore_trainer(loaded: Loaded, loader: Loader, rt: Runtime) -> Progress:
-    """The loader position and this rank's RNG states from `loaded`; the progress to go on from."""
+def restore_trainer(
+    loaded: Loaded, loader: Loader, rt: Runtime, model: nn.Module | None = None
+) -> Progress:
+    """The loader position, this rank's RNG states and the model's per-rank state
+    (`load_rank_state`, which says how it maps saved ranks to this run's) from `loaded`; the
+    progress to go on from."""
     trainer = loaded.parts["trainer"]
     try:
         loader.load_state_dict(trainer["loader"])
@@ -59,4 +74,8 @@ def restore_trainer(loaded: Loaded, loader: Loader, rt: Runtime) -> Progress:
     # state every rank starts from (seed_everything seeds all ranks alike).
     same_layout = len(rngs) == rt.world_size
     set_rng_state(rngs[rt.rank] if same_layout else rngs[0], rt.device)
+    if hasattr(model, "load_rank_state"):
+        note = model.load_rank_state(trainer.get("model_rank", []), rt.rank, rt.world_size)
+        if note and rt.is_main:
+            log.info("%s", note)
     return Progress(**trainer["progress"])
