@@ -9,35 +9,43 @@ tested against their formulas with explicit casts (test_record_d_fp8_mlp.py, _mt
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from model import GPT, ModelConfig
 from model.config import update
 from tests import record_d_reference as ref
+from tests.helpers import CONF_DIR
 
 H, D, BOS, T = 6, 16, 50256, 24
 SHORT, LONG, SCALE = 3, 7, 0.5
 MTP = [1.0, 0.5, 0.2]  # stage 1's weights (its last one mid-decay): t+1, t+2, t+3
 
-# The record's model block (what the preset composes), at toy width and with its 11-layer table.
-RECORD_D = {
-    "attention.layers": "AAAAAA.AAAA", "attention.paired": "P.P..P...P.",
-    "attention.window": "SSSLSSSSSSL", "attention.xsa": ".X.XX..XX.X",
-    "attention.key_offset": True, "attention.rope": "interleaved_half",
-    "attention.merged_qkvo": True, "attention.gate": True, "attention.document_mask": True,
-    "attention.weight_lambdas": True, "attention.out_init": "uniform",
-    "attention.window_granularity": "token", "attention.window_phases": [1],
-    "attention.scale": SCALE,
-    "embed.value_embeds": ".01.....234", "embed.value_gate": True, "embed.smear": True,
+PRESET = CONF_DIR / "model" / "record_2026_07.yaml"
+
+
+def dotted(node: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in node.items():
+        out |= (
+            dotted(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value}
+        )
+    return out
+
+
+# The record's model as its preset composes it (conf/model/record_2026_07.yaml), at toy width
+# and with its roundings off (bf16, the FP8 MLP and head and the record's loss form: tested
+# against their formulas elsewhere), the plain autograd form of the multi-token loss, one
+# fixed attention scale and token windows given to the forward.
+TOY = {
+    "n_embd": H * D, "compile": False, "attention.rope_bf16": False, "attention.scale": SCALE,
+    "attention.window_phases": [1], "attention.window_after": 0,
+    "attention.window_final_eval": 0, "attention.yarn": False,
     "embed.bigram_rows": 97, "embed.bigram_dim": 8, "embed.bigram_signs": 16,
-    "residual.sublayer_scales": True, "residual.x0_after_attention": True,
-    "residual.skip_from": 3, "residual.skip_to": 6, "residual.skip_per_token": True,
-    "residual.attn_input_layer": 7, "residual.mudd": True, "residual.mudd_hidden": 8,
-    "residual.bigram_in_x0": True, "mlp.proj_in_out": True,
-    "head.softcap": 23.0, "head.softcap_form": "sigmoid", "head.softcap_shift": 5.0,
-    "head.softcap_divisor": 7.5, "head.loss": "plain", "head.reduction": "sum",
-    "head.mtp": True,
-    "numerics.packed_scalars": True, "numerics.scalars_layout": "record_2026_07",
+    "residual.mudd_hidden": 8, "mlp.fp8": "off", "head.fp8": False, "head.bf16": False,
+    "head.loss": "plain", "head.loss_dtype": "fp32", "numerics.dtype": "fp32",
+    "numerics.bf16_matrices": False,
 }  # fmt: skip
+RECORD_D = dotted(OmegaConf.to_container(OmegaConf.load(PRESET))) | TOY
 
 # The 11-layer table resampled to 8 layers (model/plan.py: record layers 0 1 3 4 6 7 9 10), with
 # the layer indices the resampled table puts the skip and c₇ at.
@@ -53,7 +61,7 @@ SHAPES = {
 
 def config(n_layer: int) -> ModelConfig:
     changes = RECORD_D if n_layer == 11 else {**RECORD_D, **EIGHT}
-    return update(ModelConfig(n_layer=11, n_head=H, n_embd=H * D), changes)
+    return update(ModelConfig(), changes)
 
 
 def shape(n_layer: int) -> ref.RecordDShape:
@@ -158,15 +166,11 @@ FP32 = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambda
 
 
 def test_the_records_shape_has_its_parameter_count_and_dtypes() -> None:
-    """At the record's shape (D.1's table, on the meta device): 490,908,680 trainable values,
+    """The preset at the record's shape (on the meta device): 490,908,680 trainable values,
     the record's 498,773,000 less its 7,864,320 padding entries (qk_bank[60:64], vo_bank[20:24],
     mlp_bank[11]), which only divide its banks over 8 ranks; bf16 but the fp32 lambdas."""
-    cfg = update(ModelConfig(n_layer=11, n_head=6, n_embd=768, init_std=0.5), {
-        **RECORD_D, "attention.scale": 0.0, "embed.bigram_rows": 754_560,
-        "embed.bigram_dim": 192, "embed.bigram_signs": 8192, "residual.mudd_hidden": 64,
-        "numerics.dtype": "bf16", "numerics.bf16_matrices": True, "head.bf16": True,
-        "head.init_std": 0.005, "embed.tied_init": True, "embed.value_std": 0.01,
-    })  # fmt: skip
+    preset = dotted(OmegaConf.to_container(OmegaConf.load(PRESET)))
+    cfg = update(ModelConfig(), preset | {"compile": False})
     with torch.device("meta"):
         model = GPT(cfg)
     params = dict(model.named_parameters())
@@ -185,3 +189,26 @@ def test_the_records_shape_has_its_parameter_count_and_dtypes() -> None:
     for name, p in params.items():
         assert p.dtype == (torch.float32 if name in FP32 else torch.bfloat16), name
     assert model.bigram_signs.shape == (8192, 192)  # a buffer: not trained, not counted
+
+
+def test_the_preset_takes_a_training_step_with_its_roundings() -> None:
+    """The preset as it runs (bf16, the FP8 MLP and head, the record's loss form and MTP) at
+    toy width: a training step gives a finite loss and reaches every parameter but the never
+    read row of the MUDD layer's value gate; evaluation is next-token mean cross-entropy."""
+    toy = {"n_embd": H * D, "compile": False, "embed.bigram_rows": 97, "embed.bigram_dim": 8,
+           "embed.bigram_signs": 16, "residual.mudd_hidden": 8}  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT(update(ModelConfig(), dotted(OmegaConf.to_container(OmegaConf.load(PRESET))) | toy))
+    idx = tokens()
+    windows = {"window_tokens": torch.tensor(384.0), "short_window_tokens": torch.tensor(128.0)}
+    mtp = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)
+    loss = model(idx, idx.roll(-1, 1), **windows, mtp_weights=mtp)
+    loss.backward()
+    assert torch.isfinite(loss) and loss.dtype == torch.float32
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    assert model.value_gates.grad[-1].abs().max() == 0  # layer 10's gate is MUDD's
+    model.eval()
+    with torch.no_grad():
+        val = model(idx, idx.roll(-1, 1), **windows)
+    assert 10 < val.item() < 12  # ≈ ln(50304) = 10.83 from the N(0, 0.005²) head
