@@ -13,7 +13,7 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 BAD = [
     ("train.step=10", r"unknown config key train\.step; did you mean train\.steps\?"),
     ("optim.muon.lrr=0.1", r"unknown config key optim\.muon\.lrr; did you mean optim\.muon\.lr\?"),
-    ("model=tiny2", r"unknown option model=tiny2; did you mean model=tiny\? .*gpt2_124m, tiny"),
+    ("model=tiny2", r"unknown option model=tiny2; did you mean model=tiny\? .*gpt2_124m, .*tiny"),
     ("train.steps=abc", r"train\.steps=abc: .*'abc'.*Integer"),
     ("trian.steps=3", r"unknown config key trian\.steps; did you mean train\.steps\?"),
     ("modle=tiny", r"unknown config key modle; did you mean model\?"),
