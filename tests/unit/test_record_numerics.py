@@ -182,6 +182,8 @@ def test_factored_unfused_zeropower_is_record_b():
         assert not torch.equal(zeropower(G, CLASSIC5, 1e-7, form="factored"), record), shape
 
 
+# ~25 s where bf16 is emulated (its tall matrices): run first, so both workers end together
+@pytest.mark.slow
 def test_orthogonalise_batches_record_forms_as_the_records_run_them():
     """Muon's batched path: matrices of one shape share a stack, tall ones batched tall (so each
     is iterated in the record's layout), a lone matrix passed as itself, a 3-stack per slice.
