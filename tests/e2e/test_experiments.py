@@ -120,7 +120,7 @@ def test_plot_draws_a_line_per_curve(tmp_path: Path) -> None:
     out = tmp_path / "curves.png"
     assert plot_curves.main([str(sweep), "--reference", "all", "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert len(reference_names()) == 6
+    assert len(reference_names()) == 7
 
 
 def test_a_reference_with_its_own_tokens_per_step() -> None:
@@ -128,6 +128,14 @@ def test_a_reference_with_its_own_tokens_per_step() -> None:
     assert record.tokens_per_step == 393_216 and record.records[-1]["step"] == 1770
     assert record.records[-1]["tokens"] == 1770 * 393_216
     assert record.final_val_loss() == pytest.approx(3.2808)
+
+
+def test_record_d_reference_is_its_log() -> None:
+    """Record #89's curve (docs/records.md, record D): 1,390 steps, 365,690,880 tokens."""
+    record = load_reference("modded_2026-07-17_fp8downprojection")
+    assert record.records[-1]["step"] == 1390 and record.records[-1]["tokens"] == 365_690_880
+    assert record.final_val_loss() == pytest.approx(3.2775)
+    assert record.records[0]["val_loss"] == pytest.approx(10.8311)
 
 
 def test_reference_curves_are_the_public_records() -> None:
