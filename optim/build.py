@@ -22,6 +22,7 @@ from optim.muon.optimizer import Muon
 from optim.offload import StateOffload
 from optim.partition import Named
 from optim.qk_clip import QKClip
+from optim.tied import attach as attach_tie
 
 
 def build_optimizer(
@@ -78,6 +79,9 @@ def build_optimizer(
             )  # fmt: skip
         else:
             parts.append(Adam(adamw_groups, a))
+            if cfg.tie_embed_head_until:
+                attach_tie(parts, named, cfg.tie_embed_head_until, a.update_every)
+                summary += f", embed tied to the head until step {cfg.tie_embed_head_until}"
             summary += f" (Adam: eps {a.eps_placement}, {a.state_dtype} moments"
             summary += f", every {a.update_every} steps)" if a.update_every > 1 else ")"
     offload = StateOffload(parts, device) if cfg.offload else None
