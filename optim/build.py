@@ -81,9 +81,10 @@ def build_optimizer(
             parts.append(Adam(adamw_groups, a))
             if cfg.tie_embed_head_until:
                 attach_tie(parts, named, cfg.tie_embed_head_until, a.update_every)
-                summary += f", embed tied to the head until step {cfg.tie_embed_head_until}"
             summary += f" (Adam: eps {a.eps_placement}, {a.state_dtype} moments"
             summary += f", every {a.update_every} steps)" if a.update_every > 1 else ")"
+            if cfg.tie_embed_head_until:
+                summary += f", embed tied to the head until step {cfg.tie_embed_head_until}"
     offload = StateOffload(parts, device) if cfg.offload else None
     if offload is not None:
         summary += ", state offloaded to CPU"
