@@ -84,8 +84,13 @@ class TiedEmbedHead:
         if count(self._moved) == self.split_update:
             mine = state[self.embed]
             for key, value in self._moved.items():
-                if key not in _PAIR_KEYS:
-                    mine[key].copy_(as_embed(value) if value.ndim else value)
+                if key in _PAIR_KEYS:
+                    continue
+                value = as_embed(value) if value.ndim else value
+                if key in mine:
+                    mine[key].copy_(value)  # in place: DCP and offload hold these tensors
+                else:
+                    mine[key] = value.clone()
         self._moved = None
 
 
