@@ -21,6 +21,8 @@ The two placements differ only in where ε enters (ε·√(1 − β₂ᵗ) again
   and the loop clears every gradient every step. A step skipped by the loop (non-finite) adds
   nothing: the pair then spans it.
 - A parameter attribute `lr_mul` (set by optim/build.py from `optim.lr_mul`) multiplies its LR.
+- `tie` (optim/tied.py, `optim.tie_embed_head_until`): the token table's summed gradient joins
+  the head's, the head takes the step and the table follows it, until their split.
 
 `optim/build.py` uses this class only when a setting differs from torch's AdamW; otherwise
 torch's (fused on CUDA) runs, bit for bit as before.
@@ -33,6 +35,7 @@ import torch
 from torch import Tensor
 
 from optim.config import AdamWConfig
+from optim.tied import TiedEmbedHead
 
 
 class Adam(torch.optim.Optimizer):
@@ -48,6 +51,7 @@ class Adam(torch.optim.Optimizer):
             "weight_decay": settings.weight_decay,
         }
         super().__init__(params, defaults)
+        self.tie: TiedEmbedHead | None = None  # set by optim/tied.py's `attach`
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch casts loaded state to the parameter's dtype; the moments keep theirs (a bf16
@@ -79,8 +83,8 @@ class Adam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         k = self.hp.update_every
+        ready = []  # (p, its gradient or sum, state, group): the updates due at this call
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
             for p in group["params"]:
                 state = self._state(p)
                 g = p.grad if p.grad is not None else torch.zeros_like(p)
@@ -90,10 +94,16 @@ class Adam(torch.optim.Optimizer):
                     if int(state["pending"]) < k:
                         continue  # the sum waits for the rest of its k gradients
                     g = state["grad_sum"]
-                self._update(p, g, state, group, beta1, beta2)
-                if k > 1:
-                    state["grad_sum"].zero_()
-                    state["pending"].zero_()
+                ready.append((p, g, state, group))
+        tie = self.tie  # optim.tie_embed_head_until: E's sum joins W's, E follows W
+        for p, g, state, group in ready if tie is None else tie.before(ready, self.state):
+            self._update(p, g, state, group, *group["betas"])
+        if tie is not None:
+            tie.after(self.state)
+        if k > 1:
+            for _, _, state, _ in ready:
+                state["grad_sum"].zero_()
+                state["pending"].zero_()
         return loss
 
     def _update(

@@ -22,6 +22,7 @@ from optim.muon.optimizer import Muon
 from optim.offload import StateOffload
 from optim.partition import Named
 from optim.qk_clip import QKClip
+from optim.tied import attach as attach_tie
 
 
 def build_optimizer(
@@ -78,8 +79,12 @@ def build_optimizer(
             )  # fmt: skip
         else:
             parts.append(Adam(adamw_groups, a))
+            if cfg.tie_embed_head_until:
+                attach_tie(parts, named, cfg.tie_embed_head_until, a.update_every)
             summary += f" (Adam: eps {a.eps_placement}, {a.state_dtype} moments"
             summary += f", every {a.update_every} steps)" if a.update_every > 1 else ")"
+            if cfg.tie_embed_head_until:
+                summary += f", embed tied to the head until step {cfg.tie_embed_head_until}"
     offload = StateOffload(parts, device) if cfg.offload else None
     if offload is not None:
         summary += ", state offloaded to CPU"

@@ -270,6 +270,15 @@ class OptimConfig:
     the parameters' qualified names, e.g. {"*mlp.fc*": 2.0} (the 2025-11 record's C_fc ×2).
     Muon scales the whole step of a match (its cautious decay too); AdamW needs a setting
     torch's AdamW lacks (optim/adam.py). Every pattern must match a parameter."""
+    tie_embed_head_until: int = 0
+    """Record D's tied token table and head (#51, #53; optim/tied.py): the step s (0-based)
+    whose Adam update is the last tied one (record D: 921). Until then `embed.weight` takes no
+    step of its own: at each Adam update its summed gradient is added to `lm_head.weight`'s,
+    the head takes the step and the table becomes a copy of it; right after the update of
+    step s the table's Adam state becomes the head's (m, v, update count) and from then on
+    the two train apart. 0 = never tied. Needs model.embed.tied_init, optim/adam.py (a
+    setting torch's AdamW lacks) and s an update step: s + 1 divisible by
+    optim.adamw.update_every."""
 
     def validate(self, total_steps: int, scheduled_steps: int | None = None) -> None:
         """Raise ValueError naming the `optim.*` key that is wrong. `total_steps`: train.steps;
@@ -280,4 +289,20 @@ class OptimConfig:
                 raise ValueError(f"optim.lr_mul[{pattern!r}] must be > 0, got {factor}")
         self.muon.validate(total_steps)
         self.adamw.validate()
+        self._validate_tie()
         self.schedule.validate(total_steps if scheduled_steps is None else scheduled_steps)
+
+    def _validate_tie(self) -> None:
+        until, every = self.tie_embed_head_until, self.adamw.update_every
+        if not (isinstance(until, int) and until >= 0):
+            raise ValueError(f"optim.tie_embed_head_until must be an integer >= 0, got {until!r}")
+        if until and (until + 1) % every:
+            raise ValueError(
+                f"optim.tie_embed_head_until ({until}) must be a step on which Adam updates: "
+                f"step + 1 divisible by optim.adamw.update_every ({every})"
+            )
+        if until and self.adamw.torch_equivalent:
+            raise ValueError(
+                "optim.tie_embed_head_until runs inside optim/adam.py's Adam: set one of "
+                "optim.adamw.eps_placement / state_dtype / update_every (torch's AdamW has no tie)"
+            )

@@ -296,6 +296,10 @@ class Config:
         self.data.validate()
         self.train.validate()
         self.optim.validate(self.train.steps, self.train.scheduled_steps)
+        if self.optim.tie_embed_head_until and not self.model.embed.tied_init:
+            raise ValueError(
+                "optim.tie_embed_head_until needs model.embed.tied_init=true (E starts as W)"
+            )
         if len(self.model.attention.window_phases) > self.train.scheduled_steps:
             raise ValueError(
                 f"model.attention.window_phases has {len(self.model.attention.window_phases)} "
