@@ -110,7 +110,8 @@ class PieceLoader:
     """Global batches of packed document pieces from a list of shards (see the module doc).
 
     The same interface as TokenLoader, except that `next_batch` takes the step's length L
-    (record C grows it during the run); rank r of W gets buffers r*R/W .. (r+1)*R/W - 1.
+    (record C grows it during the run), and may take the step's piece cap and piece limit
+    (record D's by stage); rank r of W gets buffers r*R/W .. (r+1)*R/W - 1.
     """
 
     def __init__(
@@ -144,17 +145,20 @@ class PieceLoader:
                 f"{[str(f) for f in self.files]} has {max(self._lengths)}"
             )
         self._shard, self._k, self.epoch = 0, 0, 0
+        self._cap = max_piece_len  # the cap the current pieces were cut with
         self._tokens: np.ndarray | None = None  # memory map of the current shard
         self._pieces: ShardPieces | None = None  # and its pieces
         self._open()  # the first shard's token ids are checked before any training
         self._check_some_shard_serves(seq_len)
 
     def _open(self) -> tuple[np.ndarray, ShardPieces]:
-        if self._tokens is None or self._pieces is None:
+        if self._tokens is None:
             path = self.files[self._shard]
             tokens = load_shard(path)
             check_token_ids(path, tokens, GPT2_VOCAB_SIZE)
-            self._tokens, self._pieces = tokens, ShardPieces.index(tokens, self.max_piece_len)
+            self._tokens, self._pieces = tokens, None
+        if self._pieces is None:  # a new shard, or a new cap: the BOS cursor keeps its meaning
+            self._pieces = ShardPieces.index(self._tokens, self._cap)
         return self._tokens, self._pieces
 
     def _check_some_shard_serves(self, seq_len: int) -> None:
@@ -191,14 +195,24 @@ class PieceLoader:
         if self._shard == len(self.files):
             self._shard, self.epoch = 0, self.epoch + 1
 
-    def next_batch(self, seq_len: int | None = None) -> Batch:
+    def next_batch(
+        self, seq_len: int | None = None, max_piece_len: int | None = None, max_pieces: int = 0
+    ) -> Batch:
         """This rank's (inputs, targets), int64 tensors of shape (batch_size // world, L).
 
-        L is this step's per-rank length, `seq_len`, or train.seq_len when None.
+        L is this step's per-rank length, `seq_len`, or train.seq_len when None;
+        `max_piece_len`: this step's piece cap (data.max_piece_len_phases), else the last one
+        asked for (initially data.max_piece_len); `max_pieces`: the most pieces a buffer may
+        hold (data.max_pieces), 0 = no limit. The limit is checked on the whole global batch,
+        so every rank fails at the same step, before the batch is consumed.
         """
         seq_len = self.seq_len if seq_len is None else seq_len
         if seq_len < 1:
             raise ValueError(f"the step's sequence length must be >= 1, got {seq_len}")
+        if max_piece_len is not None and max_piece_len != self._cap:
+            if max_piece_len < 1:
+                raise ValueError(f"the step's piece cap must be >= 1, got {max_piece_len}")
+            self._cap, self._pieces = max_piece_len, None
         row_len = seq_len + 1
         # Every shard once from its start, and the current one again from its start.
         for _ in range(len(self.files) + 1):
@@ -209,6 +223,13 @@ class PieceLoader:
             self._advance_shard()
         else:
             raise self._no_batch(seq_len)
+        if max_pieces and (most := int(np.diff(cursors).max())) > max_pieces:
+            raise ValueError(
+                f"a packed sequence of this step ({seq_len} tokens + 1) needs {most} document "
+                f"pieces, more than data.max_pieces allows in this phase ({max_pieces}; the "
+                "record's cu_seqlens would overflow): raise data.max_pieces (nothing is "
+                "truncated)"
+            )
         self._k = int(cursors[-1])
         lo = self.rank * self.local_batch_size
         mine = cursors[lo : lo + self.local_batch_size + 1]
@@ -232,7 +253,7 @@ class PieceLoader:
                 "(were the shards changed since the checkpoint?)"
             )
         tokens = load_shard(self.files[shard])
-        pieces = ShardPieces.index(tokens, self.max_piece_len)
+        pieces = ShardPieces.index(tokens, self._cap)
         if k > len(pieces):
             raise ValueError(
                 f"loader state {state}: {self.files[shard]} has only {len(pieces)} document "

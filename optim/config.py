@@ -31,7 +31,7 @@ WEIGHT_DECAY_FORMS = ("decoupled", "cautious")
 EPS_PLACEMENTS = ("corrected", "raw")
 STATE_DTYPES = ("param", "bf16")
 # How the LR cooldown is drawn (optim/schedule.py: `lr_multiplier`).
-COOLDOWN_FORMS = ("steps", "fraction")
+COOLDOWN_FORMS = ("steps", "fraction", "from_step")
 
 
 def check_choices(settings: object, prefix: str) -> None:
@@ -62,7 +62,8 @@ class MuonConfig:
     """Steps of that warmup; 0 = constant momentum."""
     momentum_cooldown_steps: int = 0
     """Over the last this many of train.steps the momentum falls linearly from `momentum`
-    towards `momentum_cooldown_end` (the 2025-11 record: 50); 0 = no cooldown."""
+    towards `momentum_cooldown_end` (the 2025-11 record: 50); 0 = no cooldown. Where it
+    overlaps the warmup (a run shorter than both), the warmup wins, as in the records."""
     momentum_cooldown_end: float = 0.85
     """Where that line would reach at train.steps (the last step, train.steps − 1, runs one
     step short of it: 0.852 in the 2025-11 record)."""
@@ -109,8 +110,9 @@ class MuonConfig:
 
     def validate(self, total_steps: int | None = None) -> None:
         """Raise ValueError naming the `optim.muon.*` key that is wrong (a standalone `Muon`
-        validates its settings here too, so the choices are checked here as well); with
-        `total_steps` (train.steps) also that the momentum's warmup and cooldown fit in it."""
+        validates its settings here too, so the choices are checked here as well).
+        `total_steps` (train.steps) is accepted for the callers' sake: a momentum warmup and
+        cooldown that overlap in it are allowed (the warmup wins, optim/schedule.py)."""
         check_choices(self, "optim.muon.")
         if not self.lr >= 0:
             raise ValueError(f"optim.muon.lr must be >= 0, got {self.lr}")
@@ -122,13 +124,6 @@ class MuonConfig:
         for key in ("momentum_warmup_steps", "momentum_cooldown_steps", "weight_decay", "qk_clip"):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"optim.muon.{key} must be >= 0, got {getattr(self, key)}")
-        warm, cool = self.momentum_warmup_steps, self.momentum_cooldown_steps
-        if total_steps is not None and cool and warm + cool > total_steps:
-            raise ValueError(
-                f"optim.muon.momentum_cooldown_steps ({cool}) + optim.muon.momentum_warmup_steps "
-                f"({warm}) exceed train.steps ({total_steps}): the warmup and the cooldown of "
-                "the momentum would overlap"
-            )
         if not self.eps > 0:
             raise ValueError(f"optim.muon.eps must be > 0, got {self.eps}")
 
@@ -198,14 +193,18 @@ class ScheduleConfig:
     """The LR floor at the end, as a fraction of each group's LR."""
     cooldown_form: str = field(default="steps", metadata={"choices": COOLDOWN_FORMS})
     """steps: over round(cooldown_frac · steps) whole steps | fraction: continuously in the
-    fraction of training left (the 2025-01 record's formula)."""
+    fraction of training left (the 2025-01 record's formula) | from_step: from the whole step
+    c = ⌊S·(1 − cooldown_frac)⌋ of the S scheduled steps, τ = min(1, (s − c)/(S − c)),
+    factor p·(1 − τ) + min_lr_frac·τ with p the current peak (record D's)."""
     peaks: list[float] = field(default_factory=list)
     """The multiplier's plateau in each phase, the cooldown falling from the current one (the
-    2025-11 record, whose batch grows by phase: [1.0, 1.51, 1.93]); [] = 1 throughout. Needs
-    cooldown_form=fraction."""
+    2025-11 record, whose batch grows by phase: [1.0, 1.51, 1.93]; record D: [1.0, 1.52,
+    1.73]); [] = 1 throughout. Needs cooldown_form=fraction or from_step."""
     peak_edges: list[float] = field(default_factory=list)
     """Where the plateau steps up, in the fraction x = step / scheduled steps: peak i + 1
-    from x > edge i on (the 2025-11 record: [0.33, 0.66]); one fewer than `peaks`."""
+    from x > edge i on (the 2025-11 record: [0.33, 0.66]); one fewer than `peaks`. [] with
+    several peaks: the P = len(peaks) equal phases of the scheduled steps, by the batch and
+    window phases' rule min(⌊P·s / S⌋, P − 1) (record D: switches at exactly 460 and 920)."""
 
     def validate(self, total_steps: int) -> None:
         """Raise ValueError naming the `optim.schedule.*` key that is wrong; `total_steps` is
@@ -236,21 +235,20 @@ class ScheduleConfig:
             return
         if not all(p > 0 for p in peaks):
             raise ValueError(f"optim.schedule.peaks must all be > 0, got {peaks}")
-        if len(edges) != len(peaks) - 1:
+        if edges and len(edges) != len(peaks) - 1:
             raise ValueError(
                 f"optim.schedule.peak_edges needs one edge fewer than optim.schedule.peaks "
-                f"({len(peaks)}), got {len(edges)}: {edges}"
+                f"({len(peaks)}), or none (equal phases), got {len(edges)}: {edges}"
             )
         bounds = [0.0, *edges, 1.0]
         if not all(a < b for a, b in itertools.pairwise(bounds)):
             raise ValueError(
                 f"optim.schedule.peak_edges must rise strictly inside (0, 1), got {edges}"
             )
-        if self.cooldown_form != "fraction":
+        if self.cooldown_form not in ("fraction", "from_step"):
             raise ValueError(
-                "optim.schedule.peaks needs optim.schedule.cooldown_form=fraction (the cooldown "
-                f"from a phase's peak is drawn in the fraction of the steps), got "
-                f"{self.cooldown_form!r}"
+                "optim.schedule.peaks needs optim.schedule.cooldown_form=fraction or from_step "
+                f"(the cooldown falls from a phase's peak), got {self.cooldown_form!r}"
             )
 
 

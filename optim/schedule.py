@@ -9,6 +9,8 @@ may fall again over the last steps (the 2025-11 record).
 The 2025-11 record adds two things: extension steps after the schedule's end (its span is
 the scheduled steps, train.steps − train.extension_steps; after it the LR holds its floor),
 and a plateau ("peak") per batch phase that the cooldown falls from (`peak_lr_multiplier`).
+Record D (2026-07) switches its peaks exactly at the stage boundaries (equal phases, as the
+batch and the windows) and draws the cooldown from a whole step (cooldown_form=from_step).
 
 `optim_values` gives both for a step; the run's schedule (trainer/schedule.py) asks for them
 once per step, with the model's own step values, and hands them to the optimizer object
@@ -44,14 +46,17 @@ def optim_values(
         lr = s.min_lr_frac
     elif s.peaks:
         lr = peak_lr_multiplier(
-            step, scheduled, s.peaks, s.peak_edges, s.warmup_steps, s.cooldown_frac, s.min_lr_frac
-        )
+            step, scheduled, s.peaks, s.peak_edges, s.warmup_steps, s.cooldown_frac,
+            s.min_lr_frac, s.cooldown_form,
+        )  # fmt: skip
     else:
         lr = lr_multiplier(
             step, scheduled, s.warmup_steps, s.cooldown_frac, s.min_lr_frac, s.cooldown_form
         )
     momentum = muon_momentum(step, m.momentum_warmup_steps, m.momentum_warmup_start, m.momentum)
-    if m.momentum_cooldown_steps:
+    # Where warmup and cooldown overlap (a run shorter than both), the warmup wins, as in the
+    # records' code (an if / elif): the cooldown starts after the warmup's last step.
+    if m.momentum_cooldown_steps and step >= m.momentum_warmup_steps:
         momentum = momentum_cooldown(
             step, total_steps, m.momentum_cooldown_steps, momentum, m.momentum_cooldown_end
         )
@@ -85,7 +90,8 @@ def lr_multiplier(
     w·1 + (1 − w)·min_lr_frac, the same operations in the same order as its script, so that
     the factors are its bits. The steps form equals it up to rounding where
     cooldown_frac · total_steps is whole; elsewhere its line starts at the rounded step.
-    Warmup applies first in both.
+    cooldown_form="from_step" is record D's (`from_step_cooldown` with peak 1). Warmup applies
+    first in all.
     """
     if cooldown_form not in COOLDOWN_FORMS:
         raise ValueError(
@@ -100,6 +106,8 @@ def lr_multiplier(
         )
     if step < warmup_steps:
         return (step + 1) / warmup_steps
+    if cooldown_form == "from_step":
+        return from_step_cooldown(step, total_steps, 1.0, cooldown_frac, min_lr_frac)
     if cooldown_form == "fraction":
         if cooldown_frac == 0:
             return 1.0  # no cooldown (t / 0 would be +inf, and w = 1)
@@ -120,9 +128,29 @@ def muon_momentum(step: int, warmup_steps: int, start: float, end: float) -> flo
     return start + frac * (end - start)
 
 
-def peak_index(step: int, scheduled_steps: int, edges: Sequence[float]) -> int:
+def from_step_cooldown(
+    step: int, scheduled_steps: int, peak: float, cooldown_frac: float, min_lr_frac: float
+) -> float:
+    """Record D's cooldown at `step` of S = `scheduled_steps` (< S): `peak` before the whole
+    step c = ⌊S·(1 − cooldown_frac)⌋, then τ = min(1, (step − c)/(S − c)) and
+    f = peak·(1 − τ) + min_lr_frac·τ, the record's operations in its order (its bits; for
+    1,380 steps and 0.6: c = 552, τ = (s − 552)/828)."""
+    start = int(scheduled_steps * (1 - cooldown_frac))
+    if step < start:
+        return peak
+    tau = min(1.0, (step - start) / (scheduled_steps - start))
+    return peak * (1 - tau) + min_lr_frac * tau
+
+
+def peak_index(step: int, scheduled_steps: int, edges: Sequence[float], n_peaks: int = 0) -> int:
     """Which plateau `step` is on: the number of edges below x = step / scheduled_steps
-    (x > edge: the record's peak steps up at s = 700 and 1400 of 2120 for edges 0.33, 0.66)."""
+    (x > edge: the record's peak steps up at s = 700 and 1400 of 2120 for edges 0.33, 0.66).
+    Without edges, the plateaus are the P = `n_peaks` equal phases of the scheduled steps,
+    min(⌊P·step / S⌋, P − 1) in integers: the rule of the batch and window phases
+    (model/window_schedule.py `phase_index`), so record D's peaks switch with its stages at
+    exactly 460 and 920 of 1,380."""
+    if not edges:
+        return min(n_peaks * step // scheduled_steps, max(n_peaks - 1, 0))
     x = step / scheduled_steps
     return sum(x > edge for edge in edges)
 
@@ -135,6 +163,7 @@ def peak_lr_multiplier(
     warmup_steps: int,
     cooldown_frac: float,
     min_lr_frac: float,
+    cooldown_form: str = "fraction",
 ) -> float:
     """The 2025-11 record's LR multiplier at `step` of S = `scheduled_steps`: a plateau p per
     phase (`peak_index`), and from x = step / S >= 1 − cooldown_frac on the line from p down
@@ -146,7 +175,9 @@ def peak_lr_multiplier(
     with 1166 = 0.55 · 2120 computed as the product). The line restarts from the new p where
     the plateau steps up inside the cooldown (the record's jump 0.972 → 1.230 at s = 1400).
     Steps from S on run at the floor. Warmup, when asked for, applies first, (step + 1) /
-    warmup_steps, as in `lr_multiplier`.
+    warmup_steps, as in `lr_multiplier`. cooldown_form="from_step": record D's line from the
+    current peak instead (`from_step_cooldown`), with the same jump where the peak steps up
+    inside the cooldown (0.913 → 1.028 at s = 920).
     """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
@@ -154,7 +185,9 @@ def peak_lr_multiplier(
         return min_lr_frac
     if step < warmup_steps:
         return (step + 1) / warmup_steps
-    p = peaks[peak_index(step, scheduled_steps, edges)]
+    p = peaks[peak_index(step, scheduled_steps, edges, len(peaks))]
+    if cooldown_form == "from_step":
+        return from_step_cooldown(step, scheduled_steps, p, cooldown_frac, min_lr_frac)
     if step / scheduled_steps < 1 - cooldown_frac:
         return p
     return min_lr_frac + (p - min_lr_frac) * (scheduled_steps - step) / (
@@ -169,7 +202,7 @@ def momentum_cooldown(
     total_steps − K, linear towards `end` at total_steps,
     μ = momentum − (momentum − end) · (step − (total_steps − K)) / K (the 2025-11 record:
     0.95 − 0.1·(s − 2110)/50, so 0.948 at 2111 and 0.852 at the last step 2159). Earlier
-    steps keep `momentum` as given (the warmup's value)."""
+    steps keep `momentum` as given; `optim_values` calls it only after the warmup."""
     start = total_steps - cooldown_steps
     if cooldown_steps <= 0 or step <= start:
         return momentum

@@ -6,17 +6,20 @@ evaluation after `step` updates asks `model_args(step)`. Each package declares i
 step-dependent values as pure functions of (step, total steps) beside the settings that drive
 them: the optimizer's in optim/schedule.py (LR multiplier, Muon momentum), the model's in
 `ModelConfig.step_args` (the attention window, the MTP weights), the data's in
-`TrainConfig.seq_len_at` (the sequence length by phase). A new one is a function there and
-its use; this object and the loop pass it through unchanged. `scripts/sample.py` uses the
-same object.
+`TrainConfig.seq_len_at` (the sequence length by phase) and `data_args` here (the piece cap
+and the piece limit by phase, data.max_piece_len_phases / data.max_pieces, which the loader
+takes as keyword arguments). A new one is a function there and its use; this object and the
+loop pass it through unchanged. `scripts/sample.py` uses the same object.
 
 The schedules span the scheduled steps, train.steps − train.extension_steps, and hold their
 final values over the extension steps after them (the 2025-11 record's 40 of 2,160).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from data.config import DataConfig
 from model.config import ModelConfig
+from model.window_schedule import phase_index
 from optim.config import OptimConfig
 from optim.schedule import OptimValues, optim_values
 from trainer.config import TrainConfig
@@ -29,18 +32,22 @@ class StepValues:
     optim: OptimValues
     model_args: dict[str, float | tuple[float, ...]]  # keyword arguments of the model's forward
     seq_len: int  # tokens per sequence (train.seq_len_at); 0 when built without `train`
+    # The loader's keyword arguments (`Schedule.data_args`); {} unless data phases are set
+    data_args: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Schedule:
     """The run's step-dependent values. `train` gives the extension steps and the sequence
     length by phase; without it (tools that want only the optimizer's or the model's values)
-    every step is scheduled and StepValues.seq_len is 0."""
+    every step is scheduled and StepValues.seq_len is 0. `data` gives the piece cap and
+    limit by phase; without it StepValues.data_args is {}."""
 
     total_steps: int
     optim: OptimConfig
     model: ModelConfig
     train: TrainConfig | None = None
+    data: DataConfig | None = None
 
     def __post_init__(self) -> None:
         if self.train is not None and self.train.steps != self.total_steps:
@@ -49,9 +56,15 @@ class Schedule:
             )
 
     @classmethod
-    def for_run(cls, train: TrainConfig, optim: OptimConfig, model: ModelConfig) -> "Schedule":
+    def for_run(
+        cls,
+        train: TrainConfig,
+        optim: OptimConfig,
+        model: ModelConfig,
+        data: DataConfig | None = None,
+    ) -> "Schedule":
         """The schedule of a run with these settings (what the trainer builds)."""
-        return cls(train.steps, optim, model, train)
+        return cls(train.steps, optim, model, train, data)
 
     @property
     def scheduled_steps(self) -> int:
@@ -64,7 +77,23 @@ class Schedule:
             optim_values(self.optim, step, self.total_steps, self.scheduled_steps),
             self.model_args(step),
             0 if self.train is None else self.train.seq_len_at(step),
+            self.data_args(step),
         )
+
+    def data_args(self, step: int) -> dict[str, int]:
+        """The loader's keyword arguments at update `step`: {"max_piece_len": its phase's
+        cap} with data.max_piece_len_phases, {"max_pieces": its phase's limit} with
+        data.max_pieces (the phases of `phase_index`, as the batch's); {} without either."""
+        args: dict[str, int] = {}
+        if self.data is None:
+            return args
+        for key, phases in (
+            ("max_piece_len", self.data.max_piece_len_phases),
+            ("max_pieces", self.data.max_pieces),
+        ):
+            if phases:
+                args[key] = phases[phase_index(step, self.scheduled_steps, phases)]
+        return args
 
     def model_args(self, step: int) -> dict[str, float | tuple[float, ...]]:
         """The model's forward arguments at `step` (0 ... total_steps: an update, or an

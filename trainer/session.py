@@ -118,8 +118,9 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
     # test-only SIGTERM fault needs them wherever train() runs.
     with StopRequests(force=t.fault.signal_at_step > 0, announce=rt.is_main) as stop, sink:
         peak = peak_flops(rt.device)
+        schedule = Schedule.for_run(t, conf.optim, conf.model, conf.data)
         stepper = TrainStep(
-            fwd, optimizer, Schedule.for_run(t, conf.optim, conf.model), loader.next_batch, rt,
+            fwd, optimizer, schedule, loader.next_batch, rt,
             t.seq_len, accum_steps=accum_steps, no_sync=no_sync,
             hook=Faults(t.fault, rt.rank, run_dir, model) if t.fault.enabled else None,
             flops=model.count_flops if peak else None,  # no MFU to give: nothing to count

@@ -78,7 +78,9 @@ class TrainStep:
         self.optimizer.set_step(values.optim)
         # The step's sequence length (train.seq_len_phases), when the schedule varies it
         seq = (values.seq_len,) if values.seq_len and values.seq_len != self.seq_len else ()
-        batch = tuple(t.to(self.rt.device, non_blocking=True) for t in self.next_batch(*seq))
+        # The step's piece cap and limit (data.max_piece_len_phases, data.max_pieces), if set
+        host = self.next_batch(*seq, **values.data_args)
+        batch = tuple(t.to(self.rt.device, non_blocking=True) for t in host)
         args = self.on_device(values.model_args)
         # Counted over the rank's whole batch at once: micro-batches split it by rows, and a
         # row's count does not depend on the others, so this is their sum.
