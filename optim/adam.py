@@ -10,9 +10,10 @@ betas (β₁, β₂), ε and decoupled weight decay λ:
 
 The two placements differ only in where ε enters (ε·√(1 − β₂ᵗ) against ε). Besides:
 
-- `state_dtype`: m and v in the parameter's dtype ("param", as torch) or in bf16 for every
-  parameter ("bf16", the record's: its fp32 scalars too). Each in-place operation rounds to
-  the state's dtype, in the order written above.
+- `state_dtype`: m and v in the parameter's dtype ("param", as torch), in bf16 for every
+  parameter ("bf16", as the 2025-11 record's script creates them; its timed run restores them
+  through torch's load_state_dict, which casts them to "param") or in fp32 ("fp32", record D's).
+  Each in-place operation rounds to the state's dtype, in the order written above.
 - `update_every` = k: the parameters move on every k-th call of `step()` only, with the *sum*
   of the k gradients since the last update, accumulated in the parameter's dtype (as autograd
   accumulates a gradient that is not cleared). The record runs k = 2: updates on odd steps with
@@ -23,16 +24,15 @@ The two placements differ only in where ε enters (ε·√(1 − β₂ᵗ) again
 - A parameter attribute `lr_mul` (set by optim/build.py from `optim.lr_mul`) multiplies its LR.
 - `rows` (optim/adam_table.py, from `optim.adamw.table`): per parameter, a factor on the
   group's LR, its own betas and a factor `wd_mul` on λ.
-- `state_dtype="fp32"`: fp32 moments for every parameter (record D's), so m, v and the step
-  are fp32 arithmetic whatever the parameter's dtype; a bf16 parameter rounds once, on store.
 - `weight_decay_form="cautious"` (record D's, #50, strict ">" since #53): with the tensor's
-  own LR η (group LR × lr_mul's × f(s)) and u the step above (u = η·(√(1−β₂ᵗ)/(1−β₁ᵗ))·m/(√v+ε)
-  for raw ε),
+  own LR η (group LR × f(s) × its lr_mul, `optim.lr_mul`'s or its row's) and u the step
+  above (u = η·(√(1−β₂ᵗ)/(1−β₁ᵗ))·m/(√v+ε) for raw ε),
 
       M = 1[u ⊙ p > 0];   p ← p − u − λ·wd_mul·η²·M ⊙ p
 
-  evaluated in fp32 from the stored p, left to right, and rounded once to p's dtype (a bf16
-  parameter has no master copy). Where u⊙p = 0 (p or u zero) nothing decays.
+  evaluated in fp32 (m and v read in fp32 whatever their dtype) from the stored p, left to
+  right, and rounded once to p's dtype (a bf16 parameter has no master copy). Where u⊙p = 0
+  (p or u zero) nothing decays.
 
 `optim/build.py` uses this class only when a setting differs from torch's AdamW; otherwise
 torch's (fused on CUDA) runs, bit for bit as before.
