@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from optim.adam import Adam
+from optim.adam_table import describe_table, resolve_table
 from optim.combined import CombinedOptimizer
 from optim.config import OptimConfig
 from optim.groups import GroupSpec, base_lr, describe_groups, group_specs, partition_params
@@ -41,7 +42,7 @@ def build_optimizer(
     strategy (`optim.muon.sharded_ns`), AdamW steps the shards, and every state is created
     now, on every rank.
     """
-    named = partition_params(model, cfg.name)
+    named = partition_params(model, cfg.name, cfg.roles)
     specs = group_specs(cfg.name)
     _set_lr_muls(named, specs, cfg)
     parts: list[torch.optim.Optimizer] = []
@@ -67,6 +68,9 @@ def build_optimizer(
             self_reduced = [n for s in specs if s.optimizer == "muon" for n, _ in named[s.name]]
     adamw_groups = [_group(s, named[s.name], cfg) for s in specs if s.optimizer == "adamw"]
     adamw_groups = [g for g in adamw_groups if g["params"]]
+    by_optimizer = {o: [x for s in specs if s.optimizer == o for x in named[s.name]]
+                    for o in ("adamw", "muon")}  # fmt: skip
+    rows = resolve_table(by_optimizer["adamw"], by_optimizer["muon"], cfg)
     if adamw_groups:
         a = cfg.adamw
         if a.torch_equivalent:
@@ -78,10 +82,12 @@ def build_optimizer(
                 )
             )  # fmt: skip
         else:
-            parts.append(Adam(adamw_groups, a))
+            parts.append(Adam(adamw_groups, a, rows))
             if cfg.tie_embed_head_until:
                 attach_tie(parts, named, cfg.tie_embed_head_until, a.update_every)
             summary += f" (Adam: eps {a.eps_placement}, {a.state_dtype} moments"
+            if a.weight_decay_form == "cautious":
+                summary += ", cautious decay"
             summary += f", every {a.update_every} steps)" if a.update_every > 1 else ")"
             if cfg.tie_embed_head_until:
                 summary += f", embed tied to the head until step {cfg.tie_embed_head_until}"
@@ -93,6 +99,8 @@ def build_optimizer(
         clip = QKClip(model, cfg.muon.qk_clip, process_group)
         summary += f", QK-clip at {cfg.muon.qk_clip:g}"
     table = describe_groups(cfg, named)
+    if rows:
+        table += "\n" + describe_table(rows)
     combined = CombinedOptimizer(parts, summary, table, self_reduced, offload, clip)
     if sharded or offload is not None:
         combined.init_state()

@@ -29,7 +29,9 @@ SHARDED_NS = ("gather", "tp")
 WEIGHT_DECAY_FORMS = ("decoupled", "cautious")
 # Where Adam's ε enters (optim/adam.py), and the dtype of its moments.
 EPS_PLACEMENTS = ("corrected", "raw")
-STATE_DTYPES = ("param", "bf16")
+STATE_DTYPES = ("param", "bf16", "fp32")
+# The roles a parameter may take (optim/partition.py), and so route to (`optim.roles`).
+ROLES = ("matrix", "embed", "head", "scalar")
 # How the LR cooldown is drawn (optim/schedule.py: `lr_multiplier`).
 COOLDOWN_FORMS = ("steps", "fraction", "from_step")
 
@@ -129,6 +131,21 @@ class MuonConfig:
 
 
 @dataclass
+class AdamRow:
+    """A row of `optim.adamw.table`: the Adam settings of the parameters its pattern matches
+    (optim/adam_table.py); an unset beta keeps optim.adamw's."""
+
+    lr_mul: float = 1.0
+    """Factor on the group's LR: the tensor's LR is group LR × lr_mul × f(s)."""
+    beta1: float | None = None
+    """β₁ of these tensors (unset: optim.adamw.beta1)."""
+    beta2: float | None = None
+    """β₂ of these tensors (unset: optim.adamw.beta2)."""
+    wd_mul: float = 1.0
+    """Factor on optim.adamw.weight_decay for these tensors (0 = no decay)."""
+
+
+@dataclass
 class AdamWConfig:
     """torch's AdamW (`optim.adamw`), one param group and LR per role of parameter."""
 
@@ -144,23 +161,29 @@ class AdamWConfig:
     beta2: float = 0.95
     eps: float = 1e-10
     weight_decay: float = 0.0
+    """λ, applied as `weight_decay_form` says (× a table row's wd_mul)."""
+    weight_decay_form: str = field(default="decoupled", metadata={"choices": WEIGHT_DECAY_FORMS})
+    """decoupled: p ← p·(1 − η·λ), then the step | cautious (record D's): p ← p − u −
+    λ·η²·1[u⊙p > 0]⊙p in fp32, η the tensor's own LR, u the Adam step (optim/adam.py)."""
     eps_placement: str = field(default="corrected", metadata={"choices": EPS_PLACEMENTS})
     """corrected: m̂/(√v̂ + ε) as torch's AdamW | raw: √(1−β₂ᵗ)/(1−β₁ᵗ)·m/(√v + ε), ε on the
     raw √v (the 2025-11 record's)."""
     state_dtype: str = field(default="param", metadata={"choices": STATE_DTYPES})
-    """The moments' dtype: the parameter's | bf16 for every parameter (the 2025-11 record's)."""
+    """The moments' dtype: the parameter's | bf16 for every parameter | fp32 for every
+    parameter (record D's)."""
     update_every: int = 1
     """Update every k-th step with the sum of the k gradients since the last (2 in the
     2025-11 record: odd steps, gradients of steps s−1 and s); 1 = every step."""
+    table: dict[str, AdamRow] = field(default_factory=dict)
+    """Per-tensor settings: {name pattern (fnmatch, as optim.lr_mul): AdamRow}. Each pattern
+    must match an Adam parameter, no parameter two patterns; unmatched ones keep the group's
+    (record D's table, D.3)."""
 
     @property
     def torch_equivalent(self) -> bool:
         """Whether torch's AdamW computes these settings (else optim/adam.py does)."""
-        return (self.eps_placement, self.state_dtype, self.update_every) == (
-            "corrected",
-            "param",
-            1,
-        )
+        ours = (self.eps_placement, self.state_dtype, self.update_every, self.weight_decay_form)
+        return ours == ("corrected", "param", 1, "decoupled") and not self.table
 
     def validate(self) -> None:
         """Raise ValueError naming the `optim.adamw.*` key that is wrong."""
@@ -177,6 +200,16 @@ class AdamWConfig:
                 raise ValueError(f"optim.adamw.{key} must be in [0, 1), got {getattr(self, key)}")
         if self.eps <= 0:
             raise ValueError(f"optim.adamw.eps must be > 0, got {self.eps}")
+        for pattern, row in self.table.items():
+            key = f"optim.adamw.table[{pattern!r}]"
+            if not isinstance(row, AdamRow):
+                raise ValueError(f"{key} must be a row {{lr_mul, beta1, beta2, wd_mul}}")
+            if not (row.lr_mul > 0 and row.wd_mul >= 0):
+                raise ValueError(f"{key}: lr_mul must be > 0 and wd_mul >= 0, got {row}")
+            for beta in ("beta1", "beta2"):
+                value = getattr(row, beta)
+                if value is not None and not 0 <= value < 1:
+                    raise ValueError(f"{key}.{beta} must be in [0, 1), got {value}")
 
 
 @dataclass
@@ -277,6 +310,10 @@ class OptimConfig:
     the two train apart. 0 = never tied. Needs model.embed.tied_init, optim/adam.py (a
     setting torch's AdamW lacks) and s an update step: s + 1 divisible by
     optim.adamw.update_every."""
+    roles: dict[str, str] = field(default_factory=dict, metadata=MUST_MATCH)
+    """Role routing: {name pattern (fnmatch): role}, overriding the role by shape
+    (optim/partition.py), e.g. {"smear_gate.weight": "scalar"} puts a 2-D gate on Adam
+    (record D's gates). Every pattern must match a parameter, none two with different roles."""
 
     def validate(self, total_steps: int, scheduled_steps: int | None = None) -> None:
         """Raise ValueError naming the `optim.*` key that is wrong. `total_steps`: train.steps;
@@ -285,6 +322,11 @@ class OptimConfig:
         for pattern, factor in self.lr_mul.items():
             if not factor > 0:
                 raise ValueError(f"optim.lr_mul[{pattern!r}] must be > 0, got {factor}")
+        for pattern, role in self.roles.items():
+            if role not in ROLES:
+                raise ValueError(
+                    f"optim.roles[{pattern!r}] must be one of {' | '.join(ROLES)}, got {role!r}"
+                )
         self.muon.validate(total_steps)
         self.adamw.validate()
         self._validate_tie()

@@ -52,11 +52,14 @@ def base_lr(spec: GroupSpec, cfg: OptimConfig) -> float:
     return reduce(getattr, spec.lr_key.split("."), cfg)
 
 
-def partition_params(model: nn.Module, optimizer_name: str) -> dict[str, Named]:
+def partition_params(
+    model: nn.Module, optimizer_name: str, routes: dict[str, str] | None = None
+) -> dict[str, Named]:
     """The trainable parameters of `model` by group name, for `optim.name`: {group:
-    [(qualified name, parameter)]}, every group of the table present (maybe empty)."""
+    [(qualified name, parameter)]}, every group of the table present (maybe empty).
+    `routes`: `optim.roles` (optim/partition.py)."""
     specs = group_specs(optimizer_name)
-    roles = param_roles(model)
+    roles = param_roles(model, routes)
     return {g.name: roles[g.role] for g in specs}
 
 
@@ -79,7 +82,9 @@ def describe_groups(cfg: OptimConfig, groups: dict[str, Named]) -> str:
             kind = "AdamW" if a.torch_equivalent else "Adam"
             if a.update_every > 1:
                 kind += f" every {a.update_every}"
-            settings = (kind, f"({a.beta1:g}, {a.beta2:g})", f"{a.eps:g}", f"{a.weight_decay:g}")
+            cautious = a.weight_decay_form == "cautious"
+            decay = f"{a.weight_decay:g}" + (" cautious" if cautious else "")
+            settings = (kind, f"({a.beta1:g}, {a.beta2:g})", f"{a.eps:g}", decay)
         names = ", ".join(n for n, _ in named[:2]) + (", ..." if len(named) > 2 else "")
         elements = sum(p.numel() for _, p in named)
         rows.append((spec.name, settings[0], f"{base_lr(spec, cfg):g}", *settings[1:],

@@ -12,23 +12,33 @@ trainable parameter through the module that registers it:
 - "head":   2-D parameters of the module named `lm_head` (last component of its qualified name);
 - "matrix": every other 2-D parameter (Muon's with optim.name=muon_adamw).
 
+`optim.roles` ({name pattern: role}) overrides both the declared role and the rule for the
+parameters its patterns match (record D steps its 2-D gates with Adam).
+
 Anything else (a 3-D parameter without a declared role, say) fits no group, and a parameter
 registered by two modules (weights tied between embedding and head) would fit two; both are
 errors that name the parameter, so a new kind of parameter cannot silently go untrained or
 be stepped twice.
 """
 
+import fnmatch
+
 from torch import nn
+
+from optim.config import ROLES
 
 Named = list[tuple[str, nn.Parameter]]
 
-ROLES = ("matrix", "embed", "head", "scalar")
 
-
-def param_roles(model: nn.Module) -> dict[str, Named]:
+def param_roles(model: nn.Module, routes: dict[str, str] | None = None) -> dict[str, Named]:
     """The trainable parameters of `model` by role (see the module docstring): {role:
     [(qualified name, parameter)]} for every role of ROLES, in the model's registration
-    order; roles may be empty."""
+    order; roles may be empty. `routes`: `optim.roles`, {name pattern: role}."""
+    routes = routes or {}
+    for pattern, role in routes.items():
+        if role not in ROLES:
+            raise ValueError(f"optim.roles[{pattern!r}] must be one of {ROLES}, got {role!r}")
+    matched: set[str] = set()
     roles: dict[str, Named] = {role: [] for role in ROLES}
     seen: dict[int, str] = {}  # id(param) -> the name it was first found under
     uncovered = []
@@ -43,11 +53,18 @@ def param_roles(model: nn.Module) -> dict[str, Named]:
                     "each parameter must belong to exactly one optimizer group, so untie them"
                 )
             seen[id(p)] = name
-            role = _role_of(module_name, module, p)
+            routed = {pat: r for pat, r in routes.items() if fnmatch.fnmatchcase(name, pat)}
+            matched |= routed.keys()
+            if len(set(routed.values())) > 1:
+                raise ValueError(f"optim.roles: {name!r} matches {routed}, different roles")
+            role = next(iter(routed.values())) if routed else _role_of(module_name, module, p)
             if role is None:
                 uncovered.append(f"{name} (shape {tuple(p.shape)})")
             else:
                 roles[role].append((name, p))
+    unmatched = [pat for pat in routes if pat not in matched]
+    if unmatched:
+        raise ValueError(f"optim.roles: {unmatched} match no trainable parameter")
     if uncovered:
         raise ValueError(
             "no optimizer group takes these parameters (only 0-D/1-D and 2-D parameters are "

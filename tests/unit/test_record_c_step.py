@@ -3,8 +3,8 @@ optimizers written out from the formulas of docs/records.md, record C (C.3, C.4)
 project code in the reference: NorMuon on every matrix (each slice of the merged q/k/v/o on
 its own, C_fc at twice the LR, gates included), Adam on the tables, the head and the scalar
 vector only at the odd step, with the sum of the two steps' gradients. Steps 0 (even), 1
-(odd) and 2 (even) at the schedule's values. The moments are float64 here (bf16 moments are
-tests/unit/test_adam.py's); Newton–Schulz runs in float64 on both sides."""
+(odd) and 2 (even) at the schedule's values. The moments are float64 here (the preset's are
+each parameter's dtype, pinned below); Newton–Schulz runs in float64 on both sides."""
 
 import math
 
@@ -23,7 +23,6 @@ TOY_C = [
     "model.residual.backout_layer=2", "model.attention.window_block=16", "train.seq_len=512",
     "train.seq_len_phases=[128,256,512]", "train.steps=8", "train.extension_steps=2",
     "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2",
-    "optim.adamw.state_dtype=param",
 ]  # fmt: skip
 LR_MUON, BETA2, DECAY, EPS_NS = 0.023, 0.95, 1.2, 1e-6
 ADAM = {"embed": 0.6, "head": 0.008, "scalar": 0.04}
@@ -105,3 +104,25 @@ def test_three_steps_are_the_records_optimizers() -> None:
         for n, p in model.named_parameters():
             torch.testing.assert_close(p.detach(), ref[n], rtol=1e-9, atol=1e-12, msg=f"{s} {n}")
     assert schedule.at(1).optim.lr_mult == f(1) and schedule.at(2).optim.muon_momentum == mu(2)
+
+
+def test_the_presets_adam_moments_are_each_parameters_dtype() -> None:
+    """The record's timed run restores its optimizer through torch's load_state_dict after the
+    warm-up, which casts the bf16 moments it built to each parameter's dtype: fp32 for the
+    scalar vector, bf16 for the tables and the head (state_dtype=param, not bf16)."""
+    cfg = to_config(compose_config(TOY_C))
+    assert cfg.optim.adamw.state_dtype == "param"
+    model = GPT(cfg.model)
+    opt = build_optimizer(model, cfg.optim, device=torch.device("cpu"))
+    for _ in range(2):  # the odd step updates
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()
+        opt.zero_grad()
+    adam = opt.parts[-1]
+    dtypes = {}
+    for g in adam.param_groups:
+        for n, p in zip(g["param_names"], g["params"], strict=True):
+            dtypes[n] = (p.dtype, adam.state[p]["exp_avg"].dtype, adam.state[p]["exp_avg_sq"].dtype)
+    assert dtypes.pop("scalars") == (torch.float32,) * 3
+    assert dtypes and set(dtypes.values()) == {(torch.bfloat16,) * 3}, dtypes
