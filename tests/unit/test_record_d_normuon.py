@@ -254,3 +254,25 @@ def test_record_ds_model_at_toy_size_takes_it() -> None:
         low = muon.state[p]["mantissa"].to(torch.int32) & 0xFFFF
         master = (bits | low).view(torch.float32)
         assert p.dtype == torch.bfloat16 and (master.abs() >= p.float().abs()).all()
+
+
+def test_record_c_keeps_o_in_bf16_through_the_decay_term() -> None:
+    """(a) O ← bf16(O + λη·M⊙W): with η = 1 and bf16-valued fp32 weights the final
+    subtraction is exact, so the weight shows the rounded sum; the fp32 form does not round."""
+    from optim.muon.update import apply_update
+
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(16, 24, generator=gen).bfloat16().float()
+    o = torch.randn(16, 24, generator=gen).bfloat16()
+    group = {"lr": 1.0, "weight_decay": 0.3}
+    keys = dict(normuon_beta2=0.95, weight_decay=0.3, weight_decay_form="cautious", lr_scale="none")
+    got = {}
+    for form in ("record_2025_11", "fp32"):
+        got[form] = w.clone()
+        apply_update(got[form], o, group, MuonConfig(**keys, normuon_form=form), w.shape)
+    o64, w64 = o.double(), w.double()
+    coef = torch.tensor(0.3).item()  # λ·η in fp32
+    summed = (o64 + (coef * (o64 * w64 >= 0).double() * w64).float().double()).float()
+    want = w64 - summed.bfloat16().double()
+    torch.testing.assert_close(got["record_2025_11"].double(), want, rtol=0, atol=0)
+    assert not torch.equal(got["fp32"].double(), want)
