@@ -19,6 +19,7 @@ from optim.combined import CombinedOptimizer
 from optim.config import OptimConfig
 from optim.groups import GroupSpec, base_lr, describe_groups, group_specs, partition_params
 from optim.muon.newton_schulz import resolve_ns_dtype
+from optim.muon.normuon import mark_head_pairs
 from optim.muon.optimizer import Muon
 from optim.offload import StateOffload
 from optim.partition import Named
@@ -45,6 +46,8 @@ def build_optimizer(
     named = partition_params(model, cfg.name, cfg.roles)
     specs = group_specs(cfg.name)
     _set_lr_muls(named, specs, cfg)
+    muon_named = [pair for s in specs if s.optimizer == "muon" for pair in named[s.name]]
+    mark_head_pairs(model, muon_named, cfg.muon.qk_split)
     parts: list[torch.optim.Optimizer] = []
     summary = cfg.name
     self_reduced: list[str] = []

@@ -27,6 +27,12 @@ EXCHANGES = ("all_reduce", "all_gather", "reduce_scatter")
 SHARDED_NS = ("gather", "tp")
 # How Muon's weight decay is applied (optim/muon/update.py: `apply_update`).
 WEIGHT_DECAY_FORMS = ("decoupled", "cautious")
+# Which matrices Muon sees in a (4, d, d) W_q, W_k, W_v, W_o stack; NorMuon's statistics axis
+# and arithmetic; the master copy of bf16 matrices (optim/muon/normuon.py, master.py).
+QK_SPLITS = ("none", "head_pairs")
+NORMUON_AXES = ("columns", "shape")
+NORMUON_FORMS = ("fp32", "record_2025_11", "record_2026_07")
+MASTER_WEIGHTS = ("none", "fp32_truncated")
 # Where Adam's ε enters (optim/adam.py), and the dtype of its moments.
 EPS_PLACEMENTS = ("corrected", "raw")
 STATE_DTYPES = ("param", "bf16", "fp32")
@@ -96,6 +102,26 @@ class MuonConfig:
     over the stored shape's rows, dim −2) is divided by the square root of its second-moment
     EMA with this β₂ (no bias correction), then O is rescaled to its former Frobenius norm.
     0 = off (Muon)."""
+    normuon_axis: str = field(default="columns", metadata={"choices": NORMUON_AXES})
+    """The axis of NorMuon's statistics: columns (the mean of O² over dim −2, one value per
+    column, whatever the shape: the 2025-11 record's) | shape (over dim −1, one value per row,
+    where rows ≥ cols, else per column: the 2026-07 record's)."""
+    normuon_form: str = field(default="fp32", metadata={"choices": NORMUON_FORMS})
+    """NorMuon's arithmetic: fp32 (O in the second moment's dtype, fp32 for fp32 matrices) |
+    record_2025_11 (O stays in the Newton–Schulz dtype through the normalisation and the
+    cautious decay term, O ← bf16(O + λη·M⊙W), and a bf16 matrix's decay coefficient is
+    bf16(λ·η), not bf16(λ·bf16(η))) | record_2026_07 (both norms from the fp32 mean squares r,
+    the factor ρ rounded to O's dtype, Ô = O·ρ). Needs normuon_beta2 > 0 unless fp32."""
+    qk_split: str = field(default="none", metadata={"choices": QK_SPLITS})
+    """none | head_pairs: W_q and W_k of each (4, d, d) stack (model.attention.merged_qkvo)
+    are orthogonalised and normalised as blocks of 2·head_dim rows (heads (0,1), (2,3), ...),
+    W_v and W_o whole (the 2026-07 record's)."""
+    master_weights: str = field(default="none", metadata={"choices": MASTER_WEIGHTS})
+    """none | fp32_truncated (the 2026-07 record's, for bf16 matrices,
+    model.numerics.bf16_matrices=true): each step updates an fp32 master, kept as the bf16
+    weight plus a 16-bit mantissa buffer (+2 bytes per parameter), and the weight becomes the
+    master truncated toward zero to bf16; the momentum and second moments are fp32 (+2 bytes
+    per parameter against a bf16 momentum); cautious decay W ← W − (W⊙M)·λη·mη − O·mη."""
     eps: float = 1e-7
     """Added to the Frobenius norm before normalising."""
     ns_dtype: str = field(default="auto", metadata={"choices": NS_DTYPES})
@@ -128,6 +154,17 @@ class MuonConfig:
                 raise ValueError(f"optim.muon.{key} must be >= 0, got {getattr(self, key)}")
         if not self.eps > 0:
             raise ValueError(f"optim.muon.eps must be > 0, got {self.eps}")
+        if self.master_weights != "none" and self.qk_clip:
+            # QK-clip rescales the bf16 weights after the step; the master would undo it.
+            raise ValueError(
+                "optim.muon.qk_clip > 0 is not supported with "
+                f"optim.muon.master_weights={self.master_weights}"
+            )
+        if self.normuon_form != "fp32" and not self.normuon_beta2:
+            raise ValueError(
+                f"optim.muon.normuon_form={self.normuon_form} needs NorMuon "
+                "(optim.muon.normuon_beta2 > 0)"
+            )
 
 
 @dataclass

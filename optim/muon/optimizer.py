@@ -28,6 +28,11 @@ takes and how orthogonalised updates reach the ranks that apply them:
   parameters all-gathered; `state_dict()` gathers the momentum (a collective);
 - `sharded=True` (FSDP2 DTensor shards; the group is their mesh's): sharded_ns=gather sends
   shards to owners and rows back, sharded_ns=tp runs Newton–Schulz tensor-parallel.
+
+The 2026-07 record's variants: a (4, d, d) W_q, W_k, W_v, W_o stack seen as head-pair blocks
+and whole W_v, W_o, NorMuon's axis and precision (optim/muon/normuon.py), and bf16 matrices
+stepped on an fp32 master (optim/muon/master.py); these two need each whole matrix where it
+is applied, so they refuse exchange=reduce_scatter and `sharded`, as NorMuon does.
 """
 
 from collections.abc import Callable
@@ -40,15 +45,12 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
 from optim.config import MuonConfig
+from optim.muon.master import master_of, new_mantissa, store
 from optim.muon.newton_schulz import orthogonalise
+from optim.muon.normuon import head_rows, merge, moment_shape, normalise, pieces, stat_dim
 from optim.muon.sharded import ShardedOwners, ShardedTP
 from optim.muon.strategies import OwnerOnly, Replicated, Strategy
-from optim.muon.update import (
-    advance_momentum,
-    apply_update,
-    momentum_update,
-    normalise_columns,
-)
+from optim.muon.update import advance_momentum, apply_to_master, apply_update, momentum_update
 from optim.row_shards import local
 
 
@@ -71,6 +73,7 @@ class Muon(torch.optim.Optimizer):
         self.hp = replace(settings or MuonConfig(), **overrides)
         self.hp.validate()
         self.ns_dtype = ns_dtype  # the hardware's choice, not a param-group setting
+        self._head_rows: dict[int, int] = {}  # the stepping group's split stacks (qk_split)
         self.strategy = self._strategy(process_group, sharded)
         hp = self.hp
         super().__init__(
@@ -89,6 +92,16 @@ class Muon(torch.optim.Optimizer):
                 "optim.muon.exchange=all_gather | all_reduce under dist.strategy=ddp; got "
                 + ("dist.strategy=fsdp" if sharded else "optim.muon.exchange=reduce_scatter")
             )
+        whole = {"master_weights": hp.master_weights != "none", "qk_split": hp.qk_split != "none"}
+        for key, on in whole.items():
+            if on and (sharded or (several and hp.exchange == "reduce_scatter")):
+                # The master's low half and the head-pair blocks need each whole matrix where
+                # it is updated, with its state there for checkpoints: replicated exchanges.
+                raise ValueError(
+                    f"optim.muon.{key}={getattr(hp, key)} runs in one process or with "
+                    "optim.muon.exchange=all_gather | all_reduce under dist.strategy=ddp; got "
+                    + ("dist.strategy=fsdp" if sharded else "optim.muon.exchange=reduce_scatter")
+                )
         if sharded:
             if hp.sharded_ns == "tp":
                 return ShardedTP(ns, self.ns_dtype, hp)
@@ -123,6 +136,8 @@ class Muon(torch.optim.Optimizer):
                         f"of shape {tuple(p.shape)}; give embeddings, gains and biases to AdamW"
                     )
                 self.strategy.check_param(p)
+                if self.hp.master_weights != "none":
+                    new_mantissa(p)  # raises unless bf16
         except ValueError:
             self.param_groups.pop()  # leave the optimizer as it was
             raise
@@ -130,19 +145,49 @@ class Muon(torch.optim.Optimizer):
             for p in group["params"]:
                 self.state[p]["momentum_buffer"] = torch.zeros_like(p)
 
-    def _second_moment(self, p: Tensor) -> Tensor:
-        """NorMuon's per-column second moment of `p`, (..., 1, cols) in `p`'s dtype."""
+    @property
+    def state_dtype(self) -> torch.dtype | None:
+        """The momentum's and second moments' dtype: fp32 with a master, else the param's."""
+        return torch.float32 if self.hp.master_weights != "none" else None
+
+    def _normalise(self, p: Tensor, update: Tensor) -> Tensor:
+        """NorMuon on the whole update of `p`, each of its matrices (`pieces`) with its own
+        second moment (state "second_moment", then "second_moment_1")."""
+        hp, state, out = self.hp, self.state[p], []
+        for k, part in enumerate(pieces(update, head_rows(p))):
+            key = "second_moment" + (f"_{k}" if k else "")
+            dim = stat_dim(part.shape, hp.normuon_axis)
+            if key not in state:
+                shape = moment_shape(part.shape, dim)
+                state[key] = p.new_zeros(shape, dtype=self.state_dtype or p.dtype)
+            out.append(normalise(part, state[key], hp.normuon_beta2, dim, hp.normuon_form))
+        return merge(out, p.shape)
+
+    def _apply_to_master(self, p: Tensor, update: Tensor, group: dict[str, Any]) -> None:
+        """The step on `p`'s fp32 master (optim/muon/master.py); `p` becomes it truncated."""
         state = self.state[p]
-        if "second_moment" not in state:
-            state["second_moment"] = p.new_zeros((*p.shape[:-2], 1, p.shape[-1]))
-        return state["second_moment"]
+        if "mantissa" not in state:
+            state["mantissa"] = new_mantissa(p)
+        master = master_of(p, state["mantissa"])
+        apply_to_master(master, update, group, self.hp, p.shape, getattr(p, "lr_mul", 1.0))
+        store(p, state["mantissa"], master)
 
     def newton_schulz(self, updates: dict[int, Tensor]) -> dict[int, Tensor]:
-        """Newton–Schulz of each update, batched by shape, in `ns_dtype`."""
+        """Newton–Schulz of each update, batched by shape, in `ns_dtype`; a split stack
+        (qk_split) as its head-pair blocks and its W_v, W_o, put back together after."""
         hp = self.hp
-        return orthogonalise(
-            updates, hp.ns_coefficients, hp.ns_steps, hp.eps, self.ns_dtype, hp.ns_form
-        )
+        flat: dict[int, Tensor] = {}
+        where: list[int] = []  # the update each entry of `flat` belongs to
+        for i, u in updates.items():
+            for part in pieces(u, self._head_rows.get(i, 0)):
+                flat[len(where)] = part
+                where.append(i)
+        out = orthogonalise(flat, hp.ns_coefficients, hp.ns_steps, hp.eps, self.ns_dtype,
+                            hp.ns_form)  # fmt: skip
+        parts: dict[int, list[Tensor]] = {}
+        for k, i in enumerate(where):
+            parts.setdefault(i, []).append(out[k])
+        return {i: merge(ps, updates[i].shape) for i, ps in parts.items()}
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
@@ -156,23 +201,28 @@ class Muon(torch.optim.Optimizer):
             work = self.strategy.gradients(index, group)
             if work is None:
                 continue
+            self._head_rows = {i: head_rows(p) for i, p in enumerate(params) if head_rows(p)}
             grads, mine = work  # a rank may hold none (it owns no matrix) and still takes part
             updates = {}
             for i, g in grads.items():
                 state = self.state[params[i]]
                 if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(params[i])
+                    state["momentum_buffer"] = torch.zeros_like(params[i], dtype=self.state_dtype)
                 buf = local(state["momentum_buffer"])
+                g = g.to(buf.dtype)  # a bf16 gradient into an fp32 momentum (master_weights)
                 advance_momentum(buf, g, group, self.hp)
                 if i in mine:
                     updates[i] = momentum_update(buf, g, group, self.hp)
             ortho = self.strategy.orthogonalise(index, group, updates)
             for i, update in ortho.items():
+                p = params[i]
                 if self.hp.normuon_beta2:  # every update here is a whole matrix (_strategy)
-                    update = normalise_columns(update, self._second_moment(params[i]),
-                                               self.hp.normuon_beta2)  # fmt: skip
-                apply_update(local(params[i]), update, group, self.hp, params[i].shape,
-                             getattr(params[i], "lr_mul", 1.0))  # fmt: skip
+                    update = self._normalise(p, update)
+                if self.hp.master_weights != "none":  # a whole matrix too (_strategy)
+                    self._apply_to_master(p, update, group)
+                else:
+                    apply_update(local(p), update, group, self.hp, p.shape,
+                                 getattr(p, "lr_mul", 1.0))  # fmt: skip
             self.strategy.finish(index, group)
         return loss
 
@@ -203,9 +253,21 @@ class Muon(torch.optim.Optimizer):
                 sd["state"].setdefault(number, {})["momentum_buffer"] = buf
         return sd
 
+    def _restore_state_dtype(self, state_dict: dict[str, Any]) -> None:
+        """Put back the fp32 momentum and second moments of bf16 matrices (master_weights),
+        which torch's `load_state_dict` casts to the parameter's dtype."""
+        numbers = [n for g in state_dict["param_groups"] for n in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for number, p in zip(numbers, params, strict=True):
+            for key, value in state_dict["state"].get(number, {}).items():
+                if key in self.state[p] and torch.is_tensor(value) and value.is_floating_point():
+                    self.state[p][key] = value.to(p.device, self.state_dtype, copy=True)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state saved by any strategy on any world size; owner-only keeps its share."""
         super().load_state_dict(state_dict)
+        if self.state_dtype is not None:
+            self._restore_state_dtype(state_dict)
         if not isinstance(self.strategy, OwnerOnly):
             return
         for index, group in enumerate(self.param_groups):

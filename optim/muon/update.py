@@ -11,6 +11,8 @@ and weight decay, and the settings `hp` (`MuonConfig`):
     apply_update:      W ← W·(1 − η·λ) − η·m·scale(shape)·O            (decoupled weight decay)
                        W ← W − η·m·scale(shape)·(O + λ·η·[O⊙W ≥ 0]⊙W)  (cautious)
                        with m the parameter's LR multiplier (`optim.lr_mul`, 1 by default)
+                       O ← bf16(O + bf16(λη)·[O⊙W ≥ 0]⊙W)  (normuon_form=record_2025_11)
+    apply_to_master:   W ← W − (W⊙[O⊙W ≥ 0])·λη·η' − O·η'   (fp32 master, η' = η·m·scale)
 
 The first two are elementwise, so a shard of buf and g gives that shard of the result; the
 last takes the *whole* matrix's shape for its LR scale, so it applies a shard's rows alike.
@@ -24,6 +26,7 @@ import torch
 from torch import Tensor
 
 from optim.config import LR_SCALES, MuonConfig
+from optim.muon.normuon import normalise
 
 # `optim.muon.lr_scale`: the factor on the LR of a (rows, cols) matrix, one per LR_SCALES name.
 LR_SCALE_OF: dict[str, Callable[[int, int], float]] = {
@@ -58,22 +61,16 @@ def momentum_update(buf: Tensor, g: Tensor, group: dict[str, Any], hp: MuonConfi
     return g.lerp(buf, m) if hp.momentum_form == "ema" else g.add(buf, alpha=m)
 
 
-NORMUON_FLOOR = 1e-10  # the floor under the second moment and the norm, as the record's
-
-
 def normalise_columns(o: Tensor, second_moment: Tensor, beta2: float) -> Tensor:
-    """NorMuon's step on a whole orthogonalised update `o` (a matrix or a stack): each column's
-    mean square over the rows (dim −2) feeds `second_moment` (shape (..., 1, cols), updated in
-    place), each column is divided by the square root of it, and every matrix is rescaled to
-    its Frobenius norm before. Computed in the buffer's dtype; returns that dtype."""
-    # Contiguous: a tall matrix's update arrives as a transposed view in one process and as
-    # a contiguous copy from an exchange, and a reduction's order (its rounding) follows the
-    # layout; one layout keeps every strategy bitwise equal.
-    o = o.to(second_moment.dtype).contiguous()
-    norm = o.norm(dim=(-2, -1), keepdim=True)
-    second_moment.lerp_(o.square().mean(dim=-2, keepdim=True), 1 - beta2)
-    o = o / second_moment.clamp_min(NORMUON_FLOOR).sqrt()
-    return o * (norm / o.norm(dim=(-2, -1), keepdim=True).clamp_min(NORMUON_FLOOR))
+    """NorMuon's step per column (the 2025-11 record's axis) in fp32: optim/muon/normuon.py."""
+    return normalise(o, second_moment, beta2, -2, "fp32")
+
+
+def decay_coefficient(decay: float, lr: float, dtype: torch.dtype) -> float:
+    """λ·η rounded once to `dtype` (normuon_form=record_2025_11): for the record's bf16 gates
+    bf16(1.2·η), where rounding η first, bf16(1.2·bf16(η)), differs in the last bit at 541 of
+    its 2,160 steps."""
+    return torch.tensor(decay * lr, dtype=dtype).item()
 
 
 def apply_update(
@@ -95,9 +92,37 @@ def apply_update(
     # memory column-wise, 2-3x slower on a CPU than transposing it first.
     update = update.contiguous()
     if hp.weight_decay_form == "cautious":
-        if decay:
+        if decay and hp.normuon_form == "record_2025_11":
+            # The record adds the decay into its bf16 O in place (fp32 arithmetic, one
+            # rounding to O's dtype), with the coefficient λ·η rounded once to W's dtype.
+            coefficient = decay_coefficient(decay, group["lr"], p.dtype)
+            wide = torch.promote_types(torch.promote_types(update.dtype, p.dtype), torch.float32)
+            agree = (update * p >= 0).to(wide)
+            update = (update.to(wide) + (coefficient * agree) * p.to(wide)).to(update.dtype)
+        elif decay:
             agree = (update * p >= 0).to(p.dtype)
             update = update.to(p.dtype) + (decay * lr) * agree * p
     else:
         p.mul_(1 - lr * decay)
     p.add_(update, alpha=-lr * lr_scale_factor(shape[-2:], hp.lr_scale) * lr_mul)
+
+
+def apply_to_master(
+    master: Tensor,
+    update: Tensor,
+    group: dict[str, Any],
+    hp: MuonConfig,
+    shape: Sequence[int],
+    lr_mul: float = 1.0,
+) -> None:
+    """The step on an fp32 `master` (optim/muon/master.py), in the 2026-07 record's order:
+    W ← W − (W⊙M)·λη·η' − O·η', M = [O⊙W ≥ 0], η' = η·m·scale(shape), each product rounded
+    to fp32 as it comes (decoupled decay: W ← W·(1 − ηλ) − O·η')."""
+    lr, decay = group["lr"], group["weight_decay"]
+    step = lr * lr_scale_factor(shape[-2:], hp.lr_scale) * lr_mul
+    o = update.to(master.dtype)
+    if hp.weight_decay_form == "cautious":
+        agree = (o * master >= 0).to(master.dtype)
+        master.copy_(master - master * agree * (decay * lr) * step - o * step)
+    else:
+        master.mul_(1 - lr * decay).sub_(o * step)

@@ -200,3 +200,48 @@ def test_exchange_the_backend_lacks_fails_at_construction(tmp_path: Path) -> Non
 def test_unknown_exchange_is_rejected() -> None:
     with pytest.raises(ValueError, match="exchange"):
         Muon([torch.zeros(4, 4, requires_grad=True)], exchange="carrier_pigeon")
+
+
+RECORD_D = {**NORMUON, "normuon_beta2": 0.9, "normuon_axis": "shape", "weight_decay": 1.2,
+            "normuon_form": "record_2026_07", "qk_split": "head_pairs",
+            "master_weights": "fp32_truncated"}  # fmt: skip
+
+
+def train_record_d(group: dist.ProcessGroup | None = None) -> tuple[list[torch.Tensor], Muon]:
+    """Record D's NorMuon on bf16 matrices: two (4, d, d) stacks split into head pairs (16
+    rows), two tall MLP matrices (one at lr_mul 2); every rank draws DDP's averaged grads."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(4, 32, 32), (128, 32), (128, 32), (4, 32, 32)]
+    params = [torch.nn.Parameter((torch.randn(s, generator=gen) / 16).bfloat16()) for s in shapes]
+    for p in params[::3]:
+        p.muon_head_rows = 16  # type: ignore[attr-defined]
+    params[2].lr_mul = 2.0  # type: ignore[attr-defined]
+    kw = {**KW, **RECORD_D}
+    opt = Muon(params, ns_dtype=torch.bfloat16, process_group=group, exchange="all_gather", **kw)
+    for _ in range(STEPS):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen).bfloat16()
+        opt.step()
+    return [p.detach() for p in params], opt
+
+
+def _record_d_main(rank: int, world: int, out: str) -> None:
+    params, opt = train_record_d(dist.group.WORLD)
+    torch.save({"params": params, "opt": opt.state_dict()}, Path(out) / f"rank{rank}.pt")
+
+
+@pytest.mark.timeout(180)
+def test_record_d_normuon_on_two_ranks_is_bitwise_single_process(tmp_path: Path) -> None:
+    """Head-pair blocks, per-row statistics and the fp32 master (its mantissa buffers) under
+    the all_gather exchange: every rank's weights and state equal one process's."""
+    run_ranks(_record_d_main, WORLD, str(tmp_path))
+    reference, ref_opt = train_record_d()
+    want = ref_opt.state_dict()["state"]
+    for rank in range(WORLD):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        for a, b in zip(got["params"], reference, strict=True):
+            assert torch.equal(a, b), f"rank {rank} differs from single-process NorMuon"
+        for i, state in want.items():
+            assert set(got["opt"]["state"][i]) == set(state)
+            for key, value in state.items():
+                assert torch.equal(got["opt"]["state"][i][key], value), (rank, i, key)
