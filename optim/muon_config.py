@@ -1,0 +1,152 @@
+"""`optim.muon`'s schema (`MuonConfig`) with the vocabulary of its choices, and what every
+optim schema shares (the resume metadata, `check_choices`). Re-exported by optim/config.py,
+the `optim` group's module; like it, this imports nothing else of `optim/`."""
+
+from dataclasses import dataclass, field, fields
+
+MUST_MATCH = {"resume": "must_match"}
+OPERATIONAL = {"resume": "operational"}
+
+MOMENTUM_FORMS = ("ema", "accumulate")
+NS_COEFFICIENTS = ("classic", "polar_express")
+# How each Newton–Schulz iteration is evaluated (optim/muon/newton_schulz.py: NS forms).
+NS_FORMS = ("factored", "factored_unfused", "expanded", "gram")
+NS_DTYPES = ("auto", "bf16", "fp32")
+LR_SCALES = ("original", "match_rms_adamw", "none")
+# How ranks share Muon's Newton–Schulz work (optim/muon/exchange.py).
+EXCHANGES = ("all_reduce", "all_gather", "reduce_scatter")
+# How Muon orthogonalises FSDP2 dim-0 shards (optim/muon/sharded.py).
+SHARDED_NS = ("gather", "tp")
+# How Muon's weight decay is applied (optim/muon/update.py: `apply_update`).
+WEIGHT_DECAY_FORMS = ("decoupled", "cautious")
+# Which matrices Muon sees in a (4, d, d) W_q, W_k, W_v, W_o stack; NorMuon's statistics axis
+# and arithmetic; the master copy of bf16 matrices (optim/muon/normuon.py, master.py).
+QK_SPLITS = ("none", "head_pairs")
+NORMUON_AXES = ("columns", "shape")
+NORMUON_FORMS = ("fp32", "record_2025_11", "record_2026_07")
+MASTER_WEIGHTS = ("none", "fp32_truncated")
+
+
+def check_choices(settings: object, prefix: str) -> None:
+    """Raise ValueError naming the first field of `settings` whose value is not one of the
+    `choices` its metadata lists (a standalone optimizer validates its settings here too)."""
+    for f in fields(settings):  # type: ignore[arg-type]
+        allowed = f.metadata.get("choices")
+        if allowed is not None and getattr(settings, f.name) not in allowed:
+            raise ValueError(
+                f"{prefix}{f.name} must be one of {' | '.join(allowed)}, "
+                f"got {getattr(settings, f.name)!r}"
+            )
+
+
+@dataclass
+class MuonConfig:
+    """Muon's settings (`optim.muon`), one object from the config to the update arithmetic:
+    `optim/muon/optimizer.py` takes it whole, so a new setting is a field here and its use
+    there."""
+
+    lr: float = 0.02
+    """Base LR, before the shape scale (`lr_scale`) and the schedule's multiplier."""
+    momentum: float = 0.95
+    """Momentum after its warmup."""
+    momentum_warmup_start: float = 0.85
+    """Momentum at step 0, raised linearly to `momentum`."""
+    momentum_warmup_steps: int = 300
+    """Steps of that warmup; 0 = constant momentum."""
+    momentum_cooldown_steps: int = 0
+    """Over the last this many of train.steps the momentum falls linearly from `momentum`
+    towards `momentum_cooldown_end` (the 2025-11 record: 50); 0 = no cooldown. Where it
+    overlaps the warmup (a run shorter than both), the warmup wins, as in the records."""
+    momentum_cooldown_end: float = 0.85
+    """Where that line would reach at train.steps (the last step, train.steps − 1, runs one
+    step short of it: 0.852 in the 2025-11 record)."""
+    nesterov: bool = True
+    """Nesterov-style look-ahead on the momentum buffer."""
+    momentum_form: str = field(default="ema", metadata={"choices": MOMENTUM_FORMS})
+    """ema: buf ← μ·buf + (1−μ)·g, u = (1−μ)·g + μ·buf | accumulate: buf ← μ·buf + g,
+    u = g + μ·buf (the 2024-11 record's)."""
+    ns_steps: int = 5
+    """Newton–Schulz iterations (Polar Express is retuned for each count)."""
+    ns_coefficients: str = field(default="classic", metadata={"choices": NS_COEFFICIENTS})
+    """classic: the fixed quintic | polar_express: per-iteration quintics."""
+    lr_scale: str = field(default="original", metadata={"choices": LR_SCALES})
+    """LR factor by shape: original √max(1, rows/cols) | match_rms_adamw 0.2·√max(rows, cols)
+    | none."""
+    ns_form: str = field(default="factored", metadata={"choices": NS_FORMS})
+    """How an iteration is evaluated: factored (fused sums) | factored_unfused (the 2025-01
+    record's order) | expanded (the 2024-11 record's) | gram (the Gram iteration on
+    elongated matrices: fewer FLOPs, more bf16 rounding)."""
+    weight_decay: float = 0.0
+    """The weight decay λ, applied as `weight_decay_form` says."""
+    weight_decay_form: str = field(default="decoupled", metadata={"choices": WEIGHT_DECAY_FORMS})
+    """decoupled: p ← p·(1 − η·λ), then the step | cautious (the 2025-11 record's): only
+    where the update and the weight agree in sign, added to the update, O ← O + λ·η·[O⊙p ≥ 0]⊙p,
+    so the decay scales with η² and the shape factor."""
+    normuon_beta2: float = 0.0
+    """NorMuon (the 2025-11 record's): after Newton–Schulz, each column of O (the mean of O²
+    over the stored shape's rows, dim −2) is divided by the square root of its second-moment
+    EMA with this β₂ (no bias correction), then O is rescaled to its former Frobenius norm.
+    0 = off (Muon)."""
+    normuon_axis: str = field(default="columns", metadata={"choices": NORMUON_AXES})
+    """The axis of NorMuon's statistics: columns (the mean of O² over dim −2, one value per
+    column, whatever the shape: the 2025-11 record's) | shape (over dim −1, one value per row,
+    where rows ≥ cols, else per column: the 2026-07 record's)."""
+    normuon_form: str = field(default="fp32", metadata={"choices": NORMUON_FORMS})
+    """NorMuon's arithmetic: fp32 (O in the second moment's dtype, fp32 for fp32 matrices) |
+    record_2025_11 (O stays in the Newton–Schulz dtype through the normalisation and the
+    cautious decay term, O ← bf16(O + λη·M⊙W), and a bf16 matrix's decay coefficient is
+    bf16(λ·η), not bf16(λ·bf16(η))) | record_2026_07 (both norms from the fp32 mean squares r,
+    the factor ρ rounded to O's dtype, Ô = O·ρ). Needs normuon_beta2 > 0 unless fp32."""
+    qk_split: str = field(default="none", metadata={"choices": QK_SPLITS})
+    """none | head_pairs: W_q and W_k of each (4, d, d) stack (model.attention.merged_qkvo)
+    are orthogonalised and normalised as blocks of 2·head_dim rows (heads (0,1), (2,3), ...),
+    W_v and W_o whole (the 2026-07 record's)."""
+    master_weights: str = field(default="none", metadata={"choices": MASTER_WEIGHTS})
+    """none | fp32_truncated (the 2026-07 record's, for bf16 matrices,
+    model.numerics.bf16_matrices=true): each step updates an fp32 master, kept as the bf16
+    weight plus a 16-bit mantissa buffer (+2 bytes per parameter), and the weight becomes the
+    master truncated toward zero to bf16; the momentum and second moments are fp32 (+2 bytes
+    per parameter against a bf16 momentum); cautious decay W ← W − (W⊙M)·λη·mη − O·mη."""
+    eps: float = 1e-7
+    """Added to the Frobenius norm before normalising."""
+    ns_dtype: str = field(default="auto", metadata={"choices": NS_DTYPES})
+    """Newton–Schulz precision: bf16 | fp32 | auto = bf16 where bf16 matmuls are native."""
+    exchange: str = field(default="all_gather", metadata={"choices": EXCHANGES, **OPERATIONAL})
+    """How ranks share the Newton–Schulz work: all_gather | all_reduce | reduce_scatter (Muon
+    gradients skip DDP and go to their owners)."""
+    sharded_ns: str = field(default="gather", metadata={"choices": SHARDED_NS})
+    """Under dist.strategy=fsdp: gather (each matrix to an owner) | tp (tensor-parallel on
+    the row shards, in place)."""
+    qk_clip: float = 0.0
+    """QK-clip τ: after each step, heads whose max logit exceeded τ get W_q, W_k scaled by
+    √(τ/max); 0 = off. Acts only with model.attention.qk_norm=false."""
+
+    def validate(self, total_steps: int | None = None) -> None:
+        """Raise ValueError naming the `optim.muon.*` key that is wrong (a standalone `Muon`
+        validates its settings here too, so the choices are checked here as well).
+        `total_steps` (train.steps) is accepted for the callers' sake: a momentum warmup and
+        cooldown that overlap in it are allowed (the warmup wins, optim/schedule.py)."""
+        check_choices(self, "optim.muon.")
+        if not self.lr >= 0:
+            raise ValueError(f"optim.muon.lr must be >= 0, got {self.lr}")
+        for key in ("momentum", "momentum_warmup_start", "momentum_cooldown_end", "normuon_beta2"):
+            if not 0 <= getattr(self, key) < 1:
+                raise ValueError(f"optim.muon.{key} must be in [0, 1), got {getattr(self, key)}")
+        if not (isinstance(self.ns_steps, int) and self.ns_steps >= 1):
+            raise ValueError(f"optim.muon.ns_steps must be an integer >= 1, got {self.ns_steps!r}")
+        for key in ("momentum_warmup_steps", "momentum_cooldown_steps", "weight_decay", "qk_clip"):
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"optim.muon.{key} must be >= 0, got {getattr(self, key)}")
+        if not self.eps > 0:
+            raise ValueError(f"optim.muon.eps must be > 0, got {self.eps}")
+        if self.master_weights != "none" and self.qk_clip:
+            # QK-clip rescales the bf16 weights after the step; the master would undo it.
+            raise ValueError(
+                "optim.muon.qk_clip > 0 is not supported with "
+                f"optim.muon.master_weights={self.master_weights}"
+            )
+        if self.normuon_form != "fp32" and not self.normuon_beta2:
+            raise ValueError(
+                f"optim.muon.normuon_form={self.normuon_form} needs NorMuon "
+                "(optim.muon.normuon_beta2 > 0)"
+            )
