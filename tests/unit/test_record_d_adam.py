@@ -320,3 +320,14 @@ def test_off_changes_nothing() -> None:
             opt.step()
         out.append(p.detach())
     assert torch.equal(*out)
+
+
+def test_the_preset_holds_record_ds_adam() -> None:
+    """experiment=record_2026_07_17 sets every key of RECORD_D above (D.3's Adam)."""
+    from tests.helpers import compose_config  # here: Hydra's composition for this test only
+
+    got = OmegaConf.to_container(compose_config(["experiment=record_2026_07_17"]).optim)
+    want = OmegaConf.to_container(OmegaConf.create(RECORD_D))
+    for key in ("roles", "adamw"):
+        for name, value in want[key].items():
+            assert got[key][name] == value, (key, name)

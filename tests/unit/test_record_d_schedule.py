@@ -23,6 +23,7 @@ from model.window_schedule import phase_index
 from model.yarn import yarn_table
 from optim.config import MuonConfig, OptimConfig, ScheduleConfig
 from optim.schedule import momentum_cooldown, muon_momentum, optim_values, peak_index
+from tests.helpers import compose_config
 from trainer.config import Config, to_config
 from trainer.schedule import Schedule
 
@@ -44,10 +45,25 @@ RECORD_D = {
 
 
 def record_d(**changes: dict) -> Config:
-    """Record D's config (its model preset + RECORD_D), validated, with `changes` merged in."""
-    model = OmegaConf.load(ROOT / "conf/model/record_2026_07.yaml")
-    merged = OmegaConf.merge({"model": model}, RECORD_D, {"model": {"compile": False}}, changes)
-    return to_config(OmegaConf.to_container(merged))
+    """The preset, experiment=record_2026_07_17 (which the first test holds to RECORD_D),
+    validated, with `changes` merged in."""
+    preset = compose_config(["experiment=record_2026_07_17", "model.compile=false", "run_dir=."])
+    return to_config(OmegaConf.merge(preset, changes))
+
+
+def test_the_preset_holds_record_ds_schedule_and_batches() -> None:
+    """Every key of RECORD_D (D.4, D.5) is the preset's value."""
+    preset = compose_config(["experiment=record_2026_07_17"])
+    resolved = {key: OmegaConf.to_container(preset[key], resolve=True) for key in RECORD_D}
+
+    def walk(want: dict, got: dict, path: str) -> None:
+        for key, value in want.items():
+            if isinstance(value, dict):
+                walk(value, got[key], f"{path}{key}.")
+            else:
+                assert got[key] == value, f"{path}{key}: {got[key]!r} != {value!r}"
+
+    walk(RECORD_D, resolved, "")
 
 
 @pytest.fixture(scope="module")
