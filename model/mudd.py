@@ -134,7 +134,7 @@ def mudd_layer(block: nn.Module, x: Tensor, rotary: Rotary, ctx: Context, c7: Te
     if ctx.bigram is not None:  # the bigram term b (B, T, k), where there is one
         x = inject_bigram(x, ctx.bigram, m[11])
     if block.mlp is not None:
-        x = m[12] * x + m[13] * block.mlp(rms_norm(x))
+        x = m[12] * x + m[13] * block.mlp(rms_norm(x), ctx.micro_steps)
     return x
 
 

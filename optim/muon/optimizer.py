@@ -254,14 +254,16 @@ class Muon(torch.optim.Optimizer):
         return sd
 
     def _restore_state_dtype(self, state_dict: dict[str, Any]) -> None:
-        """Put back the fp32 momentum and second moments of bf16 matrices (master_weights),
-        which torch's `load_state_dict` casts to the parameter's dtype."""
+        """Put back the fp32 momentum and second moments of bf16 matrices (master_weights)
+        and the int16 low halves of their masters, all of which torch's `load_state_dict`
+        casts to the parameter's dtype (the mantissa's bits would be lost)."""
         numbers = [n for g in state_dict["param_groups"] for n in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
         for number, p in zip(numbers, params, strict=True):
             for key, value in state_dict["state"].get(number, {}).items():
-                if key in self.state[p] and torch.is_tensor(value) and value.is_floating_point():
-                    self.state[p][key] = value.to(p.device, self.state_dtype, copy=True)
+                if key in self.state[p] and torch.is_tensor(value):
+                    dtype = self.state_dtype if value.is_floating_point() else value.dtype
+                    self.state[p][key] = value.to(p.device, dtype, copy=True)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state saved by any strategy on any world size; owner-only keeps its share."""

@@ -171,3 +171,55 @@ def test_gpu_benchmark_runs_at_toy_size_on_cpu() -> None:
     for r in rows:
         assert int(r["graphs"]) >= 1, r  # the counters see the compile
         assert (r["graph breaks"], r["recompiles"]) == ("0", "0"), r
+
+
+# Record D (experiment=record_2026_07_17) at toy width with its own 11-layer table: 6 heads of
+# 8, three stages of 64 / 128 / 256 tokens over 6 scheduled steps and 2 extension steps, pieces
+# capped at 32 then 128 tokens, the head tied until step 5 (stage 3's first odd step, as the
+# record's 921), the FP8 down projection's delayed weight scale from step 3 (bootstrap 2).
+TOY_D = [
+    *(x for x in TOY if not x.startswith(("model.n_", "train.seq_len="))),
+    "model.n_embd=48", "model.embed.bigram_rows=256", "model.embed.bigram_dim=8",
+    "model.residual.mudd_hidden=8", "model.attention.window_block=16",
+    "model.mlp.fp8_bootstrap=2", "train.seq_len=256", "train.seq_len_phases=[64,128,256]",
+    "train.extension_steps=2", "data.max_piece_len=128", "data.max_piece_len_phases=[32,128,128]",
+    "optim.tie_embed_head_until=5", "optim.muon.momentum_warmup_steps=3",
+    "optim.muon.momentum_cooldown_steps=2",
+]  # fmt: skip
+
+
+def run_d(run_dir: Path, cache: Path, *overrides: str) -> float:
+    cfg = compose_config(["experiment=record_2026_07_17", *TOY_D, *overrides,
+                          f"run_dir={run_dir}", f"data.cache_dir={cache}"])  # fmt: skip
+    return train(cfg)
+
+
+def _rank_job_d(rank: int, world: int, run_dir: str, overrides: list[str], cache: str) -> None:
+    run_d(Path(run_dir), Path(cache), *overrides)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_record_d_toy_same_curve_on_two_ranks_and_resumes_around_the_split(
+    tmp_path: Path, corpus_cache: Path
+) -> None:
+    """Record D at toy size through its three stages (one uninterrupted run, the reference): the
+    loss falls; 2 ranks give its curve (1e-3); and a run resumes bit for bit from the save after
+    update 4 (an even step, Adam holding its gradient, the head still tied) and from the save
+    after update 5 (the split just made), the FP8 scales mid-sequence at both."""
+    run_d(tmp_path / "one", corpus_cache)
+    want = curve(tmp_path / "one")
+    assert [r[0] for r in want] == list(range(9)) and want[-1][2] < want[0][2] - 0.3
+    run_torchrun_ranks(_rank_job_d, 2, str(tmp_path / "two"), [], str(corpus_cache))
+    for (step, *a), (_, *b) in zip(want, curve(tmp_path / "two"), strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert (x is None) == (y is None) and (x is None or x == pytest.approx(y, abs=1e-3)), (
+                step, x, y,
+            )  # fmt: skip
+    for stop in (5, 6):
+        resumed = tmp_path / f"resumed_{stop}"
+        with pytest.raises(Stopped):
+            run_d(resumed, corpus_cache, "train.checkpoint_at_end=true",
+                  f"train.fault.signal_at_step={stop}")  # fmt: skip
+        run_d(resumed, corpus_cache, "train.checkpoint_at_end=true")
+        assert curve(resumed) == want, stop

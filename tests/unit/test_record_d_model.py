@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from model import GPT, ModelConfig
 from model.config import update
+from model.mlp_fp8 import delayed_states
 from tests import record_d_reference as ref
 from tests.helpers import CONF_DIR
 
@@ -202,8 +203,11 @@ def test_the_preset_takes_a_training_step_with_its_roundings() -> None:
     idx = tokens()
     windows = {"window_tokens": torch.tensor(384.0), "short_window_tokens": torch.tensor(128.0)}
     mtp = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)
+    model.micro_steps = 2  # every layer's FP8 MLP, the MUDD layer's too, keeps 2 slots
     loss = model(idx, idx.roll(-1, 1), **windows, mtp_weights=mtp)
     loss.backward()
+    states = delayed_states(model.blocks)
+    assert len(states) == 11 and all(s.act_max.numel() == 2 for s in states.values())
     assert torch.isfinite(loss) and loss.dtype == torch.float32
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name

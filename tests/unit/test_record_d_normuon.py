@@ -9,6 +9,8 @@ reference, each with a negative control (a plausible misreading that must not ma
     master fp32 = bf16 weight ‖ 16-bit mantissa; the weight is the master truncated to bf16
 """
 
+import copy
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -276,3 +278,30 @@ def test_record_c_keeps_o_in_bf16_through_the_decay_term() -> None:
     want = w64 - summed.bfloat16().double()
     torch.testing.assert_close(got["record_2025_11"].double(), want, rtol=0, atol=0)
     assert not torch.equal(got["fp32"].double(), want)
+
+
+def test_the_master_resumes_exactly() -> None:
+    """Saved after 2 steps and loaded into a fresh optimizer: the next 2 steps are the
+    uninterrupted run's, bit for bit (torch's load_state_dict would cast the int16 low halves
+    and the fp32 moments to bf16; they are put back as saved)."""
+    cfg = MuonConfig(lr=0.02, normuon_beta2=0.9, normuon_axis="shape",
+                     normuon_form="record_2026_07", master_weights="fp32_truncated",
+                     weight_decay=1.2, weight_decay_form="cautious")  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    start = torch.randn(64, 32, generator=gen).bfloat16()
+    grads = [torch.randn(64, 32, generator=gen).bfloat16() for _ in range(4)]
+    w = torch.nn.Parameter(start.clone())
+    opt = Muon([w], cfg)
+    for k, g in enumerate(grads):
+        w.grad = g.clone()
+        opt.step()
+        if k == 1:
+            saved, at_save = copy.deepcopy(opt.state_dict()), w.detach().clone()
+    w2 = torch.nn.Parameter(at_save)
+    opt2 = Muon([w2], cfg)
+    opt2.load_state_dict(saved)
+    assert opt2.state[w2]["mantissa"].dtype == torch.int16
+    for g in grads[2:]:
+        w2.grad = g.clone()
+        opt2.step()
+    assert torch.equal(w2, w)
