@@ -82,12 +82,26 @@ class GPT(nn.Module):
             )
         self._windows = {s.window for s in self.plan if s.attention and not s.paired}
         self._paired_windows = frozenset(s.window for s in self.plan if s.paired)
-        # Micro-steps per optimizer step, each backpropagating loss / micro_steps: the FP8
-        # head's gradient cast undoes that factor (model/head.py), and the FP8 MLP keeps one
-        # delayed scale per micro-step (model/mlp_fp8.py). Set by the trainer.
-        self.micro_steps = 1
+        self.micro_steps = 1  # the trainer sets its own (the property below)
         self._flops: StepFlops | None = None  # counted on first use (N needs the parameters)
         self.reset_parameters()
+
+    @property
+    def micro_steps(self) -> int:
+        """Micro-steps per optimizer step, each backpropagating loss / micro_steps: the FP8
+        head's gradient cast undoes that factor (model/head.py), and the FP8 MLP keeps one
+        delayed scale per micro-step (model/mlp_fp8.py). Set by the trainer."""
+        return self._micro_steps
+
+    @micro_steps.setter
+    def micro_steps(self, k: int) -> None:
+        """Also lays out the FP8 MLP's delayed scales for k slots on the model's device, a fresh
+        start (a checkpoint puts its own back after), so that no forward creates state: a
+        compiled forward would recompile once it had."""
+        self._micro_steps = k
+        device = next(self.parameters()).device
+        for state in delayed_states(self.blocks).values():
+            state.reset(k, device)
 
     def reset_parameters(self) -> None:
         """Initialise as the records do (model/init.py)."""

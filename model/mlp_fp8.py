@@ -113,7 +113,8 @@ class FP8MlpState:
         s_w = torch.where(
             step <= self.bootstrap, bf16_scale(now), amax_scale(prev, self.weight_headroom)
         )
-        delayed = amax_scale(self.act_max[slot], self.act_headroom)
+        mine = self.act_max.index_select(0, slot.reshape(1))[0]  # no host sync: no graph break
+        delayed = amax_scale(mine, self.act_headroom)
         s_act = torch.where(step == 0, torch.ones_like(delayed), delayed)
         return s_act, s_w, slot
 

@@ -64,12 +64,13 @@ GPUS = 8  # the records' world: each GPU runs batch_size / 8 sequences per step
 # The records' own ms per step on one of their 8 GPUs; by batch phase for the 2025-11 record
 RECORD_STEP_MS = {
     "record_2024_11_06": 154.78, "record_2025_01_26": 100.0,
-    "record_2025_11_29": (33.9, 60.1, 88.1),
+    "record_2025_11_29": (33.9, 60.1, 88.1), "record_2026_07_17": (31.50, 56.82, 82.78),
 }  # fmt: skip
 PRESETS = {
     "record_2024_11_06": ["experiment=record_2024_11_06"],
     "record_2025_01_26": ["experiment=record_2025_01_26"],
     "record_2025_11_29": ["experiment=record_2025_11_29"],
+    "record_2026_07_17": ["experiment=record_2026_07_17"],
     "dense_124m": [  # GPT-2 small as it comes, compiled, 64 x 1024 tokens per GPU
         "model=gpt2_124m", "model.compile=true", "train.autocast=bf16", "train.seq_len=1024",
         f"train.batch_size={64 * GPUS}", "train.micro_batch_size=64",
@@ -88,6 +89,13 @@ TOY_EXTRA = {
         "model.n_layer=4", "model.n_head=2", "model.residual.skip_from=1",
         "model.residual.skip_to=2",
         "model.residual.backout_layer=2", "train.seq_len_phases=[64,128,256]",
+    ],
+    # The 2026-07 record with its own 11-layer table, 6 heads of 8 (paired heads need 6).
+    "record_2026_07_17": [
+        "model.n_layer=11", "model.n_head=6", "model.n_embd=48", "model.embed.bigram_rows=256",
+        "model.embed.bigram_dim=8", "model.residual.mudd_hidden=8",
+        "train.seq_len_phases=[64,128,256]", "data.max_piece_len=128",
+        "data.max_piece_len_phases=[32,128,128]", "optim.tie_embed_head_until=5",
     ],
 }  # fmt: skip
 # On a CPU: trace (graph breaks and recompiles are counted) without inductor's kernel builds.

@@ -64,3 +64,13 @@ def test_the_preset_composes_the_record_d_model() -> None:
             if not isinstance(values, dict)
             else all(got[group][k] == v for k, v in values.items())
         ), group
+
+
+def test_the_readmes_toy_command_composes() -> None:
+    """README.md's record D toy command is a valid run (its run: tests/e2e/test_records.py's
+    record D toy, a smaller one)."""
+    line = next(x for x in (CONF_DIR.parent / "README.md").read_text().splitlines()
+                if x.startswith("python train.py experiment=record_2026_07_17"))  # fmt: skip
+    conf = to_config(compose_config([*line.split()[2:], "run_dir=."]))
+    assert conf.optim.tie_embed_head_until < conf.train.steps - conf.train.extension_steps
+    assert conf.data.source == "sample"

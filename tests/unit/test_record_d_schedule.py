@@ -21,8 +21,8 @@ from data.shards import write_shard
 from model.rotary import Rotary
 from model.window_schedule import phase_index
 from model.yarn import yarn_table
-from optim.config import MuonConfig, OptimConfig, ScheduleConfig
-from optim.schedule import momentum_cooldown, muon_momentum, optim_values, peak_index
+from optim.config import OptimConfig, ScheduleConfig
+from optim.schedule import optim_values, peak_index
 from tests.helpers import compose_config
 from trainer.config import Config, to_config
 from trainer.schedule import Schedule
@@ -200,49 +200,6 @@ def test_peaks_without_edges_are_the_phases_of_the_batch() -> None:
         for total in (1, 5, 7, 1380, 2120):
             for s in range(0, total + 3, max(1, total // 97)):
                 assert peak_index(s, total, [], n) == phase_index(s, total, range(n))
-
-
-# --- the momentum: where warmup and cooldown overlap, the warmup wins (as the records) -------
-
-
-def records_momentum(s: int, total: int, warmup: int, cooldown: int) -> float:
-    """The records' get_muon_momentum (if warmup / elif cooldown), 0.85 → 0.95 → 0.85."""
-    if s < warmup:
-        return 0.85 + s / warmup * 0.1
-    if s > total - cooldown:
-        return 0.95 - (s - (total - cooldown)) / cooldown * 0.1
-    return 0.95
-
-
-def cooldown_on_top(s: int, total: int, warmup: int, cooldown: int) -> float:
-    """The former reading: the cooldown applied to the warmup's value (the misreading)."""
-    mu = 0.85 + 0.1 * min(s / warmup, 1.0)
-    start = total - cooldown
-    return mu if s <= start else mu - (mu - 0.85) * (s - start) / cooldown
-
-
-def momenta(total: int, warmup: int, cooldown: int) -> list[float]:
-    m = MuonConfig(momentum_warmup_steps=warmup, momentum_cooldown_steps=cooldown)
-    m.validate(total)  # an overlap is allowed
-    cfg = OptimConfig(muon=m)
-    return [optim_values(cfg, s, total).muon_momentum for s in range(total)]
-
-
-def test_momentum_warmup_wins_where_they_overlap() -> None:
-    got = momenta(8, 6, 4)  # warmup 0-5, cooldown from 5: they overlap at 5
-    want = [records_momentum(s, 8, 6, 4) for s in range(8)]
-    assert got == pytest.approx(want, abs=1e-15)
-    assert got != pytest.approx([cooldown_on_top(s, 8, 6, 4) for s in range(8)], abs=1e-6)
-
-
-def test_record_c_toy_momentum_is_unchanged() -> None:
-    """Record C's toy (8 steps, warmup 3, cooldown 2) has no overlap: bit for bit the values
-    of the code before the fix (the cooldown applied to every step), so its curve is
-    unchanged."""
-    got = momenta(8, 3, 2)
-    before = [momentum_cooldown(s, 8, 2, muon_momentum(s, 3, 0.85, 0.95), 0.85) for s in range(8)]
-    assert got == before
-    assert [f"{m:.4f}" for m in got] == ["0.8500", "0.8833", "0.9167"] + ["0.9500"] * 4 + ["0.9000"]
 
 
 # --- the data: piece cap 896 → 2048 by stage, the pieces limit as an error --------------------
