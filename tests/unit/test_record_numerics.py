@@ -182,7 +182,8 @@ def test_factored_unfused_zeropower_is_record_b():
         assert not torch.equal(zeropower(G, CLASSIC5, 1e-7, form="factored"), record), shape
 
 
-# ~25 s where bf16 is emulated (its tall matrices): run first, so both workers end together
+# ~25 s where bf16 is emulated (its tall matrices): slow, so the emulated pass leaves it to the
+# main one (its bf16 is asked for, whatever the CPU: no CPU-dependent path; Makefile)
 @pytest.mark.slow
 def test_orthogonalise_batches_record_forms_as_the_records_run_them():
     """Muon's batched path: matrices of one shape share a stack, tall ones batched tall (so each
