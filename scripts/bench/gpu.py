@@ -34,6 +34,7 @@ tokens × 768 → 50,304 logits, compiled, in FP8 (`model.head.FP8Matmul`) and a
 """
 
 import argparse
+import logging
 import statistics
 import sys
 from collections.abc import Callable
@@ -59,6 +60,7 @@ from trainer.runtime import Runtime, init_runtime
 from trainer.schedule import Schedule
 from trainer.step import filled
 
+log = logging.getLogger(__name__)  # progress, seen when a caller configures logging
 CONF = Path(__file__).resolve().parents[2] / "conf"
 GPUS = 8  # the records' world: each GPU runs batch_size / 8 sequences per step
 # The records' own ms per step on one of their 8 GPUs; by batch phase for the 2025-11 record
@@ -218,8 +220,10 @@ def warm_up(b: Bench, windows: list[int], steps: int, rng: np.random.Generator) 
         batches = [random_batch(b.rows, seq_len(b, s), rng) for _ in range(steps)]
         args = model_args(b, s)
         warm[s] = sum(timed(b.rt, train_step, b, s, batch, args) for batch in batches)
+        log.info("warm-up at step %d (%s): %.1f s", s, window_label(b, s), warm[s])
     val = [random_batch(t.val_rows(GPUS), t.val_seq_len or t.seq_len, rng)]  # as train.py
     warm["eval"] = timed(b.rt, evaluate, b.fwd, val, b.rt, model_args(b, windows[-1]))
+    log.info("warm-up of evaluation: %.1f s", warm["eval"])
     return warm
 
 
@@ -255,6 +259,7 @@ def bench_preset(name: str, b: Bench, steps: int, warmup: int, peak: float | Non
             "graph_breaks": seen.graph_breaks, "recompiles": recompiles,
             "record_ms": record_ms(name, b, s),
         })  # fmt: skip
+        log.info("%s", format_row(rows[-1]))
     return rows
 
 

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Seconds each part may take on one H100 (the sum, 600, is the budget); a toy part takes 60.
 CAPS = {
     "env": 20, "record_2024_11_06": 80, "record_2025_01_26": 90, "record_2025_11_29": 110,
-    "dense_124m": 60, "head": 40, "strategies": 80, "real_run": 120,
+    "record_2026_07_17": 150, "dense_124m": 60, "head": 40, "strategies": 80, "real_run": 120,
 }  # fmt: skip
 TOY_CAP = 60
 BUDGET_S = 570  # of the ten minutes: the rest is this process and the writing

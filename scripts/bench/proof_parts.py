@@ -26,8 +26,8 @@ from trainer.observe.flops import peak_flops
 from trainer.observe.provenance import code_version
 from trainer.runtime import init_runtime
 
-NEWEST = "record_2025_11_29"
-PRESETS = ("record_2024_11_06", "record_2025_01_26", NEWEST, "dense_124m")
+NEWEST = "record_2026_07_17"
+PRESETS = ("record_2024_11_06", "record_2025_01_26", "record_2025_11_29", NEWEST, "dense_124m")
 # Timed steps and warm-up steps per window of a preset (at toy size: one each)
 STEPS, WARMUP = 5, 1
 HEAD_STEPS = 10
@@ -44,19 +44,24 @@ STRATEGIES = {
     "ddp + offload": ["optim.offload=true"],
 }
 UNTIMED = 2  # the strategy runs' first steps, left out of the median (warm-up)
-# The real run: the newest preset, one sequence per step (one GPU, no accumulation), 100 steps
+# The real run: the newest preset, one sequence per step (one GPU, no accumulation), 100 steps:
+# 90 in the three stages and the 10 extension steps, the split of the head (the record's 921 =
+# 2 * 460 + 1) and the momentum warm-up and cooldown (300 and 50 of 1,380) scaled to 90.
+# Validation is one 49,152-token sequence: the sample corpus holds ~50k validation tokens.
 REAL_RUN = [
     f"experiment={NEWEST}", "data=sample", "train.steps=100", "train.batch_size=1",
-    "train.val_every=50", "train.val_tokens=65536", "train.log_every=10",
+    "train.val_every=50", "train.val_tokens=49152", "train.log_every=10",
+    "optim.tie_embed_head_until=61", "optim.muon.momentum_warmup_steps=20",
+    "optim.muon.momentum_cooldown_steps=3",
 ]  # fmt: skip
-REAL_TOY = [
-    f"experiment={NEWEST}", "data=sample", "model.n_layer=4", "model.n_head=2",
-    "model.n_embd=64", "model.residual.skip_from=1", "model.residual.skip_to=2",
-    "model.residual.backout_layer=2",
-    "model.attention.window_block=16", "model.compile=false", "train.seq_len=256",
-    "train.seq_len_phases=[64,128,256]", "train.batch_size=2", "train.steps=6",
-    "train.extension_steps=1", "optim.muon.momentum_warmup_steps=3",
-    "optim.muon.momentum_cooldown_steps=2", "train.val_every=3", "train.val_tokens=1024",
+REAL_TOY = [  # its own 11-layer table at width 48 (6 heads of 8), stages of 64 / 128 / 256
+    f"experiment={NEWEST}", "data=sample", "model.n_embd=48", "model.embed.bigram_rows=256",
+    "model.embed.bigram_dim=8", "model.residual.mudd_hidden=8", "model.attention.window_block=16",
+    "model.compile=false", "train.seq_len=256", "train.seq_len_phases=[64,128,256]",
+    "train.batch_size=2", "train.steps=8", "train.extension_steps=2", "data.max_piece_len=128",
+    "data.max_piece_len_phases=[32,128,128]", "optim.tie_embed_head_until=5",
+    "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2",
+    "train.val_every=3", "train.val_tokens=1024",
 ]  # fmt: skip
 QUIET = ["train.checkpoint_every=0", "train.checkpoint_at_end=false"]
 
@@ -105,7 +110,7 @@ def real_run(device: str, toy: bool, data_dir: Path) -> dict[str, Any]:
     first, last = statistics.mean(train[:k]), statistics.mean(train[-k:])
     falls = finite and last < first and val[-1][1] < val[0][1]
     row = {
-        "steps": len(train), "train_loss_first": first, "train_loss_last": last,
+        "experiment": NEWEST, "steps": len(train), "train_loss_first": first, "train_loss_last": last,
         "val_first": val[0], "val_last": val[-1], "finite": finite, "falls": falls,
         "step_ms": statistics.median(r["step_ms"] for r in records if "step_ms" in r),
     }  # fmt: skip
