@@ -110,7 +110,8 @@ def real_run(device: str, toy: bool, data_dir: Path) -> dict[str, Any]:
     first, last = statistics.mean(train[:k]), statistics.mean(train[-k:])
     falls = finite and last < first and val[-1][1] < val[0][1]
     row = {
-        "experiment": NEWEST, "steps": len(train), "train_loss_first": first, "train_loss_last": last,
+        "experiment": NEWEST, "steps": len(train), "train_loss_first": first,
+        "train_loss_last": last,
         "val_first": val[0], "val_last": val[-1], "finite": finite, "falls": falls,
         "step_ms": statistics.median(r["step_ms"] for r in records if "step_ms" in r),
     }  # fmt: skip

@@ -87,7 +87,8 @@ def _real_run(part: dict | None) -> list[str]:
         "| newest preset on the sample corpus | steps | train loss (first → last tenth) "
         "| val loss | ms/step | the loss |",
         "|---|---|---|---|---|---|",
-        f"| {r.get('experiment', 'record_2025_11_29')}, 1 sequence/step | {r['steps']} | {r['train_loss_first']:.3f} → "
+        f"| {r.get('experiment', 'record_2025_11_29')}, 1 sequence/step | {r['steps']} "
+        f"| {r['train_loss_first']:.3f} → "
         f"{r['train_loss_last']:.3f} | {v0:.3f} @{s0} → {v1:.3f} @{s1} | {r['step_ms']:.0f} "
         f"| {verdict} |",
     ]
