@@ -55,7 +55,10 @@ def attend(
     if isinstance(scale, Tensor) and (mask is None or isinstance(mask, Tensor)):
         q, scale = q * scale.to(torch.promote_types(q.dtype, torch.float32)), 1.0
     elif isinstance(scale, Tensor):
-        s = scale
+        # The kernel's scores are fp32, and a float scale enters it as fp32: so does this one.
+        # A float64 scale (YaRN's table is float64) would promote the scores, the running
+        # softmax state and the accumulator to float64, which Triton's flex kernel refuses.
+        s = scale.to(torch.float32)
 
         def scaled(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
             return score * s

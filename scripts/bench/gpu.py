@@ -17,12 +17,13 @@ S/2 and S−1), one row each (a preset with batch phases, the 2025-11 record's, 
 of each phase: its sequence length and window; the record's per-phase times beside them):
 the window changes what attention costs, and it reaches the
 compiled graph as a tensor, so it should never recompile. Compile state is reset between
-presets; every window is warmed up (the first warm-up includes the compile), then evaluation
-once (eval mode, the validation shape); then `--steps` steps per window are timed, each with a
-device synchronise, and their median is the row's step. Graphs and graph breaks count what the
-preset's compile made and met so far; recompiles count graphs compiled during the row's timed
-steps. Graph breaks and recompiles 0 and 0: one graph per mode (training, evaluation),
-compiled once during warm-up.
+presets; every window is warmed up (the first warm-up includes the compile); then `--steps`
+steps per window are timed, each with a device synchronise, and their median is the row's
+step; then evaluation runs once (eval mode, the validation shape; a GPU out of memory there
+is reported in the eval column, the training rows stand). Graphs and graph breaks count what
+the preset's compile made and met, evaluation included; recompiles count graphs compiled
+during the row's timed steps. Graph breaks and recompiles 0 and 0: one graph per mode
+(training, evaluation), compiled once during warm-up.
 
 MFU is `model/flops.py`'s count of the timed batches (attention over the context each layer's
 mask lets through) over the step time and the GPU's bf16 peak (`trainer/observe/flops.py`): the
@@ -213,18 +214,29 @@ def window_label(b: Bench, step: int) -> str:
 
 
 def warm_up(b: Bench, windows: list[int], steps: int, rng: np.random.Generator) -> dict:
-    """Seconds of warm-up: `steps` training steps at each window, then one evaluation pass
-    (eval mode, the validation shape train.py gives it) at the last window."""
-    t, warm = b.conf.train, {}
+    """Seconds of warm-up: `steps` training steps at each window."""
+    warm = {}
     for s in windows:
         batches = [random_batch(b.rows, seq_len(b, s), rng) for _ in range(steps)]
         args = model_args(b, s)
         warm[s] = sum(timed(b.rt, train_step, b, s, batch, args) for batch in batches)
         log.info("warm-up at step %d (%s): %.1f s", s, window_label(b, s), warm[s])
-    val = [random_batch(t.val_rows(GPUS), t.val_seq_len or t.seq_len, rng)]  # as train.py
-    warm["eval"] = timed(b.rt, evaluate, b.fwd, val, b.rt, model_args(b, windows[-1]))
-    log.info("warm-up of evaluation: %.1f s", warm["eval"])
     return warm
+
+
+def warm_up_eval(b: Bench, step: int, rng: np.random.Generator) -> float | str:
+    """Seconds of one evaluation pass (eval mode, the validation shape train.py gives it) at
+    `step`'s window, or why it could not run: a GPU that holds the training step may not hold
+    the validation batch, and that is a finding, not a reason to lose the training rows."""
+    t = b.conf.train
+    val = [random_batch(t.val_rows(GPUS), t.val_seq_len or t.seq_len, rng)]  # as train.py
+    try:
+        seconds = timed(b.rt, evaluate, b.fwd, val, b.rt, model_args(b, step))
+    except torch.OutOfMemoryError as e:
+        log.info("evaluation at %d tokens: out of memory (%s)", val[0][0].numel(), e)
+        return f"out of memory at {val[0][0].numel():,} tokens"
+    log.info("warm-up of evaluation: %.1f s", seconds)
+    return seconds
 
 
 def time_window(
@@ -243,7 +255,8 @@ def time_window(
 
 
 def bench_preset(name: str, b: Bench, steps: int, warmup: int, peak: float | None) -> list[dict]:
-    """Warm up every representative window and evaluation, then time each window's steps."""
+    """Warm up every representative window, time each window's steps, then warm up the
+    evaluation (last, so that the training rows stand whatever it costs)."""
     rng, windows, start = np.random.default_rng(0), window_steps(b), CompileCounts.now()
     warm = warm_up(b, windows, warmup, rng)
     rows = []
@@ -253,13 +266,17 @@ def bench_preset(name: str, b: Bench, steps: int, warmup: int, peak: float | Non
         seen = CompileCounts.now() - start
         rows.append({
             "preset": name, "window": window_label(b, s), "tokens": tokens,
-            "warmup_s": warm[s], "eval_warmup_s": warm["eval"] if s == windows[0] else None,
+            "warmup_s": warm[s], "eval_warmup_s": None,
             "step_ms": step_s * 1e3, "tokens_per_s": tokens / step_s,
             "mfu": mfu(flops, step_s, peak) if peak else None, "graphs": seen.graphs,
             "graph_breaks": seen.graph_breaks, "recompiles": recompiles,
             "record_ms": record_ms(name, b, s),
         })  # fmt: skip
         log.info("%s", format_row(rows[-1]))
+    rows[0]["eval_warmup_s"] = warm_up_eval(b, windows[-1], rng)
+    seen = CompileCounts.now() - start  # the evaluation's graph counted with the training's
+    for r in rows:
+        r["graphs"], r["graph_breaks"] = seen.graphs, seen.graph_breaks
     return rows
 
 
@@ -269,10 +286,15 @@ COLUMNS = (
 )
 
 
+def eval_cell(seconds: float | str | None) -> str:
+    """ " / s" of the evaluation's warm-up, " / why not", or nothing (not this row's)."""
+    if seconds is None:
+        return ""
+    return f" / {seconds:.1f}" if isinstance(seconds, float) else f" / {seconds}"
+
+
 def format_row(r: dict) -> str:
-    warm = f"{r['warmup_s']:.1f}" + (
-        f" / {r['eval_warmup_s']:.1f}" if r["eval_warmup_s"] is not None else ""
-    )
+    warm = f"{r['warmup_s']:.1f}" + eval_cell(r["eval_warmup_s"])
     cells = [
         r["preset"], r["window"], f"{r['tokens']:,}", warm, f"{r['step_ms']:.1f}",
         f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}" if r["mfu"] is not None else "-",

@@ -3,6 +3,8 @@ text goes to `gpu_proof.md` and, through `--render`, into docs/gpu-proof.md."""
 
 from typing import Any
 
+from scripts.bench.gpu import eval_cell
+
 PRESET_COLUMNS = (
     "| preset | window (blocks, long/short) | tokens/step/GPU | ms/step | record ms/step/GPU "
     "| tokens/s | MFU | compile s (train / eval) | graphs | graph breaks | recompiles |"
@@ -40,9 +42,7 @@ def _first(part: dict) -> dict:
 
 
 def _preset_row(r: dict) -> str:
-    warm = f"{r['warmup_s']:.1f}" + (
-        f" / {r['eval_warmup_s']:.1f}" if r.get("eval_warmup_s") is not None else ""
-    )
+    warm = f"{r['warmup_s']:.1f}" + eval_cell(r.get("eval_warmup_s"))
     cells = [
         r["preset"], r["window"], f"{r['tokens']:,}", f"{r['step_ms']:.1f}",
         f"{r['record_ms']:.1f}" if r.get("record_ms") else "-", f"{r['tokens_per_s']:,.0f}",

@@ -295,3 +295,23 @@ def test_the_yarn_scale_multiplies_q_unrounded() -> None:
     assert torch.equal(attend(q, k, v, None, scale), once)
     twice = F.scaled_dot_product_attention(q * scale.bfloat16(), k, v, is_causal=True, scale=1.0)
     assert not torch.equal(once, twice)
+
+
+def test_the_yarn_scale_reaches_flex_as_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On FlexAttention's path the stage's float64 scale enters the score_mod as fp32, as a
+    float scale enters the kernel: fp32 scores stay fp32 (a float64 factor would promote the
+    kernel's softmax state and accumulator, which Triton's template refuses on a GPU)."""
+    import model.attention as attention
+
+    seen: list[torch.dtype] = []
+
+    def flex(q, k, v, block_mask, scale, score_mod):
+        score = torch.randn((), dtype=torch.float32)  # 0-d, as flex traces its score_mod
+        seen.append(score_mod(score, *(torch.zeros((), dtype=torch.int32),) * 4).dtype)
+        return v
+
+    monkeypatch.setattr(attention, "_flex", lambda q: flex)
+    q = torch.randn(1, 2, 16, 8).bfloat16()
+    mask = object()  # any block mask: the branch is taken for a non-tensor mask
+    attention.attend(q, q, q, mask, torch.tensor(0.1, dtype=torch.float64))  # type: ignore[arg-type]
+    assert seen == [torch.float32]
