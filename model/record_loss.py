@@ -107,13 +107,17 @@ class RecordHeadLoss(torch.autograd.Function):
     ) -> Tensor:
         logits, x8, w8 = fp8_product(x, w, scales)
         n = logits.size(0)
-        g8 = torch.empty(logits.shape, dtype=torch.float8_e5m2, device=logits.device)
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        pieces = []
         for i in range(0, n, chunk):
             rows = slice(i, i + chunk)
             loss, g8_rows = record_loss_rows(logits[rows], shifted[rows], weights, cfg, scales.g)
-            g8[rows] = g8_rows
+            pieces.append(g8_rows)
             total += loss
+        # Concatenated, not written into an empty e5m2 buffer: inductor lowers that write to a
+        # select against the buffer's unset value, which it cannot do in FP8 (a type promotion
+        # error on a CPU, a NaN e5m2 constant that Triton cannot build on a GPU).
+        g8 = torch.cat(pieces)
         ctx.save_for_backward(x8, w8, g8)
         ctx.scales, ctx.micro_steps, ctx.w_dtype = scales, micro_steps, w.dtype
         return total

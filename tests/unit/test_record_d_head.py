@@ -62,3 +62,39 @@ def test_the_shifted_sigmoid_refuses_what_cannot_compute_it() -> None:
     # The 2025-01 form written with its own τ = c/4 is still the fused tanh's
     assert HeadConfig(softcap_form="sigmoid", softcap_divisor=7.5).tanh_expressible
     assert not RECORD_D.tanh_expressible
+
+
+def test_the_record_loss_compiles_with_inductor_in_row_chunks() -> None:
+    """The FP8 head and the record's loss in three row chunks, compiled as the model is
+    (`compile_model`, inductor), give eager's gradients bit for bit and its loss to fp32's
+    summation order. The chunks' e5m2 gradients are joined by a concatenation, which inductor
+    lowers in FP8 (a write into an empty e5m2 buffer is not: a type-promotion error here, a NaN
+    e5m2 constant that Triton cannot build on a GPU); and the compile keeps the casts the loss
+    writes (σ to bf16): without that, most gradient entries differ."""
+    from model.record_loss import record_head_loss
+    from trainer.launch.compile import compile_model
+
+    cfg = HeadConfig(**{**RECORD_D.__dict__, "loss": "record_2026_07", "mtp": True})
+    gen = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(32, 64, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(64, 32, generator=gen) * 0.08)
+    x = torch.randn(2, 6, 32, generator=gen).to(torch.bfloat16)
+    y = torch.randint(0, 64, (2, 6), generator=gen)
+    w = torch.tensor([1.0, 0.5])
+
+    class Loss(torch.nn.Module):
+        def forward(self, xs: torch.Tensor) -> torch.Tensor:
+            return record_head_loss(head, xs, y, w, cfg, "record_2026_07", 1, 4)
+
+    def step(fn: torch.nn.Module) -> tuple[torch.Tensor, ...]:
+        xs = x.clone().requires_grad_()
+        head.weight.grad = None
+        loss = fn(xs)
+        loss.backward()
+        return loss, xs.grad, head.weight.grad
+
+    torch._dynamo.reset()
+    (loss, *grads), (want, *want_grads) = step(compile_model(Loss())), step(Loss())
+    torch.testing.assert_close(loss, want, rtol=1e-6, atol=0)
+    assert all(torch.equal(g, h) for g, h in zip(grads, want_grads, strict=True))
