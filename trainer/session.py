@@ -36,7 +36,7 @@ from trainer.launch.signals import StopRequests
 from trainer.launch.spawn import spawn_ranks
 from trainer.launch.strategy import fsdp_no_sync, shard_model
 from trainer.loop import Loop
-from trainer.observe.console import describe_run
+from trainer.observe.console import describe_run, tie_outlasts_run
 from trainer.observe.cpu_cost import cpu_cost_warning
 from trainer.observe.flops import peak_flops
 from trainer.observe.metrics import METRICS_FILE, MetricsSink
@@ -113,6 +113,8 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
     sink.info("%s", describe_run(conf, rt, model, optimizer.summary, accum_steps))
     sink.info("param groups:\n%s", optimizer.groups_table)
     if rt.is_main and (warning := cpu_cost_warning(conf, rt)) is not None:
+        sink.warning("%s", warning)
+    if rt.is_main and (warning := tie_outlasts_run(conf)) is not None:
         sink.warning("%s", warning)
     # The handlers are the command line's or a launched rank's (trainer/launch/signals.py); the
     # test-only SIGTERM fault needs them wherever train() runs.

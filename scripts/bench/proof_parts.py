@@ -61,7 +61,7 @@ REAL_TOY = [  # its own 11-layer table at width 48 (6 heads of 8), stages of 64 
     "train.batch_size=2", "train.steps=8", "train.extension_steps=2", "data.max_piece_len=128",
     "data.max_piece_len_phases=[32,128,128]", "optim.tie_embed_head_until=5",
     "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2",
-    "train.val_every=3", "train.val_tokens=1024",
+    "train.val_every=4", "train.val_tokens=1024",
 ]  # fmt: skip
 QUIET = ["train.checkpoint_every=0", "train.checkpoint_at_end=false"]
 

@@ -233,3 +233,26 @@ def test_build_checks_the_pair() -> None:
     model.lm_head = nn.Linear(SHAPE[1], SHAPE[0] + 1, bias=False)
     with pytest.raises(ValueError, match=r"must have the same shape"):
         build_optimizer(model, config(tie_embed_head_until=5), device=CPU)
+
+
+def test_a_tie_past_the_run_is_named_at_start(tmp_path) -> None:
+    """Record D's preset shortened below its split (921) keeps the pair tied throughout: the
+    run's start says so and names the key; a split inside the run says nothing."""
+    import dataclasses
+
+    from trainer.observe.console import tie_outlasts_run
+
+    base = to_config(compose_config([
+        "experiment=record_2026_07_17", "train.steps=100", "train.extension_steps=1",
+        f"run_dir={tmp_path}",
+    ]))  # fmt: skip
+
+    def conf(steps: int) -> object:
+        return dataclasses.replace(base, train=dataclasses.replace(base.train, steps=steps))
+
+    warning = tie_outlasts_run(conf(100))
+    assert warning is not None and "optim.tie_embed_head_until=921" in warning
+    assert "train.steps=100" in warning
+    # Adam updates on odd steps: after the last tied one (921) the first apart is 923
+    assert tie_outlasts_run(conf(923)) is not None  # steps 0..922: never apart
+    assert tie_outlasts_run(conf(924)) is None  # step 923 updates them apart

@@ -126,3 +126,20 @@ def describe_run(
         )
         + (f"\nlayers: {plan}" if (plan := model.plan_summary()) else "")
     )
+
+
+def tie_outlasts_run(conf: Config) -> str | None:
+    """A warning when the token table and the head are never updated apart: their first
+    separate Adam update (optim.tie_embed_head_until + optim.adamw.update_every) is past the
+    run's last step. A shortened record run (train.steps=100 on record D's preset, whose tie
+    ends at 921) keeps the pair tied throughout, which is allowed but rarely meant."""
+    until, steps = conf.optim.tie_embed_head_until, conf.train.steps
+    apart = until + conf.optim.adamw.update_every
+    if not until or apart < steps:
+        return None
+    return (
+        f"optim.tie_embed_head_until={until}: the token table and the head would first be "
+        f"updated apart at step {apart}, past this run's last ({steps - 1}, train.steps="
+        f"{steps}), so they stay tied for the whole run; set it below {steps - apart + until} "
+        "to split them"
+    )
