@@ -6,6 +6,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -162,14 +163,21 @@ def test_wandb_offline_logs_the_metrics_and_a_resume_continues_the_run(
     assert len(runs) == 2, "one local run per attempt"
     ids = {r.name.rsplit("-", 1)[1] for r in runs}
     assert len(ids) == 1, "the resumed attempt logs to the same wandb run id"
-    # The offline run log (protobuf records) holds every logged value as JSON text.
-    logged = b"".join(f.read_bytes() for r in runs for f in r.glob("run-*.wandb"))
+    # The offline run log (protobuf records) holds every logged value as JSON text. wandb's
+    # own service process writes it, and on a loaded machine it may still be writing when
+    # finish() has returned: the values are read until all are there, for up to a minute.
     records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["val_loss"] == final and len(records) == 7
-    for rec in records:
-        for key in ("train_loss", "val_loss"):
-            if key in rec:
-                assert json.dumps(rec[key]).encode() in logged, (rec["step"], key)
+    want = {(rec["step"], key): json.dumps(rec[key]).encode()
+            for rec in records for key in ("train_loss", "val_loss") if key in rec}  # fmt: skip
+    deadline = time.monotonic() + 60
+    while True:
+        logged = b"".join(f.read_bytes() for r in runs for f in r.glob("run-*.wandb"))
+        missing = [k for k, v in want.items() if v not in logged]
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert not missing, f"(step, key) not in the offline wandb log: {missing}"
 
 
 @pytest.mark.slow
