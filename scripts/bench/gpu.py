@@ -17,8 +17,8 @@ S/2 and S−1), one row each (a preset with batch phases, the 2025-11 record's, 
 of each phase: its sequence length and window; the record's per-phase times beside them):
 the window changes what attention costs, and it reaches the
 compiled graph as a tensor, so it should never recompile. Compile state is reset between
-presets; every window is warmed up (the first warm-up includes the compile); then `--steps`
-steps per window are timed, each with a device synchronise, and their median is the row's
+presets; each window in the run's order is warmed up (its warm-up includes its compile), then
+`--steps` steps at it are timed, each with a device synchronise, and their median is the row's
 step; then evaluation runs once (eval mode, the validation shape; a GPU out of memory there
 is reported in the eval column, the training rows stand). Graphs and graph breaks count what
 the preset's compile made and met, evaluation included; recompiles count graphs compiled
@@ -254,13 +254,16 @@ def time_window(
     return statistics.median(times), torch.stack(flops).mean().item(), recompiles
 
 
-def bench_preset(name: str, b: Bench, steps: int, warmup: int, peak: float | None) -> list[dict]:
-    """Warm up every representative window, time each window's steps, then warm up the
-    evaluation (last, so that the training rows stand whatever it costs)."""
-    rng, windows, start = np.random.default_rng(0), window_steps(b), CompileCounts.now()
-    warm = warm_up(b, windows, warmup, rng)
-    rows = []
-    for s in windows:
+def bench_preset(
+    name: str, b: Bench, steps: int, warmup: int, peak: float | None,
+    on_row: Callable[[list[dict]], None] | None = None,
+) -> list[dict]:  # fmt: skip
+    """Each representative window in the run's order: warmed up, then its steps timed; then
+    the evaluation (last, so that the training rows stand whatever it costs). `on_row` gets
+    the rows so far after each one (a caller under a time cap keeps what was measured)."""
+    rng, start, rows = np.random.default_rng(0), CompileCounts.now(), []
+    for s in window_steps(b):
+        warm = warm_up(b, [s], warmup, rng)
         tokens = b.rows * seq_len(b, s)
         step_s, flops, recompiles = time_window(b, s, steps, rng)
         seen = CompileCounts.now() - start
@@ -273,7 +276,9 @@ def bench_preset(name: str, b: Bench, steps: int, warmup: int, peak: float | Non
             "record_ms": record_ms(name, b, s),
         })  # fmt: skip
         log.info("%s", format_row(rows[-1]))
-    rows[0]["eval_warmup_s"] = warm_up_eval(b, windows[-1], rng)
+        if on_row is not None:
+            on_row(rows)
+    rows[0]["eval_warmup_s"] = warm_up_eval(b, window_steps(b)[-1], rng)
     seen = CompileCounts.now() - start  # the evaluation's graph counted with the training's
     for r in rows:
         r["graphs"], r["graph_breaks"] = seen.graphs, seen.graph_breaks

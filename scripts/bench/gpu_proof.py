@@ -46,14 +46,17 @@ BEGIN, END = "<!-- gpu-proof:begin -->", "<!-- gpu-proof:end -->"
 DOC = REPO / "docs" / "gpu-proof.md"  # the page whose markers --render writes between
 
 
-def run_part(name: str, device: str, toy: bool, data_dir: Path) -> dict[str, Any]:
-    """One part, in this process (the proof's child for it calls this)."""
+def run_part(
+    name: str, device: str, toy: bool, data_dir: Path, partial: Path | None = None
+) -> dict[str, Any]:
+    """One part, in this process (the proof's child for it calls this); a preset part writes
+    its rows so far to `partial` as it goes."""
     from scripts.bench import proof_parts as parts
 
     if name == "env":
         return parts.environment(device)
     if name in parts.PRESETS:
-        return parts.preset(name, device, toy)
+        return parts.preset(name, device, toy, partial)
     if name == "head":
         return parts.head(device, toy)
     if name == "strategies":
@@ -70,8 +73,9 @@ def run_capped(name: str, cap: float, args: argparse.Namespace, log: Path) -> di
     forkserver, which never touches CUDA itself), so a part starts in a moment instead of
     paying the imports again; each child leads a session of its own, so that a compile's
     worker processes go with it."""
-    result_file = args.out / f".{name}.json"
+    result_file, partial = args.out / f".{name}.json", args.out / f".{name}.partial.json"
     result_file.unlink(missing_ok=True)
+    partial.unlink(missing_ok=True)
     with open(log, "a") as f:
         f.write(f"\n===== {name} (cap {cap:g}s)\n")
     t0 = time.monotonic()
@@ -85,7 +89,12 @@ def run_capped(name: str, cap: float, args: argparse.Namespace, log: Path) -> di
             os.killpg(child.pid, signal.SIGKILL)
         child.kill()
         child.join()
-        return {"status": "skipped", "seconds": cap, "note": f"its cap of {cap:g}s was reached"}
+        note = f"its cap of {cap:g}s was reached"
+        kept = json.loads(partial.read_text()) if partial.exists() else {}
+        partial.unlink(missing_ok=True)
+        if kept.get("rows"):  # a preset's rows measured before the cap stand
+            note += f" after {len(kept['rows'])} of its rows"
+        return {"status": "skipped", "seconds": cap, "note": note, **kept}
     seconds = time.monotonic() - t0
     if child.exitcode != 0 or not result_file.exists():
         note = f"exit {child.exitcode}: gpu_proof.log"
@@ -113,7 +122,9 @@ def _child(name: str, device: str, toy: bool, data_dir: Path, result: Path, log:
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
-    result.write_text(json.dumps(run_part(name, device, toy, data_dir)))
+    partial = result.with_name(result.name.replace(".json", ".partial.json"))
+    result.write_text(json.dumps(run_part(name, device, toy, data_dir, partial)))
+    partial.unlink(missing_ok=True)
 
 
 def prove(args: argparse.Namespace) -> dict[str, Any]:

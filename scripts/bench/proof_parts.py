@@ -10,7 +10,9 @@ that part's time cap; `--toy` makes every part tiny, so a CPU runs all of them i
 - the environment: torch, CUDA, the device, the date, the code's commit.
 """
 
+import json
 import math
+import os
 import statistics
 import tempfile
 from datetime import datetime, timezone
@@ -66,11 +68,19 @@ REAL_TOY = [  # its own 11-layer table at width 48 (6 heads of 8), stages of 64 
 QUIET = ["train.checkpoint_every=0", "train.checkpoint_at_end=false"]
 
 
-def preset(name: str, device: str, toy: bool) -> dict[str, Any]:
-    """A preset's compiled step at its representative windows and batch phases."""
+def preset(name: str, device: str, toy: bool, partial: Path | None = None) -> dict[str, Any]:
+    """A preset's compiled step at its representative windows and batch phases; the rows so
+    far go to `partial` (JSON) as each is measured, for a proof that stops the part."""
     reset_compile_state()
     b = build(compose(name, device, toy, TOY_SETS if toy else []))
-    rows = bench_preset(name, b, 1 if toy else STEPS, WARMUP, peak_flops(b.rt.device))
+
+    def keep(rows: list[dict]) -> None:
+        if partial is not None:  # whole or not at all: the proof may stop this process
+            tmp = partial.with_name(partial.name + ".tmp")
+            tmp.write_text(json.dumps({"rows": rows}))
+            os.replace(tmp, partial)
+
+    rows = bench_preset(name, b, 1 if toy else STEPS, WARMUP, peak_flops(b.rt.device), keep)
     return {"rows": rows}
 
 
@@ -133,8 +143,6 @@ def environment(device: str) -> dict[str, Any]:
 
 def _train(overrides: list[str], device: str, data_dir: Path) -> list[dict]:
     """train.py's run of `overrides` in a scratch run directory: its metrics records."""
-    import json
-
     from train import train
 
     with tempfile.TemporaryDirectory() as run_dir:
