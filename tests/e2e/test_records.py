@@ -33,8 +33,12 @@ TOY_C = [
     "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2",
 ]  # fmt: skip
 # Record A has no windows to exercise: half the length halves its bf16 head, which dominates a
-# toy step where bf16 is emulated (an AVX2-only CPU).
-SHORTER = {"record_2024_11_06": ["train.seq_len=256"], "record_2025_01_26": []}
+# toy step where bf16 is emulated (an AVX2-only CPU). Both run 6 steps (CI's time): the
+# windows still grow, the resume after step 5 still has a step to take.
+SHORTER = {
+    "record_2024_11_06": ["train.seq_len=256", "train.steps=6"],
+    "record_2025_01_26": ["train.steps=6"],
+}
 
 
 def curve(run_dir: Path) -> list[tuple]:
@@ -70,12 +74,12 @@ def test_record_preset_same_curve_on_one_and_two_ranks(
     overrides = [f"experiment={record}", *SHORTER[record]]
     run_torchrun_ranks(_rank_job, 2, str(two), overrides, str(corpus_cache))
     b = curve(two)
-    assert [r[0] for r in a] == [r[0] for r in b] == list(range(9))
+    assert [r[0] for r in a] == [r[0] for r in b] == list(range(7))
     for (step, train_a, val_a), (_, train_b, val_b) in zip(a, b, strict=True):
         for x, y in ((train_a, train_b), (val_a, val_b)):
             assert (x is None) == (y is None), step
             assert x is None or x == pytest.approx(y, abs=1e-3), (step, x, y)
-    assert a[-1][2] < a[0][2] - 0.3, "it trains"
+    assert a[-1][2] < a[0][2] - 0.1, "it trains"  # in 6 toy steps: 10.83 -> 10.64 (A)
 
 
 @pytest.mark.slow
