@@ -80,7 +80,8 @@ def run_capped(name: str, cap: float, args: argparse.Namespace, log: Path) -> di
         f.write(f"\n===== {name} (cap {cap:g}s)\n")
     t0 = time.monotonic()
     child = _context().Process(
-        target=_child, args=(name, args.device, args.toy, args.data_dir, result_file, log)
+        target=_child,
+        args=(name, args.device, args.toy, args.data_dir, result_file, partial, log),
     )
     child.start()
     child.join(timeout=cap)
@@ -92,6 +93,7 @@ def run_capped(name: str, cap: float, args: argparse.Namespace, log: Path) -> di
         note = f"its cap of {cap:g}s was reached"
         kept = json.loads(partial.read_text()) if partial.exists() else {}
         partial.unlink(missing_ok=True)
+        partial.with_name(partial.name + ".tmp").unlink(missing_ok=True)  # a write cut short
         if kept.get("rows"):  # a preset's rows measured before the cap stand
             note += f" after {len(kept['rows'])} of its rows"
         return {"status": "skipped", "seconds": cap, "note": note, **kept}
@@ -112,9 +114,11 @@ def _context() -> multiprocessing.context.BaseContext:
     return ctx
 
 
-def _child(name: str, device: str, toy: bool, data_dir: Path, result: Path, log: Path) -> None:
+def _child(
+    name: str, device: str, toy: bool, data_dir: Path, result: Path, partial: Path, log: Path
+) -> None:
     """A part in a child process: its own session, its output into the log, its result as
-    JSON into `result`."""
+    JSON into `result` (a preset's rows so far into `partial` as it goes)."""
     os.setsid()
     with open(log, "a") as f:
         os.dup2(f.fileno(), 1)
@@ -122,7 +126,6 @@ def _child(name: str, device: str, toy: bool, data_dir: Path, result: Path, log:
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
-    partial = result.with_name(result.name.replace(".json", ".partial.json"))
     result.write_text(json.dumps(run_part(name, device, toy, data_dir, partial)))
     partial.unlink(missing_ok=True)
 
