@@ -14,7 +14,7 @@ ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-unit test-emulated-bf16 lint bench clean-venv
+.PHONY: train test test-unit test-emulated-bf16 lint bench dryrun clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,13 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench/muon_step.py
+
+# A GPU's compile of record #89's step on this CPU (scripts/gpu_dryrun, docs/gpu.md), with the
+# Triton of the H100s' torch 2.11; then tests/unit/test_gpu_dryrun.py runs rather than skips.
+TRITON ?= triton==3.6.0
+dryrun: $(STAMP)
+	$(BIN)/python -m pip install "$(TRITON)"
+	$(BIN)/python -m scripts.gpu_dryrun $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,0 +1,111 @@
+"""Compile a preset's CUDA training step and evaluation on a machine without a GPU.
+
+    pip install "triton>=3.5,<4"                     # Triton's compiler and its ptxas
+    python -m scripts.gpu_dryrun                      # record #89 at GPU toy size, stage 1
+    python -m scripts.gpu_dryrun --stages all         # every stage, then evaluation
+    python -m scripts.gpu_dryrun --experiment record_2025_11_29 --full
+
+What it does (scripts/gpu_dryrun/__init__.py says how): the preset is built as
+scripts/bench/gpu.py builds it, on "cuda", and one training step runs at the first step of
+each chosen stage (forward, backward, optimizer), then one evaluation pass. Dynamo traces the
+CUDA code paths (FlexAttention, `torch._scaled_mm`), inductor lowers them to Triton kernels and
+Triton compiles every kernel to an sm_90 cubin. An error anywhere in that chain, which a GPU
+would raise at its first step, is raised here, with the same traceback.
+
+Exit 0: every graph compiled; the line printed says how many kernels, graphs and graph breaks.
+The step's numbers are meaningless (kernels do not run) and nothing is timed.
+
+--full: the preset at its real size (default: the GPU toy, below). Both compile in about the
+same time, which is inductor's own (~2 to 5 min per graph on a laptop-class CPU core). The toy
+is the shape that FlexAttention and the FP8 products accept at toy size: heads of 16 (their
+minimum), windows of 128-token blocks, sequences of whole blocks.
+"""
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere
+
+from scripts.gpu_dryrun import fake_gpu
+
+log = logging.getLogger("gpu_dryrun")
+# Per preset, on top of gpu.py's toy: the smallest shapes a GPU's kernels take.
+GPU_TOY = {
+    "record_2026_07_17": [
+        "model.n_embd=96", "model.attention.window_block=128", "train.seq_len=3072",
+        "train.seq_len_phases=[1024,2048,3072]", "train.val_seq_len=4096",
+    ],
+}  # fmt: skip
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--experiment", default="record_2026_07_17", help="the preset")
+    p.add_argument("--stages", default="1", help="how many stages to step through, or 'all'")
+    p.add_argument("--full", action="store_true", help="the real size, not the GPU toy")
+    p.add_argument("--no-eval", action="store_true", help="skip the evaluation graph")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Hydra override (repeatable)")  # fmt: skip
+    return p.parse_args()
+
+
+def check_triton() -> None:
+    try:
+        import triton  # noqa: F401
+        from triton.backends.nvidia.driver import CudaDriver  # noqa: F401
+    except ImportError:
+        raise SystemExit('gpu_dryrun: needs Triton: pip install "triton>=3.5,<4"') from None
+
+
+def main() -> int:
+    args = parse_args()
+    if args.experiment not in GPU_TOY and not args.full:
+        raise SystemExit(
+            f"gpu_dryrun: no GPU toy size for {args.experiment!r} (have: {', '.join(GPU_TOY)});"
+            " pass --full, or --set the shapes"
+        )
+    check_triton()
+    shim = fake_gpu.build_shim()
+    if not fake_gpu.preloaded(shim):
+        fake_gpu.reexec_with(shim)  # does not return
+    fake_gpu.install()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    import numpy as np
+
+    from scripts.bench import gpu
+    from trainer.launch.compile import CompileCounts
+
+    toy = not args.full
+    sets = [*(GPU_TOY[args.experiment] if toy else []), *args.set]
+    b = gpu.build(gpu.compose(args.experiment, "cuda", toy, sets))
+    steps = gpu.window_steps(b)
+    if args.stages != "all":
+        steps = steps[: int(args.stages)]
+    rng, start, t0 = np.random.default_rng(0), CompileCounts.now(), time.perf_counter()
+    for s in steps:
+        gpu.warm_up(b, [s], 1, rng)  # one step: the stage's graphs compile
+        log.info("stage at step %d: compiled (%d Triton compiles so far)", s, compiles())
+    if not args.no_eval:
+        gpu.warm_up_eval(b, steps[-1], rng)
+    seen = CompileCounts.now() - start
+    print(
+        f"gpu_dryrun {args.experiment} ({'full' if args.full else 'GPU toy'}, sm_90): "
+        f"{len(steps)} stage(s){'' if args.no_eval else ' and evaluation'} compiled in "
+        f"{time.perf_counter() - t0:.0f} s; {compiles()} Triton compiles, "
+        f"{seen.graphs} graphs, {seen.graph_breaks} graph breaks",
+        flush=True,
+    )
+    return 0
+
+
+def compiles() -> int:
+    """Triton kernels compiled (or found in Triton's cache) so far in this process."""
+    return fake_gpu.COMPILES[0]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
