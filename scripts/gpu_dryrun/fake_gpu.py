@@ -65,6 +65,7 @@ def build_shim() -> Path:
     except FileNotFoundError:
         raise SystemExit("gpu_dryrun: g++ not found; install it (apt install g++)") from None
     except subprocess.CalledProcessError as e:
+        tmp.unlink(missing_ok=True)  # no half-written shim left behind
         raise SystemExit(f"gpu_dryrun: building {SHIM_SOURCE.name} failed:\n{e.stderr}") from None
     tmp.replace(out)  # whole or not at all: a build cut short leaves no .so behind
     return out

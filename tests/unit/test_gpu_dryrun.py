@@ -141,7 +141,8 @@ def test_the_h100s_flex_error_is_raised_and_the_fix_compiles(tmp_path: Path, old
 def test_the_h100s_e5m2_error_is_raised_and_the_fix_compiles(tmp_path: Path, old: bool) -> None:
     """Record D's loss writing its e5m2 gradient into an empty buffer: with the H100's Triton
     (3.6) the kernel needs an e5m2 constant that Triton cannot build (the H100's second error,
-    word for word); concatenated chunks, the project's code, compile."""
+    word for word), while Triton 3.9 builds it (so the dry run must use the GPU's Triton);
+    concatenated chunks, the project's code, compile with either."""
     import triton
 
     done = dry(f"OLD = {old}\n" + LOSS, tmp_path)
@@ -151,16 +152,24 @@ def test_the_h100s_e5m2_error_is_raised_and_the_fix_compiles(tmp_path: Path, old
     elif triton.__version__.startswith("3.6"):
         assert done.returncode != 0
         assert "has no attribute 'get_fp8e5'" in done.stderr, done.stderr[-3000:]
+    elif triton.__version__.startswith("3.9"):  # why the dry run must use the GPU's Triton
+        assert done.returncode == 0, done.stderr[-3000:]
     else:
-        pytest.skip(f"newer Triton ({triton.__version__}) builds the constant: no error to see")
+        pytest.skip(f"Triton {triton.__version__}: not known whether it builds the constant")
 
 
-def test_a_preset_without_a_gpu_toy_size_is_refused_by_name() -> None:
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--experiment", "record_2024_11_04"], "no GPU toy size for 'record_2024_11_04'"),
+        (["--stages", "0"], "--stages takes a count of 1 or more, or 'all'; got '0'"),
+    ],
+)
+def test_bad_input_is_refused_by_name(argv: list[str], says: str) -> None:
     """Bad input is named before any work (no Triton or g++ needed to say so)."""
     done = subprocess.run(
-        [sys.executable, "-m", "scripts.gpu_dryrun", "--experiment", "record_2024_11_04"],
+        [sys.executable, "-m", "scripts.gpu_dryrun", *argv],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode != 0
-    assert "no GPU toy size for 'record_2024_11_04'" in done.stderr
-    assert "--full" in done.stderr
+    assert says in done.stderr
