@@ -46,8 +46,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from optim.adam_fused import TensorSettings
+from optim.adam_fused import compiled as fused_compiled
+from optim.adam_fused import host_values as fused_values
+from optim.adam_shards import AdamShards
 from optim.adam_table import Row
 from optim.config import AdamWConfig
+from optim.shards import Comm
 from optim.tied import TiedEmbedHead
 
 MOMENT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # "param": the parameter's
@@ -57,9 +62,19 @@ class Adam(torch.optim.Optimizer):
     """Adam with `optim.adamw`'s settings (see the module docstring)."""
 
     def __init__(
-        self, params: Any, settings: AdamWConfig, rows: dict[str, Row] | None = None
+        self,
+        params: Any,
+        settings: AdamWConfig,
+        rows: dict[str, Row] | None = None,
+        *,
+        fused: bool = False,
+        compile_backend: str | None = None,
+        comm: Comm | None = None,
     ) -> None:
-        """`rows`: {parameter name: Row} (named parameters' rows; others keep the group's)."""
+        """`rows`: {parameter name: Row} (named parameters' rows; others keep the group's).
+        `fused`: every due update as one function of lists (optim/adam_fused.py), compiled
+        with `compile_backend` (a torch.compile backend; None: uncompiled). `comm`: share the
+        tensors out over its ranks (optim.distribute=sharded; optim/adam_shards.py)."""
         settings.validate()
         self.hp = settings
         defaults = {
@@ -78,6 +93,15 @@ class Adam(torch.optim.Optimizer):
                     self.rows[p] = rows.pop(name)
         if rows:
             raise ValueError(f"Adam rows for parameters it does not hold: {sorted(rows)}")
+        self.fused = fused
+        self._fused_update = fused_compiled(compile_backend) if fused else None
+        self._values: dict[Tensor, list[Tensor]] = {}  # each tensor's 0-d step values
+        held = [p for g in self.param_groups for p in g["params"]]
+        self.shards = AdamShards(held, comm) if comm is not None else None
+        self.defer_finish = False  # CombinedOptimizer finishes a sharded step itself
+        if self.shards is not None:
+            for p in held:  # every rank's state exists from the start (checkpoints gather it)
+                self._state(p)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch casts loaded state to the parameter's dtype; the moments and the counters
@@ -93,18 +117,47 @@ class Adam(torch.optim.Optimizer):
                                ("pending", torch.float32), ("step", torch.float32)):  # fmt: skip
                 if key in saved and key in state:
                     state[key] = saved[key].to(state[key].device, dtype, copy=True)
+            if self.shards is not None:  # this rank's rows of the whole saved state
+                for key, value in state.items():
+                    state[key] = self.shards.mine(p, value)
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's state dict; sharded, every tensor's state is gathered whole from the
+        ranks that hold its rows (a collective: every rank must call it)."""
+        sd = super().state_dict()
+        if self.shards is None:
+            return sd
+        ids = [i for g in sd["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(ids, params, strict=True):
+            state = sd["state"].get(i, {})
+            for key, value in state.items():
+                state[key] = self.shards.whole(p, value)
+        return sd
 
     def _state(self, p: Tensor) -> dict[str, Tensor]:
+        """`p`'s state, created on first use shaped like what this rank updates of `p`."""
         state = self.state[p]
         if "exp_avg" not in state:
+            like = self.shards.target(p) if self.shards is not None else p
             dtype = MOMENT_DTYPES.get(self.hp.state_dtype, p.dtype)
             state["step"] = torch.zeros((), dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p, dtype=dtype)
-            state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype)
+            state["exp_avg"] = torch.zeros_like(like, dtype=dtype)
+            state["exp_avg_sq"] = torch.zeros_like(like, dtype=dtype)
             if self.hp.update_every > 1:
-                state["grad_sum"] = torch.zeros_like(p)
+                state["grad_sum"] = torch.zeros_like(like)
                 state["pending"] = torch.zeros((), dtype=torch.float32)
         return state
+
+    def start_exchange(self) -> None:
+        """optim.distribute=sharded: start the gradient reductions (no-op otherwise)."""
+        if self.shards is not None:
+            self.shards.start()
+
+    def finish_exchange(self) -> None:
+        """optim.distribute=sharded: every rank's updated rows into place (no-op otherwise)."""
+        if self.shards is not None:
+            self.shards.finish()
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
@@ -112,38 +165,94 @@ class Adam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        k = self.hp.update_every
-        ready = []  # (p, its gradient or sum, state, group): the updates due at this call
-        for group in self.param_groups:
-            for p in group["params"]:
-                state = self._state(p)
-                g = p.grad if p.grad is not None else torch.zeros_like(p)
-                if k > 1:
-                    state["grad_sum"].add_(g)
-                    state["pending"] += 1
-                    if int(state["pending"]) < k:
-                        continue  # the sum waits for the rest of its k gradients
-                    g = state["grad_sum"]
-                ready.append((p, g, state, group))
-        tie = self.tie  # optim.tie_embed_head_until: E's sum joins W's, E follows W
-        for p, g, state, group in ready if tie is None else tie.before(ready, self.state):
-            self._update(p, g, state, group, self.rows.get(p))
-        if tie is not None:
-            tie.after(self.state)
-        if k > 1:
-            for _, _, state, _ in ready:
-                state["grad_sum"].zero_()
-                state["pending"].zero_()
+        ready = self._due()
+        if ready:
+            tie = self.tie  # optim.tie_embed_head_until: E's sum joins W's, E follows W
+            due = ready if tie is None else tie.before(ready, self.state)
+            if self.fused:
+                self._update_fused(due)
+            else:
+                for p, g, state, group in due:
+                    self._update(self._target(p), g, state, group, self.rows.get(p),
+                                 getattr(p, "lr_mul", 1.0))  # fmt: skip
+            if tie is not None:
+                tie.after(self.state, self._target)
+            if self.hp.update_every > 1:
+                torch._foreach_zero_([st["grad_sum"] for _, _, st, _ in ready])
+                torch._foreach_zero_([st["pending"] for _, _, st, _ in ready])
+            if self.shards is not None:
+                self.shards.gather()
+        if not self.defer_finish:
+            self.finish_exchange()
         return loss
 
-    def _update(self, p: Tensor, g: Tensor, state: dict, group: dict, row: Row | None) -> None:
+    def _target(self, p: Tensor) -> Tensor:
+        """What this rank updates of `p` (its rows when sharded)."""
+        return self.shards.target(p) if self.shards is not None else p
+
+    def _due(self) -> list[tuple[Tensor, Tensor, dict, dict]]:
+        """(p, its gradient or k-step sum, state, group) of every tensor whose update is due
+        at this call (none between the k steps of optim.adamw.update_every); the gradient of
+        a sharded tensor is its rows' average over ranks."""
+        reduced = self.shards.gradients() if self.shards is not None else {}
+        ready = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                g = reduced.get(p, p.grad)
+                ready.append((p, g if g is not None else torch.zeros_like(p), self._state(p),
+                              group))  # fmt: skip
+        if self.hp.update_every == 1:
+            return ready
+        # The partial sums are state (a checkpoint inside a pair resumes exactly); a tensor
+        # without a gradient adds zeros, so all reach their update together.
+        torch._foreach_add_([st["grad_sum"] for _, _, st, _ in ready], [g for _, g, _, _ in ready])
+        torch._foreach_add_([st["pending"] for _, _, st, _ in ready], 1.0)
+        waiting = [int(st["pending"]) < self.hp.update_every for _, _, st, _ in ready]
+        if any(waiting):
+            if not all(waiting):
+                raise RuntimeError("Adam's tensors reached an update apart (optim.adamw)")
+            return []
+        return [(p, st["grad_sum"], st, group) for p, _, st, group in ready]
+
+    def _update_fused(self, due: list[tuple[Tensor, Tensor, dict, dict]]) -> None:
+        """Every due update in one call of optim/adam_fused.py's (compiled) function."""
+        torch._foreach_add_([st["step"] for _, _, st, _ in due], 1.0)
+        settings, values = [], []
+        hp = self.hp
+        for p, _, state, group in due:
+            row = self.rows.get(p)
+            beta1, beta2 = group["betas"] if row is None else row.betas
+            lr = group["lr"] * getattr(p, "lr_mul", 1.0)
+            decay = group["weight_decay"]
+            if row is not None:
+                lr, decay = lr * row.lr_mul, decay * row.wd_mul
+            s = TensorSettings(beta1, beta2, group["eps"], hp.eps_placement == "raw",
+                               hp.weight_decay_form == "cautious", decay != 0)  # fmt: skip
+            held = self._values.setdefault(p, [torch.zeros((), dtype=torch.float64)
+                                               for _ in range(3)])  # fmt: skip
+            for tensor, value in zip(held, fused_values(s, lr, decay, int(state["step"])),
+                                     strict=True):  # fmt: skip
+                tensor.fill_(value)
+            settings.append(s)
+            values.append(held)
+        assert self._fused_update is not None  # set whenever self.fused
+        self._fused_update(
+            tuple(settings), [self._target(p) for p, _, _, _ in due], [g for _, g, _, _ in due],
+            [st["exp_avg"] for _, _, st, _ in due], [st["exp_avg_sq"] for _, _, st, _ in due],
+            values,
+        )  # fmt: skip
+
+    def _update(self, p: Tensor, g: Tensor, state: dict, group: dict, row: Row | None,
+                lr_mul: float) -> None:  # fmt: skip
+        """One tensor's update: `p` is what this rank updates (the parameter, or its rows),
+        `lr_mul` its parameter's `optim.lr_mul` factor."""
         state["step"] += 1
         t = int(state["step"])
         beta1, beta2 = group["betas"] if row is None else row.betas
         m, v = state["exp_avg"], state["exp_avg_sq"]
         m.mul_(beta1).add_(g, alpha=1 - beta1)
         v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        lr = group["lr"] * getattr(p, "lr_mul", 1.0)
+        lr = group["lr"] * lr_mul
         decay = group["weight_decay"]
         if row is not None:
             lr, decay = lr * row.lr_mul, decay * row.wd_mul

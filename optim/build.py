@@ -24,6 +24,7 @@ from optim.muon.optimizer import Muon
 from optim.offload import StateOffload
 from optim.partition import Named
 from optim.qk_clip import QKClip
+from optim.shards import Comm, ProcessComm
 from optim.tied import attach as attach_tie
 
 
@@ -34,6 +35,7 @@ def build_optimizer(
     device: torch.device,
     process_group: dist.ProcessGroup | None = None,
     sharded: bool = False,
+    comm: Comm | None = None,
 ) -> CombinedOptimizer:
     """The optimizer object for `model`'s trainable parameters, on `device`.
 
@@ -41,8 +43,16 @@ def build_optimizer(
     (`optim.muon.exchange`); AdamW needs none: DDP gives every rank the same gradients.
     `sharded`: the parameters are FSDP2 shards (dist.strategy=fsdp): Muon runs its sharded
     strategy (`optim.muon.sharded_ns`), AdamW steps the shards, and every state is created
-    now, on every rank.
+    now, on every rank. optim.distribute=sharded on several ranks: the optimizer shares its
+    work and state out over `process_group` itself (optim/shards.py), every gradient skips
+    DDP; `comm` gives that exchange directly (a `LocalView`: one rank's share of a W-rank
+    step, in one process, scripts/bench/gpu.py --world).
     """
+    several = process_group is not None and dist.get_world_size(process_group) > 1
+    if comm is None and cfg.distribute == "sharded" and several:
+        comm = ProcessComm(process_group)
+    if comm is not None:
+        process_group = None  # the exchange replaces DDP and Muon's own exchanges
     named = partition_params(model, cfg.name, cfg.roles)
     specs = group_specs(cfg.name)
     _set_lr_muls(named, specs, cfg)
@@ -52,18 +62,22 @@ def build_optimizer(
     summary = cfg.name
     self_reduced: list[str] = []
     muon_groups = [_group(s, named[s.name], cfg) for s in specs if s.optimizer == "muon"]
+    backend = cfg.compile_backend if cfg.compile else None
     if any(g["params"] for g in muon_groups):
         m = cfg.muon
         ns_dtype = resolve_ns_dtype(m.ns_dtype, device)
         muon = Muon(
             [g for g in muon_groups if g["params"]], m, ns_dtype=ns_dtype,
-            process_group=process_group, sharded=sharded,
+            process_group=process_group, sharded=sharded, banks=cfg.compile,
+            compile_backend=backend, comm=comm,
         )  # fmt: skip
         parts.append(muon)
         ranks = process_group is not None and dist.get_world_size(process_group) > 1
         exchange = m.exchange
         if sharded:
             exchange = "sharded all_to_all" if m.sharded_ns == "gather" else "tensor-parallel"
+        if comm is not None:
+            ranks, exchange = True, f"sharded over {comm.world} ranks"
         dtype = str(ns_dtype).removeprefix("torch.")
         summary += f" (Newton-Schulz in {dtype}" + (f", exchange {exchange})" if ranks else ")")
         if muon.strategy.reduces_gradients:
@@ -76,7 +90,7 @@ def build_optimizer(
     rows = resolve_table(by_optimizer["adamw"], by_optimizer["muon"], cfg)
     if adamw_groups:
         a = cfg.adamw
-        if a.torch_equivalent:
+        if a.torch_equivalent and comm is None:  # torch's AdamW: one fused kernel on CUDA
             parts.append(
                 torch.optim.AdamW(
                     adamw_groups, betas=(a.beta1, a.beta2), eps=a.eps,
@@ -85,10 +99,13 @@ def build_optimizer(
                 )
             )  # fmt: skip
         else:
-            parts.append(Adam(adamw_groups, a, rows))
+            parts.append(Adam(adamw_groups, a, rows, fused=cfg.compile, compile_backend=backend,
+                              comm=comm))  # fmt: skip
             if cfg.tie_embed_head_until:
                 attach_tie(parts, named, cfg.tie_embed_head_until, a.update_every)
             summary += f" (Adam: eps {a.eps_placement}, {a.state_dtype} moments"
+            if cfg.compile:
+                summary += ", compiled"
             if a.weight_decay_form == "cautious":
                 summary += ", cautious decay"
             summary += f", every {a.update_every} steps)" if a.update_every > 1 else ")"
@@ -104,7 +121,10 @@ def build_optimizer(
     table = describe_groups(cfg, named)
     if rows:
         table += "\n" + describe_table(rows)
-    combined = CombinedOptimizer(parts, summary, table, self_reduced, offload, clip)
+    if comm is not None:  # every gradient is reduced by the optimizer, not DDP
+        self_reduced = [n for s in specs for n, _ in named[s.name]]
+    combined = CombinedOptimizer(parts, summary, table, self_reduced, offload, clip,
+                                 exchanges=comm is not None)  # fmt: skip
     if sharded or offload is not None:
         combined.init_state()
     if offload is not None:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 import optim.flat_state as flat
+from optim.muon.optimizer import Muon
 from optim.offload import StateOffload
 from optim.qk_clip import QKClip
 from optim.schedule import OptimValues
@@ -30,6 +31,7 @@ class CombinedOptimizer:
         self_reduced: list[str] | None = None,
         offload: StateOffload | None = None,
         clip: QKClip | None = None,
+        exchanges: bool = False,
     ) -> None:
         """`parts` in a fixed order (a checkpoint lists their states in it); every param
         group carries a unique "name", its parameters' "param_names", its base LR as
@@ -47,6 +49,11 @@ class CombinedOptimizer:
         self.offload = offload
         self._resident_depth = 0
         self.clip = clip
+        # Adam first: its small all-reduce and its tables' reductions lead, Muon's banks
+        # follow while Adam computes, and Adam's gather runs while Muon computes.
+        self.exchanging = sorted(parts, key=lambda o: isinstance(o, Muon)) if exchanges else []
+        for opt in self.exchanging:
+            opt.defer_finish = True
         self.stats: dict[str, float | int] = {}  # the last step's numbers to log (QK-clip)
         if clip is not None:
             clip.start()
@@ -67,7 +74,14 @@ class CombinedOptimizer:
                     group["momentum"] = values.muon_momentum
 
     def step(self) -> None:
-        if self.offload is None:
+        if self.exchanging:
+            for opt in self.exchanging:
+                opt.start_exchange()
+            for opt in self.exchanging:
+                opt.step()
+            for opt in self.exchanging:
+                opt.finish_exchange()
+        elif self.offload is None:
             for opt in self.parts:
                 opt.step()
         else:

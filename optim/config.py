@@ -39,6 +39,10 @@ STATE_DTYPES = ("param", "bf16", "fp32")
 ROLES = ("matrix", "embed", "head", "scalar")
 # How the LR cooldown is drawn (optim/schedule.py: `lr_multiplier`).
 COOLDOWN_FORMS = ("steps", "fraction", "from_step")
+# How the update is spread over ranks (optim/shards.py)
+DISTRIBUTIONS = ("replicated", "sharded")
+# torch.compile backends for `optim.compile_backend` (as model.compile_backend's)
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 
 @dataclass
@@ -207,6 +211,24 @@ class OptimConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     offload: bool = field(default=False, metadata=OPERATIONAL)
     """Keep optimizer state in CPU memory between steps (optim/offload.py)."""
+    compile: bool = field(default=False, metadata=OPERATIONAL)
+    """Compile the update: Muon's matrices stepped as banks, stacks of one shape
+    (optim/muon/banks.py), optim/adam.py's due tensors as one function (optim/adam_fused.py),
+    each one compiled graph; the same arithmetic as the uncompiled step to a few roundings
+    (docs/optimizer-speed.md). The conf/optim files set it to model.compile's value."""
+    compile_backend: str = field(
+        default="inductor", metadata={"choices": COMPILE_BACKENDS, **OPERATIONAL}
+    )
+    """torch.compile backend of `compile`: inductor generates kernels; aot_eager and eager
+    only trace (eager runs the banked step op for op as written)."""
+    distribute: str = field(
+        default="replicated", metadata={"choices": DISTRIBUTIONS, **OPERATIONAL}
+    )
+    """On several ranks (dist.strategy=ddp): replicated: DDP averages every gradient and every
+    rank runs the whole update (only Newton–Schulz is split, optim.muon.exchange) | sharded:
+    the optimizer reduce-scatters the gradients itself, each rank updates 1/W of Muon's banks
+    and of Adam's large tensors (their state too), and the new weights are all-gathered
+    (optim/shards.py); checkpoints stay whole."""
     lr_mul: dict[str, float] = field(default_factory=dict)
     """Per-parameter LR multipliers: {name pattern: factor}, patterns matched (fnmatch) against
     the parameters' qualified names, e.g. {"*mlp.fc*": 2.0} (the 2025-11 record's C_fc ×2).
@@ -226,10 +248,12 @@ class OptimConfig:
     (optim/partition.py), e.g. {"smear_gate.weight": "scalar"} puts a 2-D gate on Adam
     (record D's gates). Every pattern must match a parameter, none two with different roles."""
 
-    def validate(self, total_steps: int, scheduled_steps: int | None = None) -> None:
+    def validate(
+        self, total_steps: int, scheduled_steps: int | None = None, strategy: str = "ddp"
+    ) -> None:
         """Raise ValueError naming the `optim.*` key that is wrong. `total_steps`: train.steps;
         `scheduled_steps`: the LR schedule's span (train.steps − train.extension_steps),
-        default all of them."""
+        default all of them; `strategy`: dist.strategy."""
         for pattern, factor in self.lr_mul.items():
             if not factor > 0:
                 raise ValueError(f"optim.lr_mul[{pattern!r}] must be > 0, got {factor}")
@@ -241,6 +265,22 @@ class OptimConfig:
         self.muon.validate(total_steps)
         self.adamw.validate()
         self._validate_tie()
+        whole = {"optim.compile=true": self.compile,
+                 "optim.distribute=sharded": self.distribute == "sharded"}  # fmt: skip
+        if strategy == "fsdp" and any(whole.values()):
+            key = next(k for k, on in whole.items() if on)
+            raise ValueError(
+                f"{key} steps whole matrices and tables, which dist.strategy=fsdp shards: use "
+                "dist.strategy=ddp, or turn it off"
+            )
+        if self.distribute == "sharded" and self.offload:
+            raise ValueError(
+                "optim.offload=true can't run with optim.distribute=sharded; turn one off"
+            )
+        if self.compile and self.offload:
+            # Muon's banked state is stacks that each parameter's state entries view; offload
+            # frees and refills each state tensor's storage, which those views share.
+            raise ValueError("optim.offload=true can't run with optim.compile=true; turn one off")
         self.schedule.validate(total_steps if scheduled_steps is None else scheduled_steps)
 
     def _validate_tie(self) -> None:

@@ -21,6 +21,7 @@ steps, still after the T-th update. Gradients are averaged over ranks before the
 sums on every rank and on any number of ranks.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -76,11 +77,14 @@ class TiedEmbedHead:
         return out
 
     @torch.no_grad()
-    def after(self, state: Any) -> None:
-        """E ← Wᵀ after a tied update; after the T-th, E's Adam state ← W's (once)."""
+    def after(self, state: Any, target: Callable[[Tensor], Tensor] = lambda p: p) -> None:
+        """E ← Wᵀ after a tied update; after the T-th, E's Adam state ← W's (once).
+        `target`: what this rank updates of a parameter (its rows under
+        optim.distribute=sharded, where E and W are cut alike and E's rows are gathered with
+        the rest)."""
         if self._moved is None:
             return
-        self.embed.copy_(as_embed(self.head))
+        target(self.embed).copy_(as_embed(target(self.head)))
         if count(self._moved) == self.split_update:
             mine = state[self.embed]
             for key, value in self._moved.items():

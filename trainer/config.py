@@ -295,7 +295,7 @@ class Config:
         self.model.validate()
         self.data.validate()
         self.train.validate()
-        self.optim.validate(self.train.steps, self.train.scheduled_steps)
+        self.optim.validate(self.train.steps, self.train.scheduled_steps, self.dist.strategy)
         if self.optim.tie_embed_head_until and not self.model.embed.tied_init:
             raise ValueError(
                 "optim.tie_embed_head_until needs model.embed.tied_init=true (E starts as W)"

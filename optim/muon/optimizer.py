@@ -45,6 +45,7 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
 from optim.config import MuonConfig
+from optim.muon.banked import BankedGroups
 from optim.muon.master import master_of, new_mantissa, store
 from optim.muon.newton_schulz import orthogonalise
 from optim.muon.normuon import head_rows, merge, moment_shape, normalise, pieces, stat_dim
@@ -52,6 +53,7 @@ from optim.muon.sharded import ShardedOwners, ShardedTP
 from optim.muon.strategies import OwnerOnly, Replicated, Strategy
 from optim.muon.update import advance_momentum, apply_to_master, apply_update, momentum_update
 from optim.row_shards import local
+from optim.shards import Comm
 
 
 class Muon(torch.optim.Optimizer):
@@ -65,21 +67,41 @@ class Muon(torch.optim.Optimizer):
         ns_dtype: torch.dtype = torch.bfloat16,
         process_group: dist.ProcessGroup | None = None,
         sharded: bool = False,
+        banks: bool = False,
+        compile_backend: str | None = None,
+        comm: Comm | None = None,
         **overrides: Any,
     ) -> None:
         """`overrides`: `MuonConfig` fields to change from `settings` (default: the config's
         defaults). `process_group` is passed explicitly, never a silent fallback to the world
-        group; it is not used when `sharded` (the parameters' mesh decides)."""
+        group; it is not used when `sharded` (the parameters' mesh decides). `banks`: step
+        each group's same-shape matrices as stacks (optim/muon/banked.py), compiled with
+        `compile_backend` (a torch.compile backend; None: uncompiled); `comm`: share the
+        banks' rows out over its ranks (optim.distribute=sharded; implies `banks`)."""
         self.hp = replace(settings or MuonConfig(), **overrides)
         self.hp.validate()
         self.ns_dtype = ns_dtype  # the hardware's choice, not a param-group setting
         self._head_rows: dict[int, int] = {}  # the stepping group's split stacks (qk_split)
+        if comm is not None and (process_group is not None or sharded):
+            raise ValueError("Muon takes `comm` (optim.distribute=sharded) or a process group")
         self.strategy = self._strategy(process_group, sharded)
         hp = self.hp
         super().__init__(
             params, {"lr": hp.lr, "momentum": hp.momentum, "weight_decay": hp.weight_decay}
         )
         self.strategy.setup(self.param_groups, ns_dtype)
+        self.banked: BankedGroups | None = None
+        if banks or comm is not None:
+            if type(self.strategy) is not Strategy:
+                raise ValueError(
+                    "optim.compile=true steps Muon's matrices as banks, in one process or "
+                    "with optim.distribute=sharded; got several ranks with "
+                    "optim.distribute=replicated"
+                )
+            self.banked = BankedGroups(self.param_groups, self.hp, ns_dtype, self.state_dtype,
+                                       compile_backend, comm)  # fmt: skip
+            self.banked.attach(self.state)
+        self.defer_finish = False  # CombinedOptimizer finishes a sharded step itself
 
     def _strategy(self, group: dist.ProcessGroup | None, sharded: bool) -> Strategy:
         ns, hp = self.newton_schulz, self.hp
@@ -111,6 +133,16 @@ class Muon(torch.optim.Optimizer):
         if hp.exchange == "reduce_scatter":
             return OwnerOnly(ns, group)
         return Replicated(ns, group, hp.exchange, self.ns_dtype)
+
+    def start_exchange(self) -> None:
+        """optim.distribute=sharded: start the gradient reduction (no-op otherwise)."""
+        if self.banked is not None:
+            self.banked.start(self.param_groups)
+
+    def finish_exchange(self) -> None:
+        """optim.distribute=sharded: every rank's new weights into place (no-op otherwise)."""
+        if self.banked is not None:
+            self.banked.finish()
 
     @property
     def sharded(self) -> bool:
@@ -196,6 +228,11 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self.banked is not None:
+            self.banked.step(self.param_groups)
+            if not self.defer_finish:
+                self.finish_exchange()
+            return loss
         for index, group in enumerate(self.param_groups):
             params = group["params"]
             work = self.strategy.gradients(index, group)
@@ -230,6 +267,8 @@ class Muon(torch.optim.Optimizer):
         """The optimizer state, with every momentum buffer, whatever the strategy and world
         size. Owner-only (exchange=reduce_scatter on several ranks) gathers the owners'
         buffers, so every rank must call it (a rank-0-only call would wait forever)."""
+        if self.banked is not None and self.banked.comm is not None:
+            return self._banked_state_dict()
         sd = super().state_dict()
         strategy = self.strategy
         if not isinstance(strategy, OwnerOnly):
@@ -253,6 +292,16 @@ class Muon(torch.optim.Optimizer):
                 sd["state"].setdefault(number, {})["momentum_buffer"] = buf
         return sd
 
+    def _banked_state_dict(self) -> dict[str, Any]:
+        """Sharded banks: every parameter's whole state, gathered from its owner (a
+        collective), in torch's positional form."""
+        whole = self.banked.gathered_state()  # type: ignore[union-attr]  # the caller checks
+        sd = super().state_dict()
+        numbers = [n for g in sd["param_groups"] for n in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        sd["state"] = {n: whole[p] for n, p in zip(numbers, params, strict=True) if p in whole}
+        return sd
+
     def _restore_state_dtype(self, state_dict: dict[str, Any]) -> None:
         """Put back the fp32 momentum and second moments of bf16 matrices (master_weights)
         and the int16 low halves of their masters, all of which torch's `load_state_dict`
@@ -270,6 +319,8 @@ class Muon(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         if self.state_dtype is not None:
             self._restore_state_dtype(state_dict)
+        if self.banked is not None:  # this rank's rows into the stacks, the views back
+            self.banked.load(self.state, {p: dict(self.state[p]) for p in list(self.state)})
         if not isinstance(self.strategy, OwnerOnly):
             return
         for index, group in enumerate(self.param_groups):

@@ -119,13 +119,21 @@ def agree_on_config(conf: Config, rt: Runtime) -> Config:
     return conf
 
 
-def wrap_ddp(model: nn.Module, skip: list[str]) -> DDP:
+def wrap_ddp(model: nn.Module, skip: list[str]) -> DDP | None:
     """DDP around `model`, leaving alone the parameters named in `skip` and every buffer.
 
-    `skip` is for gradients reduced elsewhere (Muon's, with exchange=reduce_scatter); the
-    buffers (rotary frequencies) derive from the config, so every rank has them already and
-    broadcasting them each forward would be wasted traffic.
+    `skip` is for gradients reduced elsewhere (Muon's, with exchange=reduce_scatter; every
+    one under optim.distribute=sharded); the buffers (rotary frequencies) derive from the
+    config, so every rank has them already and broadcasting them each forward would be wasted
+    traffic. Where `skip` holds every trainable parameter there is nothing for DDP to do:
+    the parameters are broadcast from rank 0, as DDP's construction would, and None returned.
     """
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    if names <= set(skip):
+        with torch.no_grad():
+            for p in model.parameters():
+                dist.broadcast(p.data, src=0)
+        return None
     ignored = [*skip, *(name for name, _ in model.named_buffers())]
     DDP._set_params_and_buffers_to_ignore_for_model(model, ignored)
     return DDP(model, gradient_as_bucket_view=True)

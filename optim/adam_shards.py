@@ -1,0 +1,121 @@
+"""Adam's tensors shared out between ranks (`optim.distribute=sharded`): which are cut into
+rows, which are averaged whole, and the collectives around the update.
+
+- A tensor of at least `SHARD_MIN_VALUES` values and at least W rows (record D's token and
+  value tables, the bigram table and the head: 415M of its 415.3M Adam values) is cut into
+  rows (optim/shards.py): its gradient is reduce-scattered, rank r keeps the moments of its
+  rows only, updates those rows, and they are all-gathered after the update.
+- Every other tensor (scalars, gates, lambdas) is averaged whole by one all-reduce of a packed
+  buffer and updated on every rank alike (record #52: the collectives of many small pieces
+  would cost more than the update they would spread).
+
+The gradient is reduced every step, also on steps where Adam does not update
+(optim.adamw.update_every = 2): the sum of two steps' gradients is then a sum of averages, as
+under DDP, and its partial sum stays optimizer state that does not depend on the world size.
+"""
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from optim.shards import Comm, RowExchange, Rows, cut, gather_rows, wait
+
+# A tensor this large (and with at least as many rows as ranks) is cut into rows.
+SHARD_MIN_VALUES = 1 << 16
+
+
+class AdamShards:
+    """The sharded and the whole-averaged tensors of one Adam instance, their exchanges,
+    and each tensor's rows on this rank (see the module docstring)."""
+
+    def __init__(self, params: Sequence[Tensor], comm: Comm) -> None:
+        self.comm, self.world = comm, comm.world
+        self.params = list(params)
+        self.rows: dict[Tensor, Rows] = {}
+        by_dtype: dict[torch.dtype, list[Tensor]] = {}
+        small: dict[torch.dtype, list[Tensor]] = {}
+        for p in self.params:
+            if p.ndim and p.shape[0] >= self.world and p.numel() >= SHARD_MIN_VALUES:
+                self.rows[p] = cut(p.shape[0], p[0].numel(), self.world, comm.rank)
+                by_dtype.setdefault(p.dtype, []).append(p)
+            else:
+                small.setdefault(p.dtype, []).append(p)
+        self.exchanges = [
+            (ps, RowExchange([p.shape for p in ps], dtype, ps[0].device, comm))
+            for dtype, ps in by_dtype.items()
+        ]
+        self.small = [
+            (ps, torch.zeros(sum(p.numel() for p in ps), dtype=dtype, device=ps[0].device))
+            for dtype, ps in small.items()
+        ]
+        self._reducing: list = []
+        self._started = False
+
+    def target(self, p: Tensor) -> Tensor:
+        """What this rank updates of `p`: its rows (a view of the parameter), or all of it."""
+        rows = self.rows.get(p)
+        return p.detach() if rows is None else p.detach()[rows.start : rows.stop]
+
+    def start(self) -> None:
+        """Start every reduction: the sharded tensors' rows, the small ones' all-reduce."""
+        if self._started:
+            return
+        for ps, ex in self.exchanges:
+            ex.reduce([_grad(p) for p in ps])
+        self._reducing = []
+        for ps, flat in self.small:
+            torch._foreach_copy_(_pieces(flat, ps), [_grad(p).reshape(-1) for p in ps])
+            if self.world > 1:
+                flat.div_(self.world)
+            self._reducing.append(self.comm.all_reduce(flat))
+        self._started = True
+
+    def gradients(self) -> dict[Tensor, Tensor]:
+        """Wait for the reductions: {parameter: the average of its gradient over ranks, its
+        rows only where it is sharded} (views of the exchange buffers)."""
+        self.start()
+        self._started = False
+        out = {}
+        for ps, ex in self.exchanges:
+            out.update(zip(ps, ex.reduced(), strict=True))
+        for handle in self._reducing:
+            wait(handle)
+        for ps, flat in self.small:
+            for p, piece in zip(ps, _pieces(flat, ps), strict=True):
+                out[p] = piece.view(p.shape)
+        return out
+
+    def gather(self) -> None:
+        """Start sharing every rank's updated rows."""
+        for ps, ex in self.exchanges:
+            ex.gather([self.target(p) for p in ps])
+
+    def finish(self) -> None:
+        """Wait for the gathers; every sharded tensor whole again on every rank."""
+        for ps, ex in self.exchanges:
+            if ex.gathering:
+                ex.unpack([p.detach() for p in ps])
+
+    def whole(self, p: Tensor, value: Tensor) -> Tensor:
+        """A row-shaped state tensor of `p` gathered whole from its owners (a collective);
+        any other state as it is."""
+        rows = self.rows.get(p)
+        if rows is None or value.ndim == 0:
+            return value
+        return gather_rows(value, rows.rows, self.comm)
+
+    def mine(self, p: Tensor, value: Tensor) -> Tensor:
+        """This rank's rows of a whole row-shaped state tensor of `p` (a copy)."""
+        rows = self.rows.get(p)
+        if rows is None or value.ndim == 0:
+            return value
+        return value[rows.start : rows.stop].clone()
+
+
+def _grad(p: Tensor) -> Tensor:
+    return p.grad if p.grad is not None else torch.zeros_like(p)
+
+
+def _pieces(flat: Tensor, ps: Sequence[Tensor]) -> list[Tensor]:
+    return list(flat.split([p.numel() for p in ps]))
