@@ -45,6 +45,9 @@ class AdamShards:
             (ps, RowExchange([p.shape for p in ps], dtype, ps[0].device, comm))
             for dtype, ps in by_dtype.items()
         ]
+        if comm.local:
+            for ps, ex in self.exchanges:
+                ex.prime([p.detach() for p in ps])
         self.small = [
             (ps, torch.zeros(sum(p.numel() for p in ps), dtype=dtype, device=ps[0].device))
             for dtype, ps in small.items()

@@ -41,6 +41,7 @@ class Comm(Protocol):
 
     world: int
     rank: int
+    local: bool  # no other rank exists (LocalView): the others' rows keep their values
 
     def reduce_scatter(self, out: Tensor, inp: Tensor) -> "dist.Work | None": ...
     def all_gather(self, out: Tensor, inp: Tensor) -> "dist.Work | None": ...
@@ -49,6 +50,8 @@ class Comm(Protocol):
 
 class ProcessComm:
     """`Comm` over a process group, asynchronous (the group passed explicitly)."""
+
+    local = False
 
     def __init__(self, group: dist.ProcessGroup) -> None:
         self.group = group
@@ -69,6 +72,8 @@ class LocalView:
     """Rank `rank`'s share of a `world`-rank step, computed in one process with no
     communication, as if every rank held this process's gradients (their sum is then
     `world` times them) and the other ranks' rows stayed as they are."""
+
+    local = True
 
     def __init__(self, world: int, rank: int = 0) -> None:
         if not 0 <= rank < world:
@@ -155,6 +160,17 @@ class RowExchange:
         """Tensor i's rows of this rank in a one-segment buffer, as (mine, *shape[1:])."""
         c, off = self.cuts[i], self.offsets[i]
         return flat[off : off + c.mine * c.size].view(c.mine, *self.shapes[i][1:])
+
+    def prime(self, targets: Sequence[Tensor | Sequence[Tensor]]) -> None:
+        """Pack `targets` (as `unpack` takes them) into the gather buffer: under a local
+        comm (`LocalView`) the other ranks' rows are then their current values."""
+        for i, t in enumerate(targets):
+            slots, c = self._slots(self.gathered, i), self.cuts[i]
+            if isinstance(t, (list, tuple)):
+                for j, row in enumerate(t):
+                    slots[j // c.chunk, j % c.chunk].copy_(row.reshape(-1))
+            else:
+                _copy_rows(slots, t.reshape(c.rows, c.size), c, to_slots=True)
 
     def reduce(self, tensors: Sequence[Tensor | Sequence[Tensor]]) -> None:
         """Start the reduction of `tensors` (each whole, or a list of its rows): pack, divide

@@ -70,6 +70,8 @@ class BankedGroups:
                         f"optim.distribute=sharded needs one dtype per Muon group, got {dtypes}"
                     )
                 ex = RowExchange(shapes, dtypes.pop(), banks[0].params[0].device, comm)
+                if comm.local:
+                    ex.prime([[p.detach() for p in b.params] for b in banks])
             self.exchanges.append(ex)
         self._started = False
 
