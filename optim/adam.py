@@ -149,6 +149,14 @@ class Adam(torch.optim.Optimizer):
                 state["pending"] = torch.zeros((), dtype=torch.float32)
         return state
 
+    def updates_next(self) -> bool:
+        """Whether the next `step()` moves the parameters (optim.adamw.update_every: only
+        every k-th call does; a fresh optimizer's k-th)."""
+        k = self.hp.update_every
+        held = [self.state[p] for g in self.param_groups for p in g["params"] if p in self.state]
+        pending = int(held[0]["pending"]) if k > 1 and held and "pending" in held[0] else 0
+        return k == 1 or pending == k - 1
+
     def start_exchange(self) -> None:
         """optim.distribute=sharded: start the gradient reductions (no-op otherwise)."""
         if self.shards is not None:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 import optim.flat_state as flat
+from optim.adam import Adam
 from optim.muon.optimizer import Muon
 from optim.offload import StateOffload
 from optim.qk_clip import QKClip
@@ -93,6 +94,16 @@ class CombinedOptimizer:
             self.offload.release()
         if self.clip is not None:
             self.stats = self.clip.apply()
+
+    def period(self) -> int:
+        """Steps per period of the update: the largest optim.adamw.update_every among the
+        parts (1: every step updates every part)."""
+        return max([opt.hp.update_every for opt in self.parts if isinstance(opt, Adam)] or [1])
+
+    def full_next(self) -> bool:
+        """Whether the next `step()` updates every part: False on the steps where Adam only
+        sums its gradient (optim.adamw.update_every > 1), which cost less."""
+        return all(opt.updates_next() for opt in self.parts if isinstance(opt, Adam))
 
     @contextmanager
     def resident(self) -> Iterator[None]:

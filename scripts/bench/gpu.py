@@ -18,12 +18,21 @@ of each phase: its sequence length and window; the record's per-phase times besi
 the window changes what attention costs, and it reaches the
 compiled graph as a tensor, so it should never recompile. Compile state is reset between
 presets; each window in the run's order is warmed up (its warm-up includes its compile), then
-`--steps` steps at it are timed, each with a device synchronise, and their median is the row's
-step; then evaluation runs once (eval mode, the validation shape; a GPU out of memory there
-is reported in the eval column, the training rows stand). Graphs and graph breaks count what
-the preset's compile made and met, evaluation included; recompiles count graphs compiled
-during the row's timed steps. Graph breaks and recompiles 0 and 0: one graph per mode
-(training, evaluation), compiled once during warm-up.
+`--steps` consecutive steps at it are timed (rounded up to whole Adam periods), each with a
+device synchronise: the row's ms/step is their mean, what a run's step costs, and the medians
+of its normal and Adam steps stand beside it (scripts/bench/step_times.py); then evaluation
+runs once (eval mode, the validation shape; a GPU out of memory there is reported in the eval
+column, the training rows stand).
+
+`--world W`: each GPU's share at W GPUs (batch / W sequences) with rank 0's share of the
+optimizer under optim.distribute=sharded (`LocalView`, no communication): one GPU's step of a
+W-GPU run, beside the record's per-GPU ms. `--optimizer`: the optimizer step alone after the
+rows, eager against compiled (scripts/bench/optim_step.py). `--profile DIR`: a torch.profiler
+table of one normal and one Adam step at the first window, per preset, into DIR.
+
+Graphs and graph breaks count what the preset's compile made and met, evaluation included;
+recompiles count graphs compiled during the row's timed steps. Graph breaks and recompiles
+0 and 0: one graph per mode (training, evaluation), compiled once during warm-up.
 
 MFU is `model/flops.py`'s count of the timed batches (attention over the context each layer's
 mask lets through) over the step time and the GPU's bf16 peak (`trainer/observe/flops.py`): the
@@ -36,7 +45,6 @@ tokens × 768 → 50,304 logits, compiled, in FP8 (`model.head.FP8Matmul`) and a
 
 import argparse
 import logging
-import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,8 +60,20 @@ from model import GPT
 from model.masks import EOT
 from model.window_schedule import phase_index, phase_start
 from optim import CombinedOptimizer, build_optimizer
+from optim.shards import LocalView
 from scripts.bench.head import bench_head, print_head, timed
-from trainer.config import Config, register_configs, to_config
+from scripts.bench.preset_rows import COLUMNS, format_row
+from scripts.bench.presets import (  # noqa: F401  (re-exported: the benchmarks' presets)
+    GPUS,
+    PRESETS,
+    RECORD_STEP_MS,
+    TOY,
+    TOY_EXTRA,
+    compose,
+    hydra_config,
+)
+from scripts.bench.step_times import profile_steps, time_steps
+from trainer.config import Config
 from trainer.forward import evaluate, forward_backward
 from trainer.launch.compile import CompileCounts, compile_model, reset_compile_state
 from trainer.observe.flops import mfu, peak_flops
@@ -62,48 +82,6 @@ from trainer.schedule import Schedule
 from trainer.step import filled
 
 log = logging.getLogger(__name__)  # progress, seen when a caller configures logging
-CONF = Path(__file__).resolve().parents[2] / "conf"
-GPUS = 8  # the records' world: each GPU runs batch_size / 8 sequences per step
-# The records' own ms per step on one of their 8 GPUs; by batch phase for the 2025-11 record
-RECORD_STEP_MS = {
-    "record_2024_11_06": 154.78, "record_2025_01_26": 100.0,
-    "record_2025_11_29": (33.9, 60.1, 88.1), "record_2026_07_17": (31.50, 56.82, 82.78),
-}  # fmt: skip
-PRESETS = {
-    "record_2024_11_06": ["experiment=record_2024_11_06"],
-    "record_2025_01_26": ["experiment=record_2025_01_26"],
-    "record_2025_11_29": ["experiment=record_2025_11_29"],
-    "record_2026_07_17": ["experiment=record_2026_07_17"],
-    "dense_124m": [  # GPT-2 small as it comes, compiled, 64 x 1024 tokens per GPU
-        "model=gpt2_124m", "model.compile=true", "train.autocast=bf16", "train.seq_len=1024",
-        f"train.batch_size={64 * GPUS}", "train.micro_batch_size=64",
-    ],
-}  # fmt: skip
-TOY = [  # 3 layers (long, short, long windows in the 2025-01 layout), 16 blocks of 16 tokens
-    "model.n_layer=3", "model.n_embd=64", "model.n_head=1", "model.attention.window_block=16",
-    "train.seq_len=256", f"train.batch_size={GPUS}", "train.micro_batch_size=1",
-    "train.val_seq_len=512",
-]  # fmt: skip
-TOY_WINDOW = "model.attention.window_tokens=192"  # 1 -> 12 of the 16 blocks, where windows grow
-# The 2025-11 record at 4 layers (record layers 0, 4, 7, 11: skip 4 -> 7 is 1 -> 2, the backout
-# of record layer 8 the nearest, 7) and its three sequence lengths at toy size
-TOY_EXTRA = {
-    "record_2025_11_29": [
-        "model.n_layer=4", "model.n_head=2", "model.residual.skip_from=1",
-        "model.residual.skip_to=2",
-        "model.residual.backout_layer=2", "train.seq_len_phases=[64,128,256]",
-    ],
-    # The 2026-07 record with its own 11-layer table, 6 heads of 8 (paired heads need 6).
-    "record_2026_07_17": [
-        "model.n_layer=11", "model.n_head=6", "model.n_embd=48", "model.embed.bigram_rows=256",
-        "model.embed.bigram_dim=8", "model.residual.mudd_hidden=8",
-        "train.seq_len_phases=[64,128,256]", "data.max_piece_len=128",
-        "data.max_piece_len_phases=[32,128,128]", "optim.tie_embed_head_until=5",
-    ],
-}  # fmt: skip
-# On a CPU: trace (graph breaks and recompiles are counted) without inductor's kernel builds.
-# Masks stay dense (attention_impl auto = sdpa here): FlexAttention has no backward on a CPU.
-TOY_CPU = ["model.compile=true", "model.compile_backend=eager"]
 HEAD_SHAPE, HEAD_TOY_SHAPE = (49152, 768, 50304), (512, 128, 50304)  # tokens, d, vocab
 DOC_TOKENS = 1000  # mean document length of the random tokens
 Batch = tuple[Tensor, Tensor]
@@ -121,39 +99,25 @@ class Bench:
     count: Callable[..., Tensor]  # the model's FLOP count (GPT.count_flops)
     rows: int  # sequences per GPU per step
     accum: int  # micro-steps they are split into
+    world: int  # the GPUs whose one's share this is
 
 
-def compose(name: str, device: str, toy: bool, sets: list[str]) -> Config:
-    """The preset's config: its overrides, then the toy's, then `--set`'s."""
-    overrides = [*PRESETS.get(name, [f"experiment={name}"]), "run_dir=.", f"train.device={device}"]
-    if toy:
-        overrides += [*TOY, *(TOY_CPU if device == "cpu" else []), *TOY_EXTRA.get(name, [])]
-        model = hydra_config([*overrides, *sets]).model
-        if model.attention.window and not model.attention.window_phases:
-            overrides.append(TOY_WINDOW)
-    return hydra_config([*overrides, *sets])
-
-
-def hydra_config(overrides: list[str]) -> Config:
-    from hydra import compose, initialize_config_dir
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return to_config(compose(config_name="config", overrides=overrides))
-
-
-def build(conf: Config) -> Bench:
-    """Model, optimizer object and compile as in train.py, for one GPU of `GPUS`."""
+def build(conf: Config, world: int | None = None) -> Bench:
+    """Model, optimizer object and compile as in train.py, for one GPU of `GPUS` (the whole
+    optimizer), or of `world` (rank 0's share of the optimizer, optim.distribute=sharded)."""
     t = conf.train
     rt = init_runtime(t.device, t.autocast)
-    accum = t.accumulation_steps(GPUS)
+    gpus = world or GPUS
+    accum = t.accumulation_steps(gpus)
     torch.manual_seed(0)
     model = GPT(conf.model).to(rt.device)
     model.micro_steps = accum
-    opt = build_optimizer(model, conf.optim, device=rt.device)
+    comm = LocalView(world) if world and world > 1 else None
+    opt = build_optimizer(model, conf.optim, device=rt.device, comm=comm)
     fwd = compile_model(model, conf.model.compile_backend) if conf.model.compile else model
     schedule = Schedule.for_run(t, conf.optim, conf.model)
-    return Bench(conf, rt, fwd, opt, schedule, model.count_flops, t.batch_size // GPUS, accum)
+    return Bench(conf, rt, fwd, opt, schedule, model.count_flops, t.batch_size // gpus, accum,
+                 gpus)  # fmt: skip
 
 
 def random_batch(rows: int, seq_len: int, rng: np.random.Generator) -> Batch:
@@ -197,8 +161,10 @@ def model_args(b: Bench, step: int) -> dict[str, Tensor]:
 
 def train_step(b: Bench, step: int, batch: Batch, args: dict[str, Tensor]) -> None:
     b.opt.set_step(b.schedule.at(step).optim)
-    forward_backward(b.fwd, batch, b.rt, b.accum, None, args)
-    b.opt.step()
+    with torch.profiler.record_function("forward_backward"):
+        forward_backward(b.fwd, batch, b.rt, b.accum, None, args)
+    with torch.profiler.record_function("optimizer"):
+        b.opt.step()
     b.opt.zero_grad(set_to_none=True)
 
 
@@ -214,8 +180,9 @@ def window_label(b: Bench, step: int) -> str:
 
 
 def warm_up(b: Bench, windows: list[int], steps: int, rng: np.random.Generator) -> dict:
-    """Seconds of warm-up: `steps` training steps at each window."""
-    warm = {}
+    """Seconds of warm-up: `steps` training steps at each window, rounded up to whole Adam
+    periods (both kinds of step compile their graphs: the Adam step its own)."""
+    warm, steps = {}, steps + -steps % b.opt.period()
     for s in windows:
         batches = [random_batch(b.rows, seq_len(b, s), rng) for _ in range(steps)]
         args = model_args(b, s)
@@ -239,42 +206,49 @@ def warm_up_eval(b: Bench, step: int, rng: np.random.Generator) -> float | str:
     return seconds
 
 
-def time_window(
-    b: Bench, step: int, steps: int, rng: np.random.Generator
-) -> tuple[float, float, int]:
-    """The median seconds of `steps` training steps at `step`'s window, their batches' mean
-    FLOPs, and how many graphs were compiled meanwhile."""
+def time_window(b: Bench, step: int, steps: int, rng: np.random.Generator) -> tuple[dict, float]:
+    """`steps` training steps at `step`'s window (whole Adam periods, `time_steps`): their
+    mean and the medians of each kind ("step_s", "normal_s", "adam_s"), how many graphs
+    were compiled meanwhile ("recompiles"); and their batches' mean FLOPs."""
     args, before = model_args(b, step), CompileCounts.now()
-    times, flops = [], []
-    for _ in range(steps):
-        x, y = (u.to(b.rt.device) for u in random_batch(b.rows, seq_len(b, step), rng))
-        flops.append(b.count(x, **args))
-        times.append(timed(b.rt, train_step, b, step, (x, y), args))
-    recompiles = (CompileCounts.now() - before).graphs
-    return statistics.median(times), torch.stack(flops).mean().item(), recompiles
+    batches = [tuple(u.to(b.rt.device) for u in random_batch(b.rows, seq_len(b, step), rng))
+               for _ in range(steps + 1)]  # fmt: skip
+    flops = torch.stack([b.count(x, **args) for x, _ in batches]).mean().item()
+    it = iter(batches)
+    times = time_steps(b.rt, b.opt, steps, lambda: train_step(b, step, next(it), args))
+    out = {"step_s": times.period_s, "normal_s": times.median_s("normal"),
+           "adam_s": times.median_s("adam"),
+           "recompiles": (CompileCounts.now() - before).graphs}  # fmt: skip
+    return out, flops
 
 
 def bench_preset(
     name: str, b: Bench, steps: int, warmup: int, peak: float | None,
-    on_row: Callable[[list[dict]], None] | None = None,
+    on_row: Callable[[list[dict]], None] | None = None, profile: Path | None = None,
 ) -> list[dict]:  # fmt: skip
     """Each representative window in the run's order: warmed up, then its steps timed; then
     the evaluation (last, so that the training rows stand whatever it costs). `on_row` gets
-    the rows so far after each one (a caller under a time cap keeps what was measured)."""
+    the rows so far after each one (a caller under a time cap keeps what was measured);
+    `profile`: a file for the profile of the first window's steps."""
     rng, start, rows = np.random.default_rng(0), CompileCounts.now(), []
     for s in window_steps(b):
         warm = warm_up(b, [s], warmup, rng)
         tokens = b.rows * seq_len(b, s)
-        step_s, flops, recompiles = time_window(b, s, steps, rng)
+        t, flops = time_window(b, s, steps, rng)
         seen = CompileCounts.now() - start
+        ms = {k.replace("_s", "_ms"): v * 1e3 if v is not None else None
+              for k, v in t.items() if k.endswith("_s")}  # fmt: skip
         rows.append({
-            "preset": name, "window": window_label(b, s), "tokens": tokens,
-            "warmup_s": warm[s], "eval_warmup_s": None,
-            "step_ms": step_s * 1e3, "tokens_per_s": tokens / step_s,
-            "mfu": mfu(flops, step_s, peak) if peak else None, "graphs": seen.graphs,
-            "graph_breaks": seen.graph_breaks, "recompiles": recompiles,
+            "preset": name, "window": window_label(b, s), "tokens": tokens, "world": b.world,
+            "warmup_s": warm[s], "eval_warmup_s": None, **ms,
+            "tokens_per_s": tokens / t["step_s"],
+            "mfu": mfu(flops, t["step_s"], peak) if peak else None, "graphs": seen.graphs,
+            "graph_breaks": seen.graph_breaks, "recompiles": t["recompiles"],
             "record_ms": record_ms(name, b, s),
         })  # fmt: skip
+        if profile is not None and len(rows) == 1:
+            profile_window(b, s, rng, profile, f"{name}, window {window_label(b, s)}, "
+                           f"{tokens:,} tokens per GPU, world {b.world}")  # fmt: skip
         log.info("%s", format_row(rows[-1]))
         if on_row is not None:
             on_row(rows)
@@ -285,28 +259,10 @@ def bench_preset(
     return rows
 
 
-COLUMNS = (
-    "| preset | window (blocks, long/short) | tokens/step/GPU | warm-up s (train / eval) "
-    "| ms/step | tokens/s | MFU | graphs | graph breaks | recompiles | record ms/step |"
-)
-
-
-def eval_cell(seconds: float | str | None) -> str:
-    """ " / s" of the evaluation's warm-up, " / why not", or nothing (not this row's)."""
-    if seconds is None:
-        return ""
-    return f" / {seconds:.1f}" if isinstance(seconds, float) else f" / {seconds}"
-
-
-def format_row(r: dict) -> str:
-    warm = f"{r['warmup_s']:.1f}" + eval_cell(r["eval_warmup_s"])
-    cells = [
-        r["preset"], r["window"], f"{r['tokens']:,}", warm, f"{r['step_ms']:.1f}",
-        f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}" if r["mfu"] is not None else "-",
-        str(r["graphs"]), str(r["graph_breaks"]), str(r["recompiles"]),
-        f"{r['record_ms']:.2f}" if r["record_ms"] else "-",
-    ]  # fmt: skip
-    return "| " + " | ".join(cells) + " |"
+def profile_window(b: Bench, step: int, rng: np.random.Generator, path: Path, title: str) -> None:
+    """One normal and one Adam step at `step`'s window under the profiler, into `path`."""
+    args, batch = model_args(b, step), random_batch(b.rows, seq_len(b, step), rng)
+    profile_steps(b.opt, lambda: train_step(b, step, batch, args), path, title)
 
 
 def parse_args() -> argparse.Namespace:
@@ -320,6 +276,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--toy", action="store_true", help="a tiny model (smoke test, e.g. on CPU)")
     p.add_argument("--head", action="store_true", help="the LM head alone (on a CPU too)")
     p.add_argument("--peak-tflops", type=float, help="bf16 dense peak (default: the GPU's)")
+    p.add_argument("--world", type=int, help="one GPU's share of this many, rank 0's optimizer")
+    p.add_argument("--optimizer", action="store_true", help="then the optimizer step alone")
+    p.add_argument("--profile", type=Path, metavar="DIR", help="a profile per preset, into DIR")
     return p.parse_args()
 
 
@@ -332,12 +291,21 @@ def main() -> None:
         print(COLUMNS + "\n" + "|---" * COLUMNS.count(" | ") + "|---|", flush=True)
     for name in presets:
         reset_compile_state()
-        b = build(compose(name, args.device, args.toy, args.set))
+        conf = compose(name, args.device, args.toy, args.set)
+        b = build(conf, args.world)
         peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(b.rt.device)
         warmup = args.warmup or (1 if args.toy else 2)
-        for row in bench_preset(name, b, args.steps, warmup, peak):
+        if args.profile is not None:
+            args.profile.mkdir(parents=True, exist_ok=True)
+        where = args.profile / f"{name}.txt" if args.profile is not None else None
+        for row in bench_preset(name, b, args.steps, warmup, peak, profile=where):
             print(format_row(row), flush=True)
         del b
+        if args.optimizer:
+            from scripts.bench.optim_step import bench, table
+
+            out = bench(conf, init_runtime(args.device, "none"), args.steps, 4, args.world or 1)
+            print(table(name, "toy" if args.toy else "real", args.world or 1, out), flush=True)
     rt = init_runtime(args.device, "none")
     if args.head or (rt.device.type == "cuda" and not args.toy):
         reset_compile_state()

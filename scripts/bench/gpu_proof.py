@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parents[2]
 # before a kernel error, so theirs are guesses with room (three stages, three compiles).
 CAPS = {
     "env": 20, "record_2024_11_06": 80, "record_2025_01_26": 90, "record_2025_11_29": 240,
-    "record_2026_07_17": 600, "dense_124m": 60, "head": 40, "strategies": 80, "real_run": 300,
+    "record_2026_07_17": 600, "optimizer": 150, "dense_124m": 60, "head": 40, "strategies": 80,
+    "real_run": 300,
 }  # fmt: skip
 TOY_CAP = 60
 BUDGET_S = sum(CAPS.values())  # ~25 min; `--budget 570` fits a ten-minute slot, parts in order
@@ -59,6 +60,8 @@ def run_part(
         return parts.preset(name, device, toy, partial)
     if name == "head":
         return parts.head(device, toy)
+    if name == "optimizer":
+        return parts.optimizer(device, toy)
     if name == "strategies":
         return parts.strategies(device, toy, data_dir)
     if name == "real_run":

@@ -3,7 +3,10 @@ thing and returns it as plain data. The proof runs each part in a process of its
 that part's time cap; `--toy` makes every part tiny, so a CPU runs all of them in seconds.
 
 - a record preset or the dense 124M model: `scripts/bench/gpu.py`'s rows (one GPU's share of
-  the global batch, compiled, at the first, middle and last window or batch phase);
+  the global batch, compiled, at the first, middle and last window or batch phase; record #89
+  as one GPU of 8, with rank 0's share of its sharded optimizer, and a profile of its steps);
+- the optimizer step alone at record #89's shapes, eager against compiled, on one GPU and as
+  rank 0 of 8 (`scripts/bench/optim_step.py`);
 - the LM head alone, FP8 against bf16;
 - ddp, fsdp and ddp with `optim.offload=true`, each a short train.py run on random tokens;
 - a real run of the newest preset on the sample corpus, whose loss must fall and stay finite;
@@ -30,12 +33,17 @@ from trainer.runtime import init_runtime
 
 NEWEST = "record_2026_07_17"
 PRESETS = ("record_2024_11_06", "record_2025_01_26", "record_2025_11_29", NEWEST, "dense_124m")
+# The presets measured as one GPU of a W-GPU run (`--world`: rank 0's share of the sharded
+# optimizer), and profiled (a file beside the proof's results)
+WORLDS = {NEWEST: 8}
+PROFILED = (NEWEST,)
+OPTIMIZER_WORLDS = (1, 8)  # the optimizer part's rows: one GPU's whole step, rank 0's of 8
 # Timed steps and warm-up steps per window of a preset (at toy size: one each)
 STEPS, WARMUP = 5, 1
 HEAD_STEPS = 10
 # At toy size the presets run eagerly: the proof's plumbing, in seconds (the compile's graphs,
 # breaks and recompiles at toy size: tests/e2e/test_static_compile.py)
-TOY_SETS = ["model.compile=false"]
+TOY_SETS = ["model.compile=false", "optim.compile_backend=eager"]
 # The strategy runs: GPT-2 small on random tokens, eager (the comparison, not the compile)
 STRATEGY_RUN = ["experiment=synthetic_throughput", "model.compile=false", "train.steps=12"]
 STRATEGY_TOY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=64", "train.seq_len=64",
@@ -72,7 +80,10 @@ def preset(name: str, device: str, toy: bool, partial: Path | None = None) -> di
     """A preset's compiled step at its representative windows and batch phases; the rows so
     far go to `partial` (JSON) as each is measured, for a proof that stops the part."""
     reset_compile_state()
-    b = build(compose(name, device, toy, TOY_SETS if toy else []))
+    b = build(compose(name, device, toy, TOY_SETS if toy else []), WORLDS.get(name))
+    where = None
+    if partial is not None and name in PROFILED:
+        where = partial.parent / f"profile_{name}.txt"
 
     def keep(rows: list[dict]) -> None:
         if partial is not None:  # whole or not at all: the proof may stop this process
@@ -80,7 +91,23 @@ def preset(name: str, device: str, toy: bool, partial: Path | None = None) -> di
             tmp.write_text(json.dumps({"rows": rows}))
             os.replace(tmp, partial)
 
-    rows = bench_preset(name, b, 1 if toy else STEPS, WARMUP, peak_flops(b.rt.device), keep)
+    rows = bench_preset(name, b, 1 if toy else STEPS, WARMUP, peak_flops(b.rt.device), keep,
+                        where)  # fmt: skip
+    return {"rows": rows}
+
+
+def optimizer(device: str, toy: bool) -> dict[str, Any]:
+    """The optimizer step alone at the newest preset's shapes: eager and compiled, normal
+    and Adam steps, on one GPU and as rank 0 of 8."""
+    from scripts.bench.optim_step import bench
+
+    conf = compose(NEWEST, device, toy, TOY_SETS if toy else [])
+    rt = init_runtime(device, "none")
+    rows = []
+    for world in OPTIMIZER_WORLDS:
+        reset_compile_state()
+        out = bench(conf, rt, 2 if toy else 10, 2 if toy else 4, world)
+        rows += [{"world": world, "mode": mode, **s} for mode, s in out.items()]
     return {"rows": rows}
 
 

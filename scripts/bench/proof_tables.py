@@ -3,11 +3,12 @@ text goes to `gpu_proof.md` and, through `--render`, into docs/gpu-proof.md."""
 
 from typing import Any
 
-from scripts.bench.gpu import eval_cell
+from scripts.bench.preset_rows import eval_cell, kinds_cell
 
 PRESET_COLUMNS = (
-    "| preset | window (blocks, long/short) | tokens/step/GPU | ms/step | record ms/step/GPU "
-    "| tokens/s | MFU | compile s (train / eval) | graphs | graph breaks | recompiles |"
+    "| preset | window (blocks, long/short) | GPUs | tokens/step/GPU | ms/step (period mean) "
+    "| normal / Adam ms | record ms/step/GPU | tokens/s | MFU | compile s (train / eval) "
+    "| graphs | graph breaks | recompiles |"
 )
 
 
@@ -31,6 +32,7 @@ def tables(results: dict[str, Any]) -> str:
     for part in parts.values():
         if "preset" in _first(part):
             out += [_preset_row(r) for r in part["rows"]]
+    out += _optimizer(parts.get("optimizer"))
     out += _head(parts.get("head")) + _strategies(parts.get("strategies"))
     out += _real_run(parts.get("real_run")) + _status(parts)
     return "\n".join(out)
@@ -44,12 +46,25 @@ def _first(part: dict) -> dict:
 def _preset_row(r: dict) -> str:
     warm = f"{r['warmup_s']:.1f}" + eval_cell(r.get("eval_warmup_s"))
     cells = [
-        r["preset"], r["window"], f"{r['tokens']:,}", f"{r['step_ms']:.1f}",
+        r["preset"], r["window"], str(r.get("world", 8)), f"{r['tokens']:,}",
+        f"{r['step_ms']:.1f}", kinds_cell(r),
         f"{r['record_ms']:.1f}" if r.get("record_ms") else "-", f"{r['tokens_per_s']:,.0f}",
         f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-", warm, str(r["graphs"]),
         str(r["graph_breaks"]), str(r["recompiles"]),
     ]  # fmt: skip
     return "| " + " | ".join(cells) + " |"
+
+
+def _optimizer(part: dict | None) -> list[str]:
+    if not part or not part.get("rows"):
+        return []
+    out = ["", "| optimizer step alone, record #89's shapes | GPUs (rank 0's share) | mode "
+           "| normal ms | Adam ms | period mean ms |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in part["rows"]:
+        cells = [f"{r[k]:.2f}" if r.get(k) is not None else "-"
+                 for k in ("normal_ms", "adam_ms", "period_ms")]  # fmt: skip
+        out.append(f"| | {r['world']} | {r['mode']} | " + " | ".join(cells) + " |")
+    return out
 
 
 def _head(part: dict | None) -> list[str]:

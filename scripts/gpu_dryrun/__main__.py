@@ -47,6 +47,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stages", default="1", help="how many stages to step through, or 'all'")
     p.add_argument("--full", action="store_true", help="the real size, not the GPU toy")
     p.add_argument("--no-eval", action="store_true", help="skip the evaluation graph")
+    p.add_argument(
+        "--optimizer",
+        action="store_true",
+        help="the optimizer step alone: kernel launches, eager against compiled",
+    )
+    p.add_argument("--world", type=int, default=1,
+                   help="with --optimizer: rank 0's share of this many ranks")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a Hydra override (repeatable)")  # fmt: skip
     return p.parse_args()
@@ -85,6 +92,8 @@ def main() -> int:
 
     toy = not args.full
     sets = [*(GPU_TOY[args.experiment] if toy else []), *args.set]
+    if args.optimizer:
+        return optimizer(args, gpu.compose(args.experiment, "cuda", toy, sets))
     b = gpu.build(gpu.compose(args.experiment, "cuda", toy, sets))
     steps = gpu.window_steps(b)
     if args.stages != "all":
@@ -103,6 +112,21 @@ def main() -> int:
         f"{seen.graphs} graphs, {seen.graph_breaks} graph breaks",
         flush=True,
     )
+    return 0
+
+
+def optimizer(args: argparse.Namespace, conf: object) -> int:
+    """--optimizer: kernel launches of a normal and an Adam step, eager and compiled."""
+    from scripts.gpu_dryrun.launches import optimizer_rows
+
+    t0 = time.perf_counter()
+    rows = optimizer_rows(conf, args.world)
+    size = "full" if args.full else "GPU toy"
+    print(f"| {args.experiment} ({size}), world {args.world} | normal step | Adam step |")
+    print("|---|---|---|")
+    for r in rows:
+        print(f"| {r['mode']} | {r.get('normal', '-')} | {r.get('adam', '-')} |")
+    print(f"({time.perf_counter() - t0:.0f} s, {compiles()} Triton compiles)", flush=True)
     return 0
 
 

@@ -20,6 +20,7 @@
 #include <ATen/ops/view_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/unfold_native.h>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -47,6 +48,15 @@ C10_REGISTER_GUARD_IMPL(CUDA, c10::impl::FakeGuardImpl<c10::DeviceType::CUDA>);
 
 namespace {
 void host_free(void* p) { std::free(p); }
+
+// Kernel launches: every op this device's backend computes (a kernel each on a GPU), counted
+// once at the outermost call (the CPU fallback's own copies in and out are not launches).
+std::atomic<int64_t> launches{0};
+thread_local int depth = 0;
+struct Launch {
+  Launch() { if (depth++ == 0) launches.fetch_add(1, std::memory_order_relaxed); }
+  ~Launch() { --depth; }
+};
 
 struct HostAsCuda final : c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
@@ -84,16 +94,19 @@ at::Tensor as_cpu(const at::Tensor& t) {
 }
 
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool) {
+  Launch launch;
   as_cpu(self).copy_(as_cpu(src));
   return self;
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {
+  Launch launch;
   as_cpu(dst).copy_(as_cpu(self));
   return dst;
 }
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  Launch launch;
   if (!dst.sizes().equals(self.sizes())) dst.resize_(self.sizes());
   as_cpu(dst).copy_(as_cpu(self));
   return dst;
@@ -127,43 +140,68 @@ at::Tensor& fit(at::Tensor& out, std::vector<int64_t> size) {
   if (!out.sizes().equals(size)) resize_(out, size, std::nullopt);
   return out;
 }
-at::Tensor mm(const at::Tensor& a, const at::Tensor& b) { return shaped(a, {a.size(0), b.size(1)}); }
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
+  Launch launch;
+  return shaped(a, {a.size(0), b.size(1)});
+}
 at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  Launch launch;
   return fit(out, {a.size(0), b.size(1)});
 }
 at::Tensor addmm(const at::Tensor&, const at::Tensor& a, const at::Tensor& b, const c10::Scalar&,
                  const c10::Scalar&) {
+  Launch launch;
   return shaped(a, {a.size(0), b.size(1)});
 }
 at::Tensor& addmm_out(const at::Tensor&, const at::Tensor& a, const at::Tensor& b,
                       const c10::Scalar&, const c10::Scalar&, at::Tensor& out) {
+  Launch launch;
   return fit(out, {a.size(0), b.size(1)});
 }
 at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
+  Launch launch;
   return shaped(a, {a.size(0), a.size(1), b.size(2)});
 }
 at::Tensor& bmm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  Launch launch;
   return fit(out, {a.size(0), a.size(1), b.size(2)});
 }
 at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor&, const at::Tensor&,
                      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                      std::optional<c10::ScalarType> out_dtype, bool) {
+  Launch launch;
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "_scaled_mm: shapes");
   TORCH_CHECK(a.is_contiguous() && b.t().is_contiguous(),
               "_scaled_mm: the first operand row-major and the second column-major");
   TORCH_CHECK(a.size(1) % 16 == 0 && b.size(1) % 16 == 0, "_scaled_mm: sizes divisible by 16");
   return shaped(a, {a.size(0), b.size(1)}, out_dtype.value_or(c10::kBFloat16));
 }
+// The out= form, which compiled code calls: the same checks, and the output only sized (its
+// values would come from the CPU's reference FP8 kernel, minutes at a GPU's sizes).
+at::Tensor& scaled_mm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa,
+                          const at::Tensor& sb, const std::optional<at::Tensor>& bias,
+                          const std::optional<at::Tensor>& scale_result,
+                          std::optional<c10::ScalarType> out_dtype, bool fast, at::Tensor& out) {
+  scaled_mm(a, b, sa, sb, bias, scale_result, out_dtype, fast);
+  return fit(out, {a.size(0), b.size(1)});
+}
 
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Launch launch;
   at::native::cpu_fallback(op, stack);
 }
 
-c10::Scalar local_scalar_dense(const at::Tensor& self) { return as_cpu(self).item(); }
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  Launch launch;
+  return as_cpu(self).item();
+}
 
 }  // namespace
 
 REGISTER_ALLOCATOR(c10::DeviceType::CUDA, &host_as_cuda);
+
+// Read by scripts/gpu_dryrun/launches.py through ctypes.
+extern "C" int64_t host_cuda_launches() { return launches.load(); }
 
 TORCH_LIBRARY_IMPL(aten, CUDA, m) {
   m.impl("empty_strided", empty_strided);
@@ -180,6 +218,7 @@ TORCH_LIBRARY_IMPL(aten, CUDA, m) {
   m.impl("bmm", bmm);
   m.impl("bmm.out", bmm_out);
   m.impl("_scaled_mm", scaled_mm);
+  m.impl("_scaled_mm.out", scaled_mm_out);
   // Views share the host memory: the device-independent implementations.
   m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
   m.impl("view", TORCH_FN(at::native::view));

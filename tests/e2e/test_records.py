@@ -203,9 +203,11 @@ def test_record_d_toy_same_curve_on_two_ranks_and_resumes_around_the_split(
     tmp_path: Path, corpus_cache: Path
 ) -> None:
     """Record D at toy size through its three stages (one uninterrupted run, the reference): the
-    loss falls; 2 ranks give its curve (1e-3); and a run resumes bit for bit from the save after
-    update 4 (an even step, Adam holding its gradient, the head still tied) and from the save
-    after update 5 (the split just made), the FP8 scales mid-sequence at both."""
+    loss falls; 2 ranks give its curve (1e-3), with the preset's optim.distribute=sharded (each
+    rank updates its share of the banks and tables); and a run resumes bit
+    for bit from the save after update 4 (an even step, Adam holding its gradient, the head
+    still tied) and from the save after update 5 (the split just made), the FP8 scales
+    mid-sequence at both."""
     run_d(tmp_path / "one", corpus_cache)
     want = curve(tmp_path / "one")
     assert [r[0] for r in want] == list(range(9)) and want[-1][2] < want[0][2] - 0.3
