@@ -58,11 +58,13 @@ class ProcessComm:
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
 
     def reduce_scatter(self, out: Tensor, inp: Tensor) -> dist.Work | None:
-        return dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM, group=self.group,
-                                          async_op=True)  # fmt: skip
+        # torch 2.13 names it reduce_scatter_single (the old name warns); older ones lack it
+        fn = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+        return fn(out, inp, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
 
     def all_gather(self, out: Tensor, inp: Tensor) -> dist.Work | None:
-        return dist.all_gather_into_tensor(out, inp, group=self.group, async_op=True)
+        fn = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+        return fn(out, inp, group=self.group, async_op=True)
 
     def all_reduce(self, t: Tensor) -> dist.Work | None:
         return dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group, async_op=True)

@@ -225,13 +225,16 @@ def time_window(b: Bench, step: int, steps: int, rng: np.random.Generator) -> tu
 def bench_preset(
     name: str, b: Bench, steps: int, warmup: int, peak: float | None,
     on_row: Callable[[list[dict]], None] | None = None, profile: Path | None = None,
+    stages: list[int] | None = None, evaluation: bool = True,
 ) -> list[dict]:  # fmt: skip
     """Each representative window in the run's order: warmed up, then its steps timed; then
     the evaluation (last, so that the training rows stand whatever it costs). `on_row` gets
     the rows so far after each one (a caller under a time cap keeps what was measured);
-    `profile`: a file for the profile of the first window's steps."""
+    `profile`: a file for the profile of the first window's steps; `stages`: which windows
+    (1-based; None: all); `evaluation`: False skips it."""
     rng, start, rows = np.random.default_rng(0), CompileCounts.now(), []
-    for s in window_steps(b):
+    every = window_steps(b)
+    for s in [x for i, x in enumerate(every, 1) if stages is None or i in stages]:
         warm = warm_up(b, [s], warmup, rng)
         tokens = b.rows * seq_len(b, s)
         t, flops = time_window(b, s, steps, rng)
@@ -252,7 +255,8 @@ def bench_preset(
         log.info("%s", format_row(rows[-1]))
         if on_row is not None:
             on_row(rows)
-    rows[0]["eval_warmup_s"] = warm_up_eval(b, window_steps(b)[-1], rng)
+    if evaluation:
+        rows[0]["eval_warmup_s"] = warm_up_eval(b, every[-1], rng)
     seen = CompileCounts.now() - start  # the evaluation's graph counted with the training's
     for r in rows:
         r["graphs"], r["graph_breaks"] = seen.graphs, seen.graph_breaks

@@ -48,16 +48,18 @@ DOC = REPO / "docs" / "gpu-proof.md"  # the page whose markers --render writes b
 
 
 def run_part(
-    name: str, device: str, toy: bool, data_dir: Path, partial: Path | None = None
-) -> dict[str, Any]:
+    name: str, device: str, toy: bool, data_dir: Path, partial: Path | None = None,
+    stages: list[int] | None = None, evaluation: bool = True,
+) -> dict[str, Any]:  # fmt: skip
     """One part, in this process (the proof's child for it calls this); a preset part writes
-    its rows so far to `partial` as it goes."""
+    its rows so far to `partial` as it goes, measures only `stages` (1-based; None: all) and
+    compiles its evaluation unless not `evaluation`."""
     from scripts.bench import proof_parts as parts
 
     if name == "env":
         return parts.environment(device)
     if name in parts.PRESETS:
-        return parts.preset(name, device, toy, partial)
+        return parts.preset(name, device, toy, partial, stages, evaluation)
     if name == "head":
         return parts.head(device, toy)
     if name == "optimizer":
@@ -84,7 +86,17 @@ def run_capped(name: str, cap: float, args: argparse.Namespace, log: Path) -> di
     t0 = time.monotonic()
     child = _context().Process(
         target=_child,
-        args=(name, args.device, args.toy, args.data_dir, result_file, partial, log),
+        args=(
+            name,
+            args.device,
+            args.toy,
+            args.data_dir,
+            result_file,
+            partial,
+            log,
+            args.stages,
+            not args.no_eval,
+        ),
     )
     child.start()
     child.join(timeout=cap)
@@ -118,8 +130,9 @@ def _context() -> multiprocessing.context.BaseContext:
 
 
 def _child(
-    name: str, device: str, toy: bool, data_dir: Path, result: Path, partial: Path, log: Path
-) -> None:
+    name: str, device: str, toy: bool, data_dir: Path, result: Path, partial: Path, log: Path,
+    stages: list[int] | None = None, evaluation: bool = True,
+) -> None:  # fmt: skip
     """A part in a child process: its own session, its output into the log, its result as
     JSON into `result` (a preset's rows so far into `partial` as it goes)."""
     os.setsid()
@@ -129,7 +142,9 @@ def _child(
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
-    result.write_text(json.dumps(run_part(name, device, toy, data_dir, partial)))
+    result.write_text(
+        json.dumps(run_part(name, device, toy, data_dir, partial, stages, evaluation))
+    )
     partial.unlink(missing_ok=True)
 
 
@@ -194,6 +209,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cap", action="append", default=[], metavar="PART=SECONDS")
     p.add_argument("--data-dir", type=Path, default=Path("~/.cache/gpt-speedrun").expanduser(),
                    help="the sample corpus cache (data.cache_dir)")  # fmt: skip
+    p.add_argument(
+        "--stages",
+        type=lambda v: [int(x) for x in v.split(",")],
+        metavar="I,J",
+        help="a preset part's stages or windows to measure, 1-based (default all)",
+    )
+    p.add_argument("--no-eval", action="store_true", help="preset parts skip evaluation")
     p.add_argument("--render", type=Path, metavar="JSON", help="write JSON's tables to --doc")
     p.add_argument("--doc", type=Path, default=DOC, help="the page with the gpu-proof markers")
     args = p.parse_args()

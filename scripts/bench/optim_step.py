@@ -52,11 +52,13 @@ class Mode:
     times: dict[str, list[float]]
 
 
-def build(conf: Config, rt: Runtime, compiled: bool, world: int) -> CombinedOptimizer:
-    """The preset's optimizer object over a fresh model, gradients filled in."""
+def build(conf: Config, rt: Runtime, compiled: bool, world: int,
+          backend: str = "inductor") -> CombinedOptimizer:  # fmt: skip
+    """The preset's optimizer object over a fresh model, gradients filled in; `compiled`:
+    optim.compile with `backend`."""
     torch.manual_seed(0)
     model = GPT(conf.model).to(rt.device)
-    optim = replace(conf.optim, compile=compiled)
+    optim = replace(conf.optim, compile=compiled, compile_backend=backend)
     comm = LocalView(world) if world > 1 else None
     opt = build_optimizer(model, optim, device=rt.device, comm=comm)
     opt.set_step(Schedule.for_run(conf.train, conf.optim, conf.model).at(0).optim)
@@ -84,9 +86,10 @@ def summary(mode: Mode) -> dict[str, float | None]:
     return {"normal_ms": normal, "adam_ms": adam, "period_ms": period}
 
 
-def bench(conf: Config, rt: Runtime, steps: int, warmup: int, world: int) -> dict[str, dict]:
+def bench(conf: Config, rt: Runtime, steps: int, warmup: int, world: int,
+          backend: str = "inductor") -> dict[str, dict]:  # fmt: skip
     """{mode: summary}, every mode built first, then warmed up and timed in turns."""
-    modes = [Mode(name, build(conf, rt, on, world), {}) for name, on in MODES.items()]
+    modes = [Mode(name, build(conf, rt, on, world, backend), {}) for name, on in MODES.items()]
     for m in modes:
         for _ in range(warmup):
             m.opt.step()
@@ -123,11 +126,14 @@ def main() -> None:
     p.add_argument("--world", type=int, default=1, help="rank 0's share of this many ranks")
     p.add_argument("--steps", type=int, default=20, help="timed steps per mode")
     p.add_argument("--warmup", type=int, default=4, help="untimed steps per mode (compiles)")
+    p.add_argument(
+        "--backend", default="inductor", help="the compiled mode's torch.compile backend"
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args()
     conf = compose(args.experiment, args.device, args.toy, args.set)
     rt = init_runtime(args.device, "none")
-    out = bench(conf, rt, args.steps, args.warmup, args.world)
+    out = bench(conf, rt, args.steps, args.warmup, args.world, args.backend)
     print(table(args.experiment, "toy" if args.toy else "real", args.world, out))
 
 

@@ -76,9 +76,13 @@ REAL_TOY = [  # its own 11-layer table at width 48 (6 heads of 8), stages of 64 
 QUIET = ["train.checkpoint_every=0", "train.checkpoint_at_end=false"]
 
 
-def preset(name: str, device: str, toy: bool, partial: Path | None = None) -> dict[str, Any]:
-    """A preset's compiled step at its representative windows and batch phases; the rows so
-    far go to `partial` (JSON) as each is measured, for a proof that stops the part."""
+def preset(
+    name: str, device: str, toy: bool, partial: Path | None = None,
+    stages: list[int] | None = None, evaluation: bool = True,
+) -> dict[str, Any]:  # fmt: skip
+    """A preset's compiled step at its representative windows and batch phases (`stages`,
+    1-based: some of them); the rows so far go to `partial` (JSON) as each is measured, for
+    a proof that stops the part; `evaluation`: its graph compiled last."""
     reset_compile_state()
     b = build(compose(name, device, toy, TOY_SETS if toy else []), WORLDS.get(name))
     where = None
@@ -92,7 +96,7 @@ def preset(name: str, device: str, toy: bool, partial: Path | None = None) -> di
             os.replace(tmp, partial)
 
     rows = bench_preset(name, b, 1 if toy else STEPS, WARMUP, peak_flops(b.rt.device), keep,
-                        where)  # fmt: skip
+                        where, stages, evaluation)  # fmt: skip
     return {"rows": rows}
 
 
@@ -106,7 +110,8 @@ def optimizer(device: str, toy: bool) -> dict[str, Any]:
     rows = []
     for world in OPTIMIZER_WORLDS:
         reset_compile_state()
-        out = bench(conf, rt, 2 if toy else 10, 2 if toy else 4, world)
+        backend = "eager" if toy else "inductor"  # the toy traces only: the plumbing
+        out = bench(conf, rt, 2 if toy else 10, 2 if toy else 4, world, backend)
         rows += [{"world": world, "mode": mode, **s} for mode, s in out.items()]
     return {"rows": rows}
 

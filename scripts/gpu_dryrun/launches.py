@@ -40,7 +40,7 @@ def optimizer_rows(conf: Any, world: int) -> list[dict]:
     rt = init_runtime("cuda", "none")
     rows = []
     for mode, on in MODES.items():
-        opt = build(conf, rt, on, world)
+        opt = build(conf, rt, on, world)  # inductor: Triton kernels for sm_90
         for _ in range(2 * opt.period()):  # both kinds compile
             opt.step()
         counts: dict[str, int] = {}
