@@ -38,6 +38,7 @@ PRESETS = ("record_2024_11_06", "record_2025_01_26", "record_2025_11_29", NEWEST
 WORLDS = {NEWEST: 8}
 PROFILED = (NEWEST,)
 OPTIMIZER_WORLDS = (1, 8)  # the optimizer part's rows: one GPU's whole step, rank 0's of 8
+TOY_WORLDS = (8,)  # at toy size the plumbing of both: LocalView's, and the modes' turns
 # Timed steps and warm-up steps per window of a preset (at toy size: one each)
 STEPS, WARMUP = 5, 1
 HEAD_STEPS = 10
@@ -108,7 +109,7 @@ def optimizer(device: str, toy: bool) -> dict[str, Any]:
     conf = compose(NEWEST, device, toy, TOY_SETS if toy else [])
     rt = init_runtime(device, "none")
     rows = []
-    for world in OPTIMIZER_WORLDS:
+    for world in TOY_WORLDS if toy else OPTIMIZER_WORLDS:
         reset_compile_state()
         backend = "eager" if toy else "inductor"  # the toy traces only: the plumbing
         out = bench(conf, rt, 2 if toy else 10, 2 if toy else 4, world, backend)

@@ -109,7 +109,11 @@ def all_scripts() -> dict[str, dict[str, set[str]]]:
 
 
 def script_path(script: str) -> Path:
-    return REPO / (script if script.endswith(".py") else script.replace(".", "/") + ".py")
+    """The file a script name runs: a path, a module, or a package's __main__.py."""
+    if script.endswith(".py"):
+        return REPO / script
+    module = REPO / (script.replace(".", "/") + ".py")
+    return module if module.is_file() else REPO / script.replace(".", "/") / "__main__.py"
 
 
 def test_the_pages_run_their_scripts() -> None:
