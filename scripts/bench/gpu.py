@@ -181,8 +181,9 @@ def window_label(b: Bench, step: int) -> str:
 
 def warm_up(b: Bench, windows: list[int], steps: int, rng: np.random.Generator) -> dict:
     """Seconds of warm-up: `steps` training steps at each window, rounded up to whole Adam
-    periods (both kinds of step compile their graphs: the Adam step its own)."""
-    warm, steps = {}, steps + -steps % b.opt.period()
+    periods where the optimizer is compiled (the Adam step compiles a graph of its own)."""
+    period = b.opt.period() if b.conf.optim.compile else 1
+    warm, steps = {}, steps + -steps % period
     for s in windows:
         batches = [random_batch(b.rows, seq_len(b, s), rng) for _ in range(steps)]
         args = model_args(b, s)
