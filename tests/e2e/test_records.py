@@ -11,7 +11,6 @@ import pytest
 from tests.dist_utils import run_torchrun_ranks
 from tests.helpers import compose_config
 from train import train
-from trainer.launch.fault import MARKER
 from trainer.launch.signals import Stopped
 
 REPO = Path(__file__).resolve().parents[2]
@@ -204,27 +203,29 @@ def test_record_d_toy_same_curve_on_two_ranks_and_resumes_around_the_split(
 ) -> None:
     """Record D at toy size through its three stages (one uninterrupted run, the reference): the
     loss falls; 2 ranks give its curve (1e-3), with the preset's optim.distribute=sharded (each
-    rank updates its share of the banks and tables); and a run resumes bit
-    for bit from the save after update 4 (an even step, Adam holding its gradient, the head
-    still tied) and from the save after update 5 (the split just made), the FP8 scales
-    mid-sequence at both."""
+    rank updates its share of the banks and tables); one process resumes bit for bit from the
+    save after update 4 (an even step, Adam holding its gradient, the head still tied), and two
+    sharded ranks from the save after update 5 (the split just made, E's state rows taken from
+    W's; the save gathered from both ranks), the FP8 scales mid-sequence at both."""
     run_d(tmp_path / "one", corpus_cache)
     want = curve(tmp_path / "one")
     assert [r[0] for r in want] == list(range(9)) and want[-1][2] < want[0][2] - 0.3
     run_torchrun_ranks(_rank_job_d, 2, str(tmp_path / "two"), [], str(corpus_cache))
-    for (step, *a), (_, *b) in zip(want, curve(tmp_path / "two"), strict=True):
+    two = curve(tmp_path / "two")
+    for (step, *a), (_, *b) in zip(want, two, strict=True):
         for x, y in zip(a, b, strict=True):
             assert (x is None) == (y is None) and (x is None or x == pytest.approx(y, abs=1e-3)), (
                 step, x, y,
             )  # fmt: skip
-    # One chain: stopped after update 4, resumed; stopped again after update 5, resumed to
-    # the end. Each leg resumes from the save the one before it made; the second stop is a
-    # second pre-emption (the fault fires once per run directory: its marker is removed).
+    saving = ["train.checkpoint_at_end=true"]
     resumed = tmp_path / "resumed"
-    for stop in (5, 6):
-        (resumed / MARKER.format("signal")).unlink(missing_ok=True)
-        with pytest.raises(Stopped):
-            run_d(resumed, corpus_cache, "train.checkpoint_at_end=true",
-                  f"train.fault.signal_at_step={stop}")  # fmt: skip
-    run_d(resumed, corpus_cache, "train.checkpoint_at_end=true")
+    with pytest.raises(Stopped):
+        run_d(resumed, corpus_cache, *saving, "train.fault.signal_at_step=5")
+    run_d(resumed, corpus_cache, *saving)
     assert curve(resumed) == want
+    sharded = tmp_path / "two-resumed"
+    with pytest.raises(RuntimeError, match="Stopped"):
+        run_torchrun_ranks(_rank_job_d, 2, str(sharded), [*saving, "train.fault.signal_at_step=6"],
+                           str(corpus_cache))  # fmt: skip
+    run_torchrun_ranks(_rank_job_d, 2, str(sharded), saving, str(corpus_cache))
+    assert curve(sharded) == two
