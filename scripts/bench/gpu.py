@@ -235,6 +235,8 @@ def bench_preset(
     (1-based; None: all); `evaluation`: False skips it."""
     rng, start, rows = np.random.default_rng(0), CompileCounts.now(), []
     every = window_steps(b)
+    if stages is not None and not set(stages) <= set(range(1, len(every) + 1)):
+        raise ValueError(f"{name} has stages 1 to {len(every)}; asked for {stages}")
     for s in [x for i, x in enumerate(every, 1) if stages is None or i in stages]:
         warm = warm_up(b, [s], warmup, rng)
         tokens = b.rows * seq_len(b, s)
@@ -291,6 +293,8 @@ def main() -> None:
     """The presets (default: all, unless --head alone asks for the head), then the head (with
     --head, or by default on a GPU)."""
     args = parse_args()
+    if args.world is not None and args.world < 1:
+        raise SystemExit(f"gpu.py: --world takes a count of 1 or more GPUs, got {args.world}")
     presets = args.experiment or ([] if args.head else list(PRESETS))
     if presets:
         print(COLUMNS + "\n" + "|---" * COLUMNS.count(" | ") + "|---|", flush=True)

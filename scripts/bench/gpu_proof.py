@@ -123,6 +123,17 @@ def run_capped(name: str, cap: float, args: argparse.Namespace, log: Path) -> di
     return {"status": "ok" if ok else "failed", "seconds": seconds, "note": note, **out}
 
 
+def stage_list(text: str) -> list[int]:
+    """--stages: 1-based stage numbers, comma-separated."""
+    try:
+        stages = [int(x) for x in text.split(",")]
+    except ValueError:
+        stages = []
+    if not stages or min(stages) < 1:
+        raise argparse.ArgumentTypeError(f"stages are numbers from 1, like 1,3; got {text!r}")
+    return stages
+
+
 def _context() -> multiprocessing.context.BaseContext:
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["scripts.bench.proof_parts"])
@@ -211,7 +222,7 @@ def parse_args() -> argparse.Namespace:
                    help="the sample corpus cache (data.cache_dir)")  # fmt: skip
     p.add_argument(
         "--stages",
-        type=lambda v: [int(x) for x in v.split(",")],
+        type=stage_list,
         metavar="I,J",
         help="a preset part's stages or windows to measure, 1-based (default all)",
     )

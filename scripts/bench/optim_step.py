@@ -131,6 +131,8 @@ def main() -> None:
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args()
+    if args.world < 1:
+        p.error(f"--world takes a count of 1 or more ranks, got {args.world}")
     conf = compose(args.experiment, args.device, args.toy, args.set)
     rt = init_runtime(args.device, "none")
     out = bench(conf, rt, args.steps, args.warmup, args.world, args.backend)

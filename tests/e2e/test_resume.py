@@ -73,13 +73,24 @@ def assert_bitwise(a: object, b: object, where: str = "") -> None:
         assert a == b, f"{a!r} != {b!r} at {where}"
 
 
+# The optimizer over banks and as one Adam function (optim.compile), traced without inductor
+# (its compile: tests/unit/test_optimizer_compile.py): Muon's state as views of its stacks
+# through a checkpoint, Adam stopped inside an update pair (step 9 of pairs 2k-1, 2k)
+BANKED = ["optim.compile=true", "optim.compile_backend=eager", "optim.adamw.update_every=2",
+          "optim.adamw.eps_placement=raw"]  # fmt: skip
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("autocast", ["none", "bf16"])
+@pytest.mark.parametrize(
+    "settings",
+    [["train.autocast=none"], ["train.autocast=bf16"], ["train.autocast=none", *BANKED]],
+    ids=["none", "bf16", "compiled optimizer"],
+)  # fmt: skip
 def test_stop_and_resume_is_bitwise_on_one_rank(
-    tmp_path: Path, corpus_cache: Path, autocast: str
+    tmp_path: Path, corpus_cache: Path, settings: list[str]
 ) -> None:
     straight = tmp_path / "straight"
-    common = (f"train.autocast={autocast}", "train.steps=12")
+    common = (*settings, "train.steps=12")
     final = run(straight, corpus_cache, *common)
 
     resumed = tmp_path / "resumed"
