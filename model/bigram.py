@@ -7,7 +7,8 @@ every row's start, ignores document boundaries, and is the same in evaluation), 
 of the table Bg and N rows of the sign table S:
 
     h_0 = R − 1                                              the reserved last row
-    h_t = ((36,313·x_t) XOR (27,191·x_(t−1))) mod (R − 1)    t ≥ 1
+    h_t = ((36,313·x_t) XOR (27,191·x_(t−1))) mod (R − 1)    t ≥ 2, and t = 1 with
+                                                             embed.bigram_position1=token
     σ_0 = 0,   σ_t = (x_(t−1) XOR x_t) mod N                 t ≥ 1 (N = 0: S ≡ +1)
     b_t = Bg[h_t] ⊙ S[σ_t]                                   (k channels)
 
@@ -15,6 +16,15 @@ The record hashes in int32, whose products cannot overflow for ids below ⌊(2³
 = 59,137 (GPT-2's 50,304 included). Here the hash runs in int64: for such ids every product,
 XOR and remainder is the same non-negative integer in both widths, so the rows are the
 record's; larger ids (which would overflow the record's int32) stay exact.
+
+Position 1 with embed.bigram_position1=reserved_row is the record's own quirk (record #89):
+it writes h_0 into its output buffer and then hashes positions 1… from that buffer, so
+x_0 is read as R − 1 there, and 27,191·(R − 1) wraps in int32 before the XOR:
+
+    h_1 = ((36,313·x_1) XOR wrap32(27,191·(R − 1))) mod (R − 1)     (floor modulo)
+
+In int64 the same value comes out: XOR commutes with sign extension, and torch's `%` on
+int32 is floor modulo as it is on int64. σ_1 still reads the real x_0.
 
 Where b enters the stream (model/residual.py `inject_bigram`, λ^bg the model's (n_layer,)
 fp32 `bigram_lambdas`, cast to the stream's dtype):
@@ -39,13 +49,23 @@ HASH_CURRENT = 36_313  # the record's multiplier of x_t
 HASH_PREVIOUS = 27_191  # the record's multiplier of x_(t−1)
 
 
-def bigram_indices(idx: Tensor, rows: int, signs: int) -> tuple[Tensor, Tensor | None]:
+def wrap32(value: int) -> int:
+    """`value` as a two's-complement int32 holds it (the record's product overflows)."""
+    return (value + 2**31) % 2**32 - 2**31
+
+
+def bigram_indices(
+    idx: Tensor, rows: int, signs: int, position1: str = "token"
+) -> tuple[Tensor, Tensor | None]:
     """(h, σ) for token ids `idx` (B, T), each (B, T) int64 (module docstring); σ is None
-    when `signs` is 0."""
+    when `signs` is 0. `position1` is model.embed.bigram_position1."""
     x = idx.long()
     cur, prev = x[:, 1:], x[:, :-1]
     first = torch.full_like(x[:, :1], rows - 1)
-    hashed = torch.bitwise_xor(HASH_CURRENT * cur, HASH_PREVIOUS * prev) % (rows - 1)
+    mixed = HASH_PREVIOUS * prev
+    if position1 == "reserved_row" and mixed.shape[1]:
+        mixed[:, 0] = wrap32(HASH_PREVIOUS * (rows - 1))
+    hashed = torch.bitwise_xor(HASH_CURRENT * cur, mixed) % (rows - 1)
     h = torch.cat([first, hashed], 1)
     if not signs:
         return h, None
@@ -90,7 +110,7 @@ def bigram_term(owner: nn.Module, idx: Tensor) -> Tensor | None:
     if not hasattr(owner, "bigram_embed"):
         return None
     emb = owner.cfg.embed
-    h, sigma = bigram_indices(idx, emb.bigram_rows, emb.bigram_signs)
+    h, sigma = bigram_indices(idx, emb.bigram_rows, emb.bigram_signs, emb.bigram_position1)
     b = owner.bigram_embed(h)  # through the module, so FSDP gathers the table
     # ±1 is exact in any dtype: S meets b in b's (FSDP may gather Bg in another than S's)
     return b if sigma is None else b * owner.bigram_signs[sigma].to(b.dtype)

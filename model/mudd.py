@@ -1,4 +1,4 @@
-"""MUDD dense connections (record D, #81 as rewritten in cfab12b7; RECORD_D.md D.1 "MUDD",
+"""MUDD dense connections (record D, #81 as rewritten in cfab12b7; docs/records.md D.1 "MUDD",
 forward steps 5–6; model.residual.mudd): the last layer's residual coefficients, its extra
 values and its value-embedding gate, and a mix of earlier streams after it, all per token
 from two small coefficient networks on the un-normalised stream y:

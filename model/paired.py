@@ -1,4 +1,4 @@
-"""Paired-head attention (record D, #58; RECORD_D.md D.1 "Attn_ℓ" step 5, D.10 item 1): head h
+"""Paired-head attention (record D, #58; docs/records.md D.1 Attn_ℓ step 5, D.10 item 1): head h
 and head h + H/2 share one head slot of the kernel over a sequence of twice the length.
 
 For H heads (H even) and tokens t = 0 … T−1 of a (B, T, H, D) q, k or v:

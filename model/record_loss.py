@@ -1,6 +1,7 @@
-"""Record D's training loss in its own form (model.head.loss=record_2026_07; RECORD_D.md D.2,
-D.1 "Head and FP8"): the FP8 head, the sigmoid softcap and the (multi-token) cross-entropy as
-one autograd function whose backward uses the logit gradient that the loss itself writes.
+"""Record D's training loss in its own form (model.head.loss=record_2026_07; docs/records.md
+D.2, its FP8 head and loss): the FP8 head, the sigmoid softcap and the (multi-token)
+cross-entropy as one autograd function whose backward uses the logit gradient that the loss
+itself writes.
 
 With z the head's bf16 logits (FP8 product, model/head.py), A, B, C the cap, shift and divisor
 (record: 23, 5, 7.5), w the step's MTP weights (model/mtp.py; [1] without model.head.mtp) and
@@ -30,7 +31,8 @@ parameters as fp32(fp32(1/C)·A)·fp32(1/g_s), then ·σ·(1 − σ). The record
 compiled with fast math (__expf, __logf, an approximate tanh, possibly fused multiply-adds
 and another order of the products), so its σ, p and gradient can differ in the last bits of
 fp32, which move a value across a bf16 or e5m2 rounding boundary only rarely. How the
-record forms u (here (z + B)/C in fp32) is not in RECORD_D.md.
+record forms u (here (z + B)/C in fp32) is not known (docs/records.md, where D.1 and D.2
+leave a choice).
 
 Rows of `chunk` at a time (model/loss.py's cache-sized chunks on a CPU) keep the fp32
 temporaries small; G₈ (one byte a logit) is the only tensor of the logits' size kept.

@@ -1,10 +1,10 @@
 """Independent float64 reference of record D's (#89) model forward and training loss.
 
-Written only from ../shared/docs/RECORD_D.md (D.1, D.2, D.4, D.10), RECORD_C.md (smear, mask) and
-RECORDS.md section 0; nothing of the project is imported. Exact math: float64 everywhere,
-no bf16 / FP8 roundings (the FP8 MLP and head, bf16 rotary tables and bf16 sigma of D.1/D.2 are
-deliberately absent). Citations: "fwd n" = D.1 forward-pass step n, "Attn n" = D.1 Attn_l step n,
-"MUDD" = D.1 MUDD paragraph, "VE gate" = D.1 value-embedding gate, "D.2" = loss.
+Follows only the record's description in docs/records.md: record D's D.1, D.2, D.4 and D.10, C.1's
+smear and mask, and the shared norm; nothing of the project is imported. Exact math: float64
+everywhere, no bf16 / FP8 roundings (the FP8 MLP and head, bf16 rotary tables and bf16 sigma of
+D.1/D.2 are deliberately absent). Citations: "fwd n" = D.1 forward-pass step n, "Attn n" = D.1
+Attn_l step n, "MUDD" = D.1 MUDD paragraph, "VE gate" = D.1 gated value embeddings, "D.2" = loss.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 Tensor = torch.Tensor
 F64 = torch.float64
-EPS = 2.0**-23  # RECORDS.md section 0: parameter-free RMSNorm, eps = 2^-23
+EPS = 2.0**-23  # docs/records.md, shared ground: parameter-free RMSNorm, eps = 2^-23
 HASH_CUR, HASH_PREV = 36_313, 27_191  # fwd 2
 
 
@@ -51,7 +51,7 @@ def rms_norm(z: Tensor) -> Tensor:
 
 
 def smear(e: Tensor, gate: Tensor, lam: Tensor, gc: int) -> Tensor:
-    """C.1 step 2 / fwd 1: e'_t = e_t + lam sigmoid(e_t[0:gc] . w) e_{t-1} (un-smeared), t >= 1."""
+    """C.1 step 1 / fwd 1: e'_t = e_t + lam sigmoid(e_t[0:gc] . w) e_{t-1} (un-smeared), t >= 1."""
     g = torch.sigmoid(e[:, 1:, :gc] @ gate.T)  # (B, T-1, 1), gate reads the token itself
     return torch.cat([e[:, :1], e[:, 1:] + lam * g * e[:, :-1]], dim=1)
 
@@ -60,6 +60,12 @@ def bigram_term(tokens: Tensor, bg: Tensor, sign: Tensor, s: RecordDShape) -> Te
     """fwd 2: hash and sign index restart at every row (= rank sequence); row rows-1 at t = 0."""
     cur, prev = tokens[:, 1:], tokens[:, :-1]
     h = ((HASH_CUR * cur) ^ (HASH_PREV * prev)) % (s.bigram_rows - 1)
+    # fwd 2's position-1 quirk, in the record's own int32: x_0 read as the reserved row, the
+    # product wrapping (an int32 tensor times a Python int stays int32), `%` taking the
+    # divisor's sign. The sign row reads the real x_0.
+    reserved = torch.tensor(s.bigram_rows - 1, dtype=torch.int32)
+    h1 = ((HASH_CUR * cur[:, 0].int()) ^ (HASH_PREV * reserved)) % (s.bigram_rows - 1)
+    h = torch.cat([h1[:, None].long(), h[:, 1:]], dim=1)
     sg = (prev ^ cur) % s.sign_rows
     h = torch.cat([torch.full_like(tokens[:, :1], s.bigram_rows - 1), h], dim=1)
     sg = torch.cat([torch.zeros_like(tokens[:, :1]), sg], dim=1)

@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass, field
 
 MLP_FP8 = ("off", "up", "up_down")
+BIGRAM_POSITION1 = ("token", "reserved_row")  # what token 1 hashes as its predecessor
 
 
 @dataclass
@@ -37,6 +38,10 @@ class EmbedConfig:
     bigram_signs: int = 0
     """Rows of the fixed ±1 sign table `bigram_signs` (#83, record D: 8,192): b_t = Bg[h_t] ⊙
     S[(x_(t−1) XOR x_t) mod bigram_signs]; 0 = no sign table (the #62 form)."""
+    bigram_position1: str = "token"
+    """What token 1's hash reads as its predecessor: "token" = x_0, as every later token
+    reads its own; "reserved_row" = the reserved row (rows − 1), its product with 27,191
+    wrapped in int32, as record #89's code computes (model/bigram.py)."""
 
     def validate(self, vocab_size: int) -> None:
         if self.rows and not 50257 <= self.rows <= vocab_size:
@@ -74,6 +79,11 @@ class EmbedConfig:
         if self.bigram_signs and not self.bigram_rows:
             raise ValueError(
                 "model.embed.bigram_signs signs the bigram table: set model.embed.bigram_rows"
+            )
+        if self.bigram_position1 not in BIGRAM_POSITION1:
+            raise ValueError(
+                f"model.embed.bigram_position1 must be one of {BIGRAM_POSITION1}, got "
+                f"{self.bigram_position1!r}"
             )
         if self.bigram_rows and self.bigram_dim <= 0:
             raise ValueError(f"model.embed.bigram_dim must be positive, got {self.bigram_dim}")

@@ -1,6 +1,6 @@
 """NorMuon's momentum where its warm-up and cooldown overlap (only in scaled-down runs): the
-warm-up wins, as in records C and D (RECORD_D.md D.4; the records' `get_muon_momentum` is an
-if / elif), not the former reading with the cooldown applied on top of the warm-up."""
+warm-up wins, as in records C and D (docs/records.md C.4, D.4; the records' `get_muon_momentum`
+is an if / elif), not the former reading with the cooldown applied on top of the warm-up."""
 
 import pytest
 

@@ -2,12 +2,13 @@
 `train.py` command's overrides name real keys and options and compose into a valid config,
 and each script command names a script that exists with the flags it is given. The pages
 hold together: README links every docs page, every relative link points to a file, and each
-page says what it is and links back. (Running the short commands:
-tests/e2e/test_readme_runs.py.)"""
+page says what it is and links back, and no file cites a document the project does not hold.
+(Running the short commands: tests/e2e/test_readme_runs.py.)"""
 
 import re
 import runpy
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -190,3 +191,20 @@ def test_the_gpu_proof_renders_into_its_page() -> None:
     text = DOC.read_text()
     assert DOC == REPO / "docs/gpu-proof.md"
     assert text.count(BEGIN) == 1 and text.count(END) == 1 and text.index(BEGIN) < text.index(END)
+
+
+OUTSIDE = re.compile(r"\.\./shared|shared[/](docs|reference)|RECORD(S|_[A-Z]+)[.]md")
+
+
+def test_no_file_cites_a_document_outside_the_project() -> None:
+    """A clone has no spec files beside it: code, tests and pages cite docs/records.md."""
+    listed = ["git", "ls-files", "-co", "--exclude-standard", "*.py", "*.md", "*.yaml"]
+    files = subprocess.run(listed, cwd=REPO, capture_output=True, text=True, check=True)
+    cites = [
+        f"{f}:{n}"
+        for f in files.stdout.splitlines()
+        if (REPO / f).is_file()
+        for n, line in enumerate((REPO / f).read_text(encoding="utf-8").splitlines(), 1)
+        if OUTSIDE.search(line)
+    ]
+    assert not cites, f"these lines cite files outside the project: {cites}"

@@ -1,7 +1,7 @@
-"""Record D's Adam (../shared/docs/RECORD_D.md D.3, D.10 item 7): role routing of its gates
+"""Record D's Adam (docs/records.md D.3, D.10 item 7): role routing of its gates
 onto Adam (`optim.roles`), the per-tensor table (`optim.adamw.table`), cautious weight decay
 with a strict mask and λ from the tensor's own LR, fp32 moments, updates on odd steps from
-two summed gradients. The formula is written out in float64 below from the spec alone, with
+two summed gradients. The formula is written out in float64 below from D.3 alone, with
 negative controls (a wrong β, ≥ for >, λ from the group's LR) that it must tell apart."""
 
 import math
@@ -239,7 +239,7 @@ def test_routing_puts_record_ds_gates_on_adam(record_d: nn.Module) -> None:
     }
 
 
-# D.3 in the spec's words: row -> (LR, betas, λ_eff / lr² / 0.005 = wd_mul), with our names.
+# D.3's Adam table: row -> (LR, betas, λ_eff / lr² / 0.005 = wd_mul), with our names.
 D3 = {
     "scalars": (0.04, (0.9, 0.99), 0), "smear_gate.weight": (8e-5, (0.9, 0.99), 0),
     "skip_token_gate.weight": (4e-4, (0.9, 0.99), 0),

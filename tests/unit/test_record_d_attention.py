@@ -1,4 +1,4 @@
-"""Record D's attention, the parts built so far (../shared/docs/RECORD_D.md D.1 Attn_ℓ): the
+"""Record D's attention, the parts built so far (docs/records.md D.1 Attn_ℓ): the
 interleaved rotary with a static second half (step 3) and the key offset of the long-window
 layers (step 4), each against its formula written out channel by channel."""
 

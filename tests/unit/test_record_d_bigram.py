@@ -1,5 +1,6 @@
-"""Record D's bigram-hash embedding (../shared/docs/RECORD_D.md D.1 forward steps 2, 3 and 5;
-D.10 item 3), against the spec written out in float64:
+"""Record D's bigram-hash embedding (docs/records.md, record #89's bigram-hash embedding: D.1
+forward steps 2, 3 and 5), against the spec written out in float64, with token 1 hashing x_0
+(embed.bigram_position1=token; the record's reserved-row form is test_bigram_position1.py):
 
     h_0 = R − 1,  h_t = ((36,313·x_t) XOR (27,191·x_(t−1))) mod (R − 1),  per row of the batch
     σ_0 = 0,      σ_t = (x_(t−1) XOR x_t) mod N,      b_t = Bg[h_t] ⊙ S[σ_t]  (k channels)

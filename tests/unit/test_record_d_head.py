@@ -1,5 +1,5 @@
-"""Record D's head and loss, the parts built so far (../shared/docs/RECORD_D.md D.1 "Head and
-FP8", D.2): the softcap 23·σ((z + 5)/7.5) and its cross-entropy, against the formula."""
+"""Record D's head and loss, the parts built so far (docs/records.md D.2, with
+its FP8 head): the softcap 23·σ((z + 5)/7.5) and its cross-entropy, against the formula."""
 
 import pytest
 import torch

@@ -1,5 +1,5 @@
-"""Record D's λ⁰/λ¹, scalar vector, inits and dtypes (../shared/docs/RECORD_D.md D.1: the
-parameter table, "Scalar vector", Attn_ℓ steps 1 and 9), each checked against the spec's
+"""Record D's λ⁰/λ¹, scalar vector, inits and dtypes (docs/records.md D.1:
+"Inits and dtypes", "λ⁰ and λ¹", Attn_ℓ steps 1 and 9), each checked against the record's
 formula or number."""
 
 import math

@@ -1,11 +1,11 @@
-"""Record D's whole model (../shared/docs/RECORD_D.md D.1, D.2) against the float64 reference
-written from the spec alone (tests/record_d_reference.py, which imports nothing of the
-project): the record's 11-layer table and the same table resampled to 8 layers, at a toy width
-(6 heads of 16), every parameter random so that every mechanism matters. Logits to 1e-9, and
-every parameter's gradient of the multi-token loss (its autograd form) to 1e-7. The
-reference's misreadings (no x0 quirk, adjacent head pairs, record C's rotary pairing) are far
-outside those tolerances. The FP8 MLP, the FP8 head and the record's loss form are roundings,
-tested against their formulas with explicit casts (test_record_d_fp8_mlp.py, _mtp.py)."""
+"""Record D's whole model (docs/records.md D.1, D.2) against the float64 reference that follows the
+record's description alone (tests/record_d_reference.py, which imports nothing of the project): the
+record's 11-layer table and the same table resampled to 8 layers, at a toy width (6 heads of 16),
+every parameter random so that every mechanism matters. Logits to 1e-9, and every parameter's
+gradient of the multi-token loss (its autograd form) to 1e-7. The reference's misreadings (no x0
+quirk, adjacent head pairs, record C's rotary pairing) are far outside those tolerances. The FP8
+MLP, the FP8 head and the record's loss form are roundings, tested against their formulas with
+explicit casts (test_record_d_fp8_mlp.py, _mtp.py)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Record D's training loss (../shared/docs/RECORD_D.md D.2, D.1 "Head and FP8", D.4): multi-token
+"""Record D's training loss (docs/records.md D.2, with its FP8 head, and D.4): multi-token
 prediction with the stage weights, and the record's own form whose loss writes the e5m2 logit
 gradient (σ rounded to bf16, the end-of-sequence quirk) that the FP8 head uses as its G₈.
 Each is checked against the formula written here in float64, with explicit casts."""

@@ -1,5 +1,5 @@
-"""Record D's MUDD dense connections (../shared/docs/RECORD_D.md D.1 "MUDD", forward steps 5–6,
-D.10 item 4) against the spec's formulas, written out here in float64.
+"""Record D's MUDD dense connections (docs/records.md D.1 "MUDD", steps 5–6,
+D.10 item 4) against the record's formulas, written out here in float64.
 
 The toy model maps record D's layers onto 5: layer 1 (table 0) is the record's layer 1 and its
 output c₃ (skip_from), layer 2 has no attention and takes the gated skip (the record's layer 6)

@@ -1,5 +1,5 @@
-"""Record D's NorMuon (../shared/docs/RECORD_D.md D.3 "NorMuon", steps 2-5) and record C's
-NorMuon fixes, against the spec's formulas written out in float64 with no project code in the
+"""Record D's NorMuon (docs/records.md D.3 "NorMuon") and record C's
+NorMuon fixes, against the records' formulas written out in float64 with no project code in the
 reference, each with a negative control (a plausible misreading that must not match):
 
     Q, K split into head-pair blocks of 2·head_dim rows, V and O whole      (qk_split)

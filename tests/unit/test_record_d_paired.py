@@ -1,5 +1,5 @@
-"""Record D's paired-head attention (../shared/docs/RECORD_D.md D.1 "Attn_ℓ" step 5, D.10 item 1)
-against the spec's text, written per head and token in float64 (no doubled tensor):
+"""Record D's paired-head attention (docs/records.md D.1 Attn_ℓ step 5, D.10 item 1)
+against the record's rules, written per head and token in float64 (no doubled tensor):
 
     head h of token t is rotated at position 2t if h is even, 2t+1 if h is odd; it sits at
     kernel position 2t in slot h if h < H/2, else at 2t+1 in slot h − H/2 (record: 3 slots,

@@ -1,4 +1,4 @@
-"""experiment=record_2026_07_17 against RECORD_D.md D.3 (NorMuon, the tie) and D.1 (the model
+"""experiment=record_2026_07_17 against docs/records.md D.3 (NorMuon, the tie) and D.1 (the model
 it composes): what the preset resolves to, key by key. Its Adam table, schedules and batches
 are held by test_record_d_adam.py and test_record_d_schedule.py; the model by
 test_record_d_model.py."""

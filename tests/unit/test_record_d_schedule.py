@@ -1,9 +1,9 @@
-"""Record D's schedules and batches (../shared/docs/RECORD_D.md D.4, D.5, D.10 item 9), through
+"""Record D's schedules and batches (docs/records.md D.4, D.5, D.10 item 9), through
 the objects a run calls (`Schedule.for_run`, `yarn_table`, `PieceLoader`), from record D's keys:
 its model preset's window keys (conf/model/record_2026_07.yaml) and RECORD_D below, the
 schedule and data part the experiment preset takes.
 
-The expected numbers are D.4's second table, copied to its printed digits, and references
+The expected numbers are D.4's table of boundary steps, to its printed digits, and references
 written here in float64 from D.4's formulas (no project module inside them). Negative controls:
 plausible misreadings (record C's peak edges, peaks, floor or cooldown; the momentum cooldown
 on top of the warmup; one piece cap throughout) must fail the same checks.
@@ -98,7 +98,7 @@ def ref_momentum(s: int) -> float:
     return 0.95 if s <= 1340 else 0.95 - 0.1 * (s - 1340) / 50
 
 
-# --- D.4's second table, every row ----------------------------------------------------------
+# --- D.4's table, every row -----------------------------------------------------------------
 
 # s: f(s), η_s, μ_s, tokens/step, short, long, s_attn, K, last MTP weight, 1.2·η_s² (printed)
 TABLE = {

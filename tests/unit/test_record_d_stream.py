@@ -1,4 +1,4 @@
-"""Record D's residual stream, the parts built so far (../shared/docs/RECORD_D.md D.1 forward,
+"""Record D's residual stream, the parts built so far (docs/records.md D.1 forward,
 steps 4 and 5): the per-token skip gate and the attention of the late layers reading an
 earlier layer's output, checked at each layer's input against the formulas in float64."""
 

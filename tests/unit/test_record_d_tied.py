@@ -1,9 +1,9 @@
-"""Record D's tied token table and head (RECORD_D.md D.3 "Tied head and embedding", D.10 item 6;
-optim/tied.py) against the rule written out in float64: while tied, at each Adam update (odd
+"""Record D's tied token table and head (docs/records.md D.3 "The tied head and embedding", D.10
+item 6; optim/tied.py) against the rule written out in float64: while tied, at each Adam update (odd
 steps, two summed gradients) E's sum joins W's, W takes one Adam step and E becomes W, E's state
-idle; after the update of step s_split E's m, v, t become W's; then they step apart. With
-negative controls (no gradient sum, no state copy, the copy a pair early or late), exact resume
-on either side of the split, and the option's checks."""
+idle; after the update of step s_split E's m, v, t become W's; then they step apart. With negative
+controls (no gradient sum, no state copy, the copy a pair early or late), exact resume on either
+side of the split, and the option's checks."""
 
 import io
 

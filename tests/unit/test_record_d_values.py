@@ -1,4 +1,4 @@
-"""Record D's value embeddings (../shared/docs/RECORD_D.md D.1, "Value-embedding gate"): five
+"""Record D's value embeddings (docs/records.md D.1, "Gated value embeddings"): five
 untied tables, N(0, 0.01²), each added to its layer's values gated per head,
 aux_h = 2σ([u[0:6], ve[0:6]]·G[h]ᵀ)·ve_h, v ← v + aux; checked against the formula in float64."""
 

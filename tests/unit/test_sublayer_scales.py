@@ -1,5 +1,5 @@
-"""Per-sublayer residual scales (record #89; RECORD_D.md, D.1 "Forward pass" step 5, and the
-parameter table's resid_lambdas/post_lambdas row) against their formulas.
+"""Per-sublayer residual scales (record #89; docs/records.md D.1 step 5 and "Per-sublayer
+residual scales") against their formulas.
 
 With `residual.sublayer_scales` each layer ℓ computes
     x ← r^A_ℓ·x + p^A_ℓ·Attn_ℓ(RMSNorm(x)),   x ← r^M_ℓ·x + p^M_ℓ·MLP_ℓ(RMSNorm(x)),

@@ -1,5 +1,5 @@
-"""Learnable XSA (record #82; RECORD_D.md, D.1 "Attn_ℓ" step 7, and the parameter table's
-xsa_alphas row) against its formula.
+"""Learnable XSA (record #82; docs/records.md D.1 Attn_ℓ step 7 and "Learnable XSA") against
+its formula.
 
 In each attention layer with XSA, after y = softmax(s·q·kᵀ + mask)·v and before the output
 projection, per head h and token t (v the token's own value vector for that head):
