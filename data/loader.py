@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data.passes import Passes
 from data.shards import check_token_ids, load_shard, read_header
 from data.tokenizer import EOT, GPT2_VOCAB_SIZE
 
@@ -87,6 +88,7 @@ class TokenLoader:
                 f"{[str(f) for f in self.files]} has {max(self._lengths)}"
             )
         self._shard, self._pos, self.epoch = 0, 0, 0
+        self.passes = Passes(rank == 0)  # tokens served per pass; a wrap is logged
         self._tokens: np.ndarray | None = None  # memory map of the current shard
         self._bos: np.ndarray | None = None  # positions of EOT in it (align="bos")
         self._next: np.ndarray | None = None  # the row after a row starting at _bos[j]
@@ -109,6 +111,7 @@ class TokenLoader:
         self._tokens = self._bos = self._next = None
         if self._shard == len(self.files):
             self._shard, self.epoch = 0, self.epoch + 1
+            self.passes.wrapped(self.epoch, len(self.files))
 
     def next_batch(self, seq_len: int | None = None) -> Batch:
         """This rank's (inputs, targets), int64 tensors of shape (batch_size // world, L).
@@ -116,16 +119,39 @@ class TokenLoader:
         L is `seq_len`, or train.seq_len when None. The stream takes any L a shard can hold;
         align=bos cuts rows of train.seq_len only (its row index is built for that length).
         """
+        seq_len = self._step_length(seq_len)
+        rows = self.local_batch_size
+        if self.align == "bos":
+            starts = self._next_bos_starts()
+            mine = starts[self.rank * rows : (self.rank + 1) * rows]
+            cut = self._open()[mine[:, None] + np.arange(self.seq_len + 1)]  # one gather
+            buf = torch.from_numpy(cut.astype(np.int64))
+            return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
+        start = self._next_stream_start(seq_len) + self.rank * rows * seq_len
+        return _to_batch(self._open()[start : start + rows * seq_len + 1], rows, seq_len)
+
+    def advance(self, seq_len: int | None = None) -> None:
+        """Move past the next global batch as `next_batch` would, without reading its tokens
+        (data/passes.py plans a run's passes with it)."""
+        seq_len = self._step_length(seq_len)
+        if self.align == "bos":
+            self._next_bos_starts()
+        else:
+            self._next_stream_start(seq_len)
+
+    def _step_length(self, seq_len: int | None) -> int:
         seq_len = self.seq_len if seq_len is None else seq_len
         if seq_len < 1:
             raise ValueError(f"the step's sequence length must be >= 1, got {seq_len}")
-        if self.align == "bos":
-            if seq_len != self.seq_len:
-                raise ValueError(
-                    f"data.align=bos cuts rows of train.seq_len={self.seq_len} only, the step "
-                    f"asked for {seq_len}; data.align=pieces takes a length per step"
-                )
-            return self._next_bos_batch()
+        if self.align == "bos" and seq_len != self.seq_len:
+            raise ValueError(
+                f"data.align=bos cuts rows of train.seq_len={self.seq_len} only, the step "
+                f"asked for {seq_len}; data.align=pieces takes a length per step"
+            )
+        return seq_len
+
+    def _next_stream_start(self, seq_len: int) -> int:
+        """Where the next global batch of the stream starts in the current shard."""
         span = self.batch_size * seq_len
         if span + 1 > max(self._lengths):  # else the loop below would never end
             raise ValueError(
@@ -135,14 +161,11 @@ class TokenLoader:
             )
         while self._pos + span + 1 > self._lengths[self._shard]:
             self._advance_shard()
-        tokens = self._open()
-        rows = self.local_batch_size
-        start = self._pos + self.rank * rows * seq_len
-        local = tokens[start : start + rows * seq_len + 1]
-        self._pos += span
-        return _to_batch(local, rows, seq_len)
+        start, self._pos = self._pos, self._pos + span
+        self.passes.served(span)
+        return start
 
-    def _next_bos_batch(self) -> Batch:
+    def _next_bos_starts(self) -> np.ndarray:
         for _ in range(len(self.files) + 1):
             starts = self._row_starts()
             if starts is not None:
@@ -153,11 +176,8 @@ class TokenLoader:
                 f"no training shard holds {self.batch_size} document-aligned rows of "
                 f"{self.seq_len + 1} tokens (data.align=bos): {[str(f) for f in self.files]}"
             )
-        tokens = self._open()
-        mine = starts[self.rank * self.local_batch_size : (self.rank + 1) * self.local_batch_size]
-        rows = tokens[mine[:, None] + np.arange(self.seq_len + 1)]  # one gather, no loop
-        buf = torch.from_numpy(rows.astype(np.int64))
-        return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
+        self.passes.served(self.batch_size * self.seq_len)
+        return starts
 
     def _row_starts(self) -> np.ndarray | None:
         """The global batch's row starts in the current shard (None: the shard runs out).
@@ -181,7 +201,7 @@ class TokenLoader:
 
     def state_dict(self) -> dict[str, int]:
         """The global stream position: the same on every rank, independent of the world size."""
-        return {"shard": self._shard, "pos": self._pos, "epoch": self.epoch}
+        return {"shard": self._shard, "pos": self._pos, "epoch": self.epoch, **self.passes.state()}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue exactly where `state_dict()` was taken."""
@@ -192,6 +212,7 @@ class TokenLoader:
                 "(were the shards changed since the checkpoint?)"
             )
         self._shard, self._pos, self.epoch = shard, pos, epoch
+        self.passes.load(state)
         self._tokens = self._bos = self._next = None
 
 

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from data.loader import Batch, check_divisible, check_layout
+from data.passes import Passes
 from data.shards import check_token_ids, load_shard, read_header
 from data.tokenizer import EOT, GPT2_VOCAB_SIZE
 
@@ -145,6 +146,7 @@ class PieceLoader:
                 f"{[str(f) for f in self.files]} has {max(self._lengths)}"
             )
         self._shard, self._k, self.epoch = 0, 0, 0
+        self.passes = Passes(rank == 0)  # tokens served per pass; a wrap is logged
         self._cap = max_piece_len  # the cap the current pieces were cut with
         self._tokens: np.ndarray | None = None  # memory map of the current shard
         self._pieces: ShardPieces | None = None  # and its pieces
@@ -194,6 +196,7 @@ class PieceLoader:
         self._tokens = self._pieces = None
         if self._shard == len(self.files):
             self._shard, self.epoch = 0, self.epoch + 1
+            self.passes.wrapped(self.epoch, len(self.files))
 
     def next_batch(
         self, seq_len: int | None = None, max_piece_len: int | None = None, max_pieces: int = 0
@@ -206,6 +209,23 @@ class PieceLoader:
         hold (data.max_pieces), 0 = no limit. The limit is checked on the whole global batch,
         so every rank fails at the same step, before the batch is consumed.
         """
+        tokens, pieces, cursors, row_len = self._cut(seq_len, max_piece_len, max_pieces)
+        lo = self.rank * self.local_batch_size
+        mine = cursors[lo : lo + self.local_batch_size + 1]
+        buf = torch.from_numpy(gather_rows(tokens, pieces, mine, row_len))
+        return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
+
+    def advance(
+        self, seq_len: int | None = None, max_piece_len: int | None = None, max_pieces: int = 0
+    ) -> None:
+        """Move past the next global batch as `next_batch` would, without reading its tokens
+        (data/passes.py plans a run's passes with it)."""
+        self._cut(seq_len, max_piece_len, max_pieces)
+
+    def _cut(
+        self, seq_len: int | None, max_piece_len: int | None, max_pieces: int
+    ) -> tuple[np.ndarray, ShardPieces, np.ndarray, int]:
+        """The next global batch's buffers as cursors into the current shard's pieces."""
         seq_len = self.seq_len if seq_len is None else seq_len
         if seq_len < 1:
             raise ValueError(f"the step's sequence length must be >= 1, got {seq_len}")
@@ -231,14 +251,17 @@ class PieceLoader:
                 "truncated)"
             )
         self._k = int(cursors[-1])
-        lo = self.rank * self.local_batch_size
-        mine = cursors[lo : lo + self.local_batch_size + 1]
-        buf = torch.from_numpy(gather_rows(tokens, pieces, mine, row_len))
-        return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
+        self.passes.served(self.batch_size * seq_len)
+        return tokens, pieces, cursors, row_len
 
     def state_dict(self) -> dict[str, int]:
         """The global position: the same on every rank, independent of the world size."""
-        return {"shard": self._shard, "bos_index": self._k, "epoch": self.epoch}
+        return {
+            "shard": self._shard,
+            "bos_index": self._k,
+            "epoch": self.epoch,
+            **self.passes.state(),
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue exactly where `state_dict()` was taken (on any world size)."""
@@ -261,4 +284,5 @@ class PieceLoader:
             )
         check_token_ids(self.files[shard], tokens, GPT2_VOCAB_SIZE)
         self._shard, self._k, self.epoch = shard, k, epoch
+        self.passes.load(state)
         self._tokens, self._pieces = tokens, pieces

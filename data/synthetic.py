@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from data.loader import Batch, check_divisible, check_layout, val_row_ranges
+from data.passes import Passes
 from data.tokenizer import GPT2_VOCAB_SIZE
 
 # Training and validation draw from separate random streams of one seed.
@@ -47,6 +48,8 @@ class SyntheticLoader:
         self.rank, self.world_size = rank, world_size
         self.local_batch_size = batch_size // world_size
         self.step = 0
+        self.epoch = 0  # fresh tokens every step: never a second pass
+        self.passes = Passes(announce=False)
 
     def next_batch(self, seq_len: int | None = None) -> Batch:
         """This rank's (inputs, targets), int64 tensors of shape (batch_size // world, L), with
@@ -58,6 +61,10 @@ class SyntheticLoader:
         self.step += 1
         rows = tokens[self.rank * self.local_batch_size : (self.rank + 1) * self.local_batch_size]
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+    def advance(self, seq_len: int | None = None) -> None:
+        """Move past the next global batch without drawing it."""
+        self.step += 1
 
     def state_dict(self) -> dict[str, int]:
         """The global step: all there is to resume, on any world size."""

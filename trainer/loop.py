@@ -41,6 +41,8 @@ class Loop:
     stop: StopRequests | None = None
     peak_flops: float | None = None  # one GPU's bf16 peak; None: no MFU (CPU, unknown GPU)
     code: dict | None = None  # the code's commit and dirty flag, in the first metrics line
+    # The training data's pass (0 = the first) after each step: its record's `epoch`
+    data_epoch: Callable[[], int] | None = None
     _saved_step: int = field(default=0, init=False, repr=False)  # the newest checkpoint's step
     _log: StepLog = field(init=False, repr=False)
 
@@ -80,10 +82,13 @@ class Loop:
         self._log.write(first)
 
     def _finish(self, p: Progress) -> float:
-        if p.val_loss is None:  # resumed from a save without a val loss, nothing left to do
-            p.val_loss = self._val_loss(p.step)
-            if p.val_loss is None:
+        if p.val_step != p.step:  # resumed from a save without its final val loss
+            # Its own record, so that metrics.jsonl shows the run finished (scripts/report.py
+            # counts a run by the validation loss at its last step)
+            rec = {"step": p.step, "tokens": p.tokens, "train_time_ms": p.train_time_s * 1000}
+            if not self._evaluate(p, rec):
                 self._checkpoint(p, True)
+            self._log.write(rec)
         self.sink.info("%s", run_summary(p, self.cfg.untimed_steps))
         return p.val_loss
 
@@ -97,6 +102,8 @@ class Loop:
         p.advance(tokens, done.seconds, timed=step > self.cfg.untimed_steps)
         rec = step_record(p, done.loss, done.lr_mult, opt.lrs(), opt.stats, done.seconds, tokens)
         rec.update(step_rates(p, self.cfg, rt, done.seconds, done.flops, self.peak_flops))
+        if self.data_epoch is not None:
+            rec["epoch"] = self.data_epoch()
         if not done.finite:
             last = self.checkpoints.last if self.checkpoints is not None else None
             on_nonfinite(
@@ -111,6 +118,7 @@ class Loop:
         if val_loss is None:
             return False
         p.val_loss = rec["val_loss"] = val_loss
+        p.val_step = p.step
         if p.reached(self.cfg.target_val_loss):
             rec["target_reached"] = True
         return True

@@ -20,6 +20,7 @@ from typing import Any
 from torch import nn
 from torch.distributed import ProcessGroup
 
+from data.passes import plan_passes
 from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.checkpoint.files import CHECKPOINTS_DIR
 from trainer.config import Config
@@ -40,6 +41,7 @@ from trainer.observe.console import describe_run, tie_outlasts_run
 from trainer.observe.cpu_cost import cpu_cost_warning
 from trainer.observe.flops import peak_flops
 from trainer.observe.metrics import METRICS_FILE, MetricsSink
+from trainer.observe.progress import Progress
 from trainer.observe.provenance import code_version
 from trainer.run_dir import check_writable, set_aside_previous
 from trainer.runtime import Runtime, cpu_threads, init_runtime, resolve_param_dtype, seed_everything
@@ -121,6 +123,8 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
     with StopRequests(force=t.fault.signal_at_step > 0, announce=rt.is_main) as stop, sink:
         peak = peak_flops(rt.device)
         schedule = Schedule.for_run(t, conf.optim, conf.model, conf.data)
+        if rt.is_main and (warning := data_wrap_warning(conf, loader, schedule, start)):
+            sink.warning("%s", warning)
         stepper = TrainStep(
             fwd, optimizer, schedule, loader.next_batch, rt,
             t.seq_len, accum_steps=accum_steps, no_sync=no_sync,
@@ -131,6 +135,18 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
         )  # fmt: skip
         loop = Loop(
             stepper, val_batches, t, sink, checkpoints, stop=stop, peak_flops=peak,
-            code=code_version(),
+            code=code_version(), data_epoch=lambda: loader.epoch,
         )  # fmt: skip
         return loop.run(start)
+
+
+def data_wrap_warning(conf: Config, loader: Any, schedule: Schedule, start: Progress) -> str | None:
+    """The warning when the steps left from `start` read the training data more than once."""
+    steps = range(start.step, conf.train.steps)
+    plan = plan_passes(loader, ((conf.train.seq_len_at(i), schedule.data_args(i)) for i in steps))
+    if plan.wrap_step is None:
+        return None
+    d = conf.data  # a loader that wraps reads shards
+    return plan.warning(
+        f"data.source={d.source} ({len(loader.files)} shard(s), data.align={d.align})"
+    )

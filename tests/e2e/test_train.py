@@ -1,6 +1,7 @@
 """End to end: `train(cfg)` and `python train.py` on the sample corpus, on CPU."""
 
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -145,3 +146,26 @@ def test_training_reports_mfu_from_the_batch_flops(
     for r in steps:
         assert r["mfu"] == pytest.approx(step_flops / (r["step_ms"] / 1e3) / 1e12, rel=1e-5)
         assert f"mfu {r['mfu']:.1%}" in format_step(r, t.steps)
+
+
+def test_a_run_that_repeats_its_data_says_so_before_and_when_it_wraps(
+    tmp_path: Path, corpus_cache: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Pieces of at most 2 tokens from the sample corpus's 96 training documents: a pass
+    serves 128 tokens (one step of 2 × 64, the next step's buffers run out), so the plan warns
+    before step 1 and every later step starts a new pass."""
+    pieces = ["data.align=pieces", "data.max_piece_len=2"]
+    with caplog.at_level(logging.INFO):
+        _, records = run_train(tmp_path / "repeats", corpus_cache, *pieces)
+    log = caplog.text
+    planned = log.index("the run's 4 steps read 512 training tokens")
+    assert "serves 128 per pass: the data wraps around at step 2 and is read 4.0 times" in log
+    assert planned < log.index("step 1/4"), "warned before training"
+    assert log.count("the training data wrapped around") == 3
+    assert "pass 2 begins (epoch 1 in metrics.jsonl) after 128 distinct tokens" in log
+    assert [r.get("epoch") for r in records] == [None, 0, 1, 2, 3]
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        _, records = run_train(tmp_path / "enough", corpus_cache)  # the stream holds 4 steps
+    assert "step 1/4" in caplog.text and "wrap" not in caplog.text
+    assert [r.get("epoch") for r in records] == [None, 0, 0, 0, 0]

@@ -90,7 +90,7 @@ def test_resume_continues_the_uninterrupted_stream(tmp_path):
     for _ in range(5):
         first.next_batch()
     state = first.state_dict()
-    assert state == {"shard": 1, "pos": 15, "epoch": 0}
+    assert state == {"shard": 1, "pos": 15, "epoch": 0, "pass_tokens": 75}
     resumed = TokenLoader(files, batch_size=3, seq_len=5)
     resumed.next_batch()  # a loader already reading shard 0 must switch to the saved shard
     resumed.load_state_dict(dict(state))

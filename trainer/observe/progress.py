@@ -10,6 +10,9 @@ class Progress:
     tokens: int = 0  # training tokens consumed
     train_time_s: float = 0.0  # time in training steps (evaluation and saving excluded)
     val_loss: float | None = None  # the latest validation loss
+    # The step val_loss was measured after; None in a save from before it was kept. A stop
+    # that cuts the final evaluation short leaves an older loss: the resume measures it again.
+    val_step: int | None = None
     skipped_steps: int = 0  # steps whose update was dropped (train.on_nonfinite=skip)
     # The run's identity across resumes (the wandb run id): rank 0's, made at step 0.
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
