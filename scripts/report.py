@@ -9,9 +9,10 @@ time to it (evaluation excluded, as records time it), and, for n >= 2, the stati
 speedrun record claim needs: the one-sided p-value of a one-sample t-test that the mean is
 below the target (scipy's `ttest_1samp`, alternative="less") and (target - mean) * sqrt(n).
 
-Only finished runs count: the last record is at the planned `train.steps` of the run's
-`.hydra/config.yaml`, or a record says the run stopped at `train.target_val_loss`. The rest
-are listed as skipped. The record target 3.28 is a FineWeb val loss, so it is the default
+Only finished runs count: their last validation loss is at the planned `train.steps` of the
+run's own `.hydra/config.yaml`, or reached `train.target_val_loss`. The rest are listed as
+skipped, each with why (e.g. "last validation at step 0 of 2; step 2 ran but its validation
+did not finish"). The record target 3.28 is a FineWeb val loss, so it is the default
 only when every run trains on FineWeb; otherwise give `--target` or get the table without
 the target test. Notes go to stderr, so the table on stdout stays clean for `--format csv`.
 """
@@ -24,30 +25,17 @@ import statistics
 import sys
 from pathlib import Path
 
-import yaml
+from omegaconf import DictConfig
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from scripts.runs import Run, differing_overrides, find_runs, label
+from scripts.runs import HYDRA_CONFIG, METRICS, Run, differing_overrides, find_runs, label
 
 COLUMNS = [
     "group", "n", "mean", "std", "min", "reached", "time_to_target_s", "p_value", "margin_sqrt_n",
 ]  # fmt: skip
 RECORD_TARGET = 3.28  # the FineWeb val loss that GPT-2 (124M) speedrun records must reach
-
-
-def run_config(run: Run) -> dict | None:
-    """The run's `.hydra/config.yaml` (None for a run started outside Hydra)."""
-    path = Path(run.name) / ".hydra" / "config.yaml"
-    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else None
-
-
-def _planned_steps(config: dict | None) -> int | None:
-    try:
-        return int(config["train"]["steps"])
-    except (TypeError, KeyError, ValueError):
-        return None
 
 
 def _log_says_done(run: Run) -> bool:
@@ -57,20 +45,40 @@ def _log_says_done(run: Run) -> bool:
     return bool(lines) and "done:" in lines[-1]
 
 
-def unfinished_reason(run: Run, config: dict | None = None) -> str | None:
-    """Why `run` does not count as finished, e.g. "step 3 of 8" (None: it is finished)."""
+def unfinished_reason(run: Run) -> str | None:
+    """Why `run` does not count as finished, e.g. "last validation at step 3 of 8" (None: it
+    is finished). Finished means a validation loss at the planned last step, `train.steps` of
+    the run's own config, or one that reached `train.target_val_loss`: the last record's step
+    alone is not enough, since a run stopped during its final evaluation logs that step's
+    record without a validation loss."""
+    if run.unreadable:
+        return run.unreadable
     if not run.records:
-        return "no records"
-    if any(r.get("target_reached") for r in run.records):
+        return f"{METRICS} is empty"
+    reached = run.records[-1].get("step")
+    points = run.val_points()
+    if not points:
+        return f"no validation loss (the records reach step {reached})"
+    last = points[-1]
+    if last.get("target_reached"):
         return None
-    step = run.records[-1].get("step")
-    planned = _planned_steps(config if config is not None else run_config(run))
-    if planned is not None:
-        return None if step == planned else f"step {step} of {planned}"
-    # Without a config the planned length is unknown; the log is the only other witness.
-    if _log_says_done(run):
+    planned, step = run.planned_steps(), last.get("step")
+    if planned is None and run.config is not None:
+        return f"planned steps unknown: {HYDRA_CONFIG} has no integer train.steps"
+    if planned is None:
+        # Without a config the planned length is unknown; the log is the only other witness.
+        if _log_says_done(run) and last is run.records[-1]:
+            return None
+        return (
+            f"planned steps unknown: no {HYDRA_CONFIG} and train.log does not end in 'done:' "
+            f"(last validation at step {step}, records reach step {reached})"
+        )
+    if step == planned:
         return None
-    return f"step {step}, planned steps unknown (no .hydra/config.yaml, no 'done:' in train.log)"
+    why = f"last validation at step {step} of {planned}"
+    if reached == planned:
+        return f"{why}; step {planned} ran but its validation did not finish"
+    return f"{why}; the records stop at step {reached}" if reached != step else why
 
 
 def split_finished(runs: list[Run]) -> tuple[list[Run], list[tuple[Run, str]]]:
@@ -86,13 +94,13 @@ def split_finished(runs: list[Run]) -> tuple[list[Run], list[tuple[Run, str]]]:
 
 
 def skipped_note(unfinished: list[tuple[Run, str]]) -> str:
-    """One line naming each skipped run and how far it got."""
+    """A heading line, then one line per skipped run: where it is and why it does not count."""
     n = len(unfinished)
-    listed = ", ".join(f"{run.name} ({why})" for run, why in unfinished)
-    return f"skipped {n} unfinished run{'s' if n != 1 else ''}: {listed}"
+    head = f"skipped {n} unfinished run{'s' if n != 1 else ''}, not in the statistics:"
+    return "\n".join([head, *(f"  {run.name}: {why}" for run, why in unfinished)])
 
 
-def data_source(config: dict | None) -> str:
+def data_source(config: DictConfig | None) -> str:
     """ "fineweb", or what else the run trained on ("sample", "synthetic", "shards at DIR")."""
     if config is None:
         return "unknown (no .hydra/config.yaml)"
@@ -106,7 +114,7 @@ def data_source(config: dict | None) -> str:
 
 def default_target(runs: list[Run]) -> tuple[float | None, str | None]:
     """(the record target, or None when it would mean nothing, and why in one line)."""
-    others = sorted({s for s in (data_source(run_config(r)) for r in runs) if s != "fineweb"})
+    others = sorted({s for s in (data_source(r.config) for r in runs) if s != "fineweb"})
     if not others:
         return RECORD_TARGET, None
     return None, (

@@ -1,8 +1,9 @@
-"""Reading finished runs for the curve tools: metrics, overrides, reference curves.
+"""Reading runs for the curve tools: metrics, Hydra config and overrides, reference curves.
 
-A run is a directory holding `metrics.jsonl` (and, under Hydra, `.hydra/overrides.yaml`). A
-directory without one is searched one level down, so a multirun directory stands for its
-numbered jobs. Reference curves are the CSV files in `scripts/reference/`.
+A run is a directory holding `metrics.jsonl` or, under Hydra, `.hydra/config.yaml`. A
+directory that is neither is searched one level down, so a multirun directory stands for its
+numbered jobs, including a job that stopped before its first record. Reference curves are
+the CSV files in `scripts/reference/`.
 """
 
 import csv
@@ -10,10 +11,15 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
+from omegaconf import DictConfig, OmegaConf
 
 REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
 REFERENCE_TOKENS_PER_STEP = 524_288  # every reference run: 8 x 64 x 1024
+METRICS = "metrics.jsonl"
+HYDRA_CONFIG = Path(".hydra") / "config.yaml"
+HYDRA_OVERRIDES = Path(".hydra") / "overrides.yaml"
 
 
 @dataclass
@@ -22,6 +28,8 @@ class Run:
     records: list[dict]
     overrides: dict[str, str] = field(default_factory=dict)
     tokens_per_step: int | None = None  # known for reference curves only
+    config: DictConfig | None = None  # the job's composed config; None outside Hydra
+    unreadable: str | None = None  # why metrics.jsonl is missing or cut short (None: read)
 
     def val_points(self) -> list[dict]:
         return [r for r in self.records if r.get("val_loss") is not None]
@@ -29,6 +37,13 @@ class Run:
     def final_val_loss(self) -> float | None:
         points = self.val_points()
         return points[-1]["val_loss"] if points else None
+
+    def planned_steps(self) -> int | None:
+        """`train.steps` of the run's own config (None: no config, or no such key)."""
+        if self.config is None:
+            return None
+        steps = OmegaConf.select(self.config, "train.steps", throw_on_resolution_failure=False)
+        return steps if isinstance(steps, int) else None
 
     def time_to(self, target: float) -> float | None:
         """Train time in seconds at the first evaluation at or below `target` (None: never)."""
@@ -38,39 +53,68 @@ class Run:
         return None
 
 
+def _read_metrics(path: Path) -> tuple[list[dict], str | None]:
+    """The records of `path`, and why they are incomplete (None: all of them read)."""
+    if not path.is_file():
+        return [], f"no {METRICS}"
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            # A process killed mid-write leaves a partial last line; the records before it
+            # still draw a curve, and the report lists the run as unfinished.
+            return records, f"{METRICS} line {number} is not JSON ({err.msg})"
+    return records, None
+
+
+def parse_overrides(lines: list[str]) -> dict[str, str]:
+    """Hydra's own parser, so that `lr=1e-2` and `lr=0.01` are one value and `+k=v`, `~k`,
+    `k@pkg=v` and quoted values read as Hydra read them. Values are Hydra's text for them."""
+    parsed = {}
+    for o in OverridesParser.create().parse_overrides([str(line) for line in lines]):
+        key = o.key_or_group + (f"@{o.package}" if o.package else "")
+        deleted = o.type == OverrideType.DEL
+        parsed[key] = "(deleted)" if deleted else o.get_value_element_as_str()
+    return parsed
+
+
 def load_run(run_dir: Path) -> Run:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines if line.strip()]
-    overrides = {}
-    hydra_overrides = run_dir / ".hydra" / "overrides.yaml"
-    if hydra_overrides.is_file():
-        for item in yaml.safe_load(hydra_overrides.read_text()) or []:
-            key, _, value = str(item).partition("=")
-            overrides[key.lstrip("+~")] = value
-    return Run(name=str(run_dir), records=records, overrides=overrides)
+    records, unreadable = _read_metrics(run_dir / METRICS)
+    config = OmegaConf.load(run_dir / HYDRA_CONFIG) if (run_dir / HYDRA_CONFIG).is_file() else None
+    overrides_file = run_dir / HYDRA_OVERRIDES
+    overrides = (
+        parse_overrides(list(OmegaConf.load(overrides_file))) if overrides_file.is_file() else {}
+    )
+    return Run(str(run_dir), records, overrides, config=config, unreadable=unreadable)
+
+
+def is_run(path: Path) -> bool:
+    return (path / METRICS).is_file() or (path / HYDRA_CONFIG).is_file()
+
+
+def _job_order(d: Path) -> tuple[bool, int, str]:
+    """Numbered multirun jobs in numeric order (10 after 9), then other names."""
+    return (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name)
 
 
 def find_runs(paths: list[str | Path]) -> list[Run]:
     """Every run under `paths`: a run directory itself, or the runs one level below it."""
     runs = []
     for p in map(Path, paths):
-        if (p / "metrics.jsonl").is_file():
+        if is_run(p):
             runs.append(load_run(p))
             continue
-        jobs = [d for d in p.iterdir() if (d / "metrics.jsonl").is_file()] if p.is_dir() else []
+        jobs = sorted((d for d in p.iterdir() if is_run(d)), key=_job_order) if p.is_dir() else []
         if not jobs:
-            raise FileNotFoundError(f"{p} holds no metrics.jsonl, nor do its subdirectories")
-        # Numbered multirun jobs in numeric order (10 after 9).
-        jobs.sort(
-            key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name)
-        )
+            raise FileNotFoundError(
+                f"{p} holds no run: neither it nor its subdirectories have {METRICS} or "
+                f"{HYDRA_CONFIG}; give a run or multirun directory"
+            )
         runs.extend(load_run(d) for d in jobs)
     return runs
-
-
-def _job_order(d: Path) -> tuple[bool, int, str]:
-    """Numbered multirun jobs in numeric order (10 after 9), then other names."""
-    return (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name)
 
 
 def reference_names() -> list[str]:

@@ -59,8 +59,12 @@ def test_a_run_is_finished_at_its_planned_steps_or_its_target(tmp_path: Path) ->
     bare = write_run(tmp_path, "bare", [10.0, 8.0], hydra=False)
     why = {Path(r.name).name: report.unfinished_reason(r) for r in find_runs([tmp_path])}
     assert why["full"] is None and why["target"] is None and why["logged"] is None
-    assert why["early"] == "step 3 of 8" and why["step0"] == "step 0 of 8"
-    assert why["bare"].startswith("step 1, planned steps unknown")
+    assert why["early"] == "last validation at step 3 of 8"
+    assert why["step0"] == "last validation at step 0 of 8"
+    assert why["bare"] == (
+        "planned steps unknown: no .hydra/config.yaml and train.log does not end in 'done:' "
+        "(last validation at step 1, records reach step 1)"
+    )
     finished, unfinished = report.split_finished(find_runs([full, early, target, only_step0]))
     assert [r.name for r in finished] == [str(full), str(target)]
     assert [r.name for r, _ in unfinished] == [str(early), str(only_step0)]
@@ -78,11 +82,13 @@ def test_report_skips_unfinished_runs_and_says_which(
     assert report.main([str(sweep), "--target", "6.5"]) == 0
     out, err = capsys.readouterr()
     assert err.splitlines() == [
-        f"skipped 2 unfinished runs: {sweep / '2'} (step 3 of 8), {sweep / '3'} (step 0 of 8)"
+        "skipped 2 unfinished runs, not in the statistics:",
+        f"  {sweep / '2'}: last validation at step 3 of 8",
+        f"  {sweep / '3'}: last validation at step 0 of 8",
     ]
     assert "| all runs | 2 | 6.1000 |" in out, "the unfinished runs' losses are not pooled"
     write_run(tmp_path / "one", "0", [10.0, 9.0], steps=8)
-    assert "skipped 1 unfinished run: " in report.skipped_note(report.split_finished(
+    assert "skipped 1 unfinished run, " in report.skipped_note(report.split_finished(
         find_runs([tmp_path / "one"]))[1])  # fmt: skip
 
 
@@ -92,8 +98,79 @@ def test_report_fails_when_no_run_finished(tmp_path: Path, capsys: pytest.Captur
     assert report.main([str(tmp_path)]) == 1
     out, err = capsys.readouterr()
     assert out == ""
-    assert err.startswith("skipped 2 unfinished runs: ")
+    assert err.startswith("skipped 2 unfinished runs, not in the statistics:\n")
     assert err.splitlines()[-1] == "no finished runs to report: every run stopped early"
+
+
+def write_job(root: Path, name: str, records: list[dict] | None, steps: int, seed: int) -> Path:
+    """A Hydra job directory as a sweep leaves it: `records` as metrics.jsonl (None: the job
+    stopped before its first record), its config planning `steps` and its overrides."""
+    job = root / name
+    (job / ".hydra").mkdir(parents=True)
+    config = {"train": {"steps": steps, "val_seq_len": "${min:1,2}"}, "data": SAMPLE, "seed": seed}
+    (job / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"seed={seed}"]))
+    if records is not None:
+        (job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return job
+
+
+def trained(step: int, val_loss: float | None = None) -> dict:
+    """The loop's record of `step`, with the validation loss when an evaluation finished."""
+    rec = {"step": step, "train_loss": 10.8, "tokens": 128 * step, "train_time_ms": 500.0 * step}
+    return rec if val_loss is None else rec | {"val_loss": val_loss}
+
+
+START = {"step": 0, "tokens": 0, "train_time_ms": 0.0, "val_loss": 10.8258}
+
+
+def test_a_job_stopped_in_its_last_step_is_not_pooled(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A job stopped during step 2 of 2 logs step 2 without a val loss; counting it pooled its
+    step-0 loss: n = 2, mean (10.5232 + 10.8258) / 2 = 10.6745."""
+    sweep = tmp_path / "sweep"
+    write_job(sweep, "0", [START, trained(1), trained(2, 10.5232)], steps=2, seed=0)
+    stopped = write_job(sweep, "1", [START, trained(1), trained(2)], steps=2, seed=1)
+    assert report.main([str(sweep), "--target", "10.6", "--format", "csv"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1].startswith("all runs,1,10.5232,,10.5232,1,1.0,,")
+    assert err.splitlines() == [
+        "skipped 1 unfinished run, not in the statistics:",
+        f"  {stopped}: last validation at step 0 of 2; step 2 ran but its validation did not "
+        "finish",
+    ]
+
+
+def test_why_a_run_is_unfinished(tmp_path: Path) -> None:
+    write_job(tmp_path, "0", None, steps=2, seed=0)
+    write_job(tmp_path, "1", [], steps=2, seed=1)
+    write_job(tmp_path, "2", [trained(1), trained(2)], steps=2, seed=2)
+    write_job(tmp_path, "3", [START, trained(1), trained(2, 10.6), trained(3)], steps=8, seed=3)
+    write_job(tmp_path, "4", [START, trained(1, 10.7)], steps=8, seed=4)
+    cut = write_job(tmp_path, "5", [START, trained(1, 10.7), trained(2, 10.6)], steps=2, seed=5)
+    (cut / "metrics.jsonl").write_text((cut / "metrics.jsonl").read_text()[:-9])
+    why = [why for _, why in report.split_finished(find_runs([tmp_path]))[1]]
+    assert why == [
+        "no metrics.jsonl",
+        "metrics.jsonl is empty",
+        "no validation loss (the records reach step 2)",
+        "last validation at step 2 of 8; the records stop at step 3",
+        "last validation at step 1 of 8",
+        "metrics.jsonl line 3 is not JSON (Unterminated string starting at)",
+    ]
+    assert find_runs([cut])[0].final_val_loss() == 10.7, "the lines before a cut one still read"
+
+
+def test_overrides_read_as_hydra_reads_them(tmp_path: Path) -> None:
+    """Hydra's parser: `1e-2` and `0.01` are one learning rate, `+k=v` sets `k`."""
+    for name, lr in (("0", "1e-2"), ("1", "0.01")):
+        run = write_run(tmp_path, name, [10.0, 7.0], overrides=(f"+optim.muon.lr={lr}",
+                        f"seed={name}", "data.train_files='a b'"))  # fmt: skip
+    assert find_runs([run])[0].overrides == {
+        "optim.muon.lr": "0.01", "seed": "1", "data.train_files": "'a b'"
+    }  # fmt: skip
+    assert [r["group"] for r in report.summarize(find_runs([tmp_path]), None)] == ["all runs"]
 
 
 def test_no_record_target_by_default_off_fineweb(
@@ -193,11 +270,11 @@ def test_plot_says_which_runs_are_unfinished(tmp_path: Path, capsys: pytest.Capt
     out = tmp_path / "x.png"
     assert plot_curves.main([str(tmp_path / "sweep"), "--out", str(out)]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        f"unfinished (dashed): {early} (step 1 of 8)",
+        f"unfinished (dashed): {early} (last validation at step 1 of 8)",
         f"wrote {out}: 2 run(s), 0 reference curve(s)",
     ]
     assert plot_curves.main([str(tmp_path / "sweep"), "--out", str(out), "--skip-unfinished"]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        f"unfinished (left out): {early} (step 1 of 8)",
+        f"unfinished (left out): {early} (last validation at step 1 of 8)",
         f"wrote {out}: 1 run(s), 0 reference curve(s)",
     ]
