@@ -96,16 +96,26 @@ def _real_run(part: dict | None) -> list[str]:
         return []
     r = part["rows"][0]
     (s0, v0), (s1, v1) = r["val_first"], r["val_last"]
-    verdict = "falls and stays finite" if r["falls"] else "**does not fall, or is not finite**"
+    if r["ok"]:
+        verdict = (
+            f"learns: held-out loss fell {r['val_drop']:.2f} (≥ {r['drop_needed']:g}), "
+            f"{r['gap']:.2f} above training (≤ {r['gap_allowed']:g})"
+        )
+    else:
+        verdict = (
+            f"**does not show learning**: held-out loss fell {r['val_drop']:.2f} (needs "
+            f"≥ {r['drop_needed']:g}), {r['gap']:.2f} above training (allowed "
+            f"{r['gap_allowed']:g})" + ("" if r["finite"] else ", not finite")
+        )
+    wrap = f", first wrap at step {r['first_wrap']}" if r["first_wrap"] else ""
     return [
         "",
-        "| newest preset on the sample corpus | steps | train loss (first → last tenth) "
-        "| val loss | ms/step | the loss |",
-        "|---|---|---|---|---|---|",
-        f"| {r.get('experiment', 'record_2025_11_29')}, 1 sequence/step | {r['steps']} "
-        f"| {r['train_loss_first']:.3f} → "
-        f"{r['train_loss_last']:.3f} | {v0:.3f} @{s0} → {v1:.3f} @{s1} | {r['step_ms']:.0f} "
-        f"| {verdict} |",
+        "| newest preset on the sample corpus | steps | passes over the data | train loss "
+        "(first → last tenth) | held-out val loss | ms/step | verdict |",
+        "|---|---|---|---|---|---|---|",
+        f"| {r['experiment']}, 1 sequence/step | {r['steps']} | {r['passes']}{wrap} "
+        f"| {r['train_loss_first']:.3f} → {r['train_loss_last']:.3f} "
+        f"| {v0:.3f} @{s0} → {v1:.3f} @{s1} | {r['step_ms']:.0f} | {verdict} |",
     ]
 
 
