@@ -59,15 +59,15 @@ UNTIMED = 2  # the strategy runs' first steps, left out of the median (warm-up)
 # The real run: the newest preset, one sequence per step (one GPU, no accumulation), 100 steps:
 # 90 in the three stages and the 10 extension steps, the split of the head (the record's 921 =
 # 2 * 460 + 1) and the momentum warm-up and cooldown (300 and 50 of 1,380) scaled to 90.
-# Its stages are 1/16 of the record's lengths with whole documents (pieces up to the stage's
-# length): the sample corpus's 96 training documents then serve 74 steps before the first
+# Its stages are 1/16 of the record's lengths and its pieces whole documents (a cap of 65,536
+# tokens): the sample corpus's 96 training documents then serve 74 steps before the first
 # wrap, 1.6 passes in all, where the record's lengths and caps served 4 distinct batches and
 # 52 passes, so the training loss measured memorisation. Validation is one 49,152-token
 # sequence (the sample corpus holds ~50k validation tokens).
 REAL_RUN = [
     f"experiment={NEWEST}", "data=sample", "train.steps=100", "train.batch_size=1",
-    "train.seq_len=3072", "train.seq_len_phases=[1024,2048,3072]", "data.max_piece_len=3072",
-    "data.max_piece_len_phases=[1024,2048,3072]",
+    "train.seq_len=3072", "train.seq_len_phases=[1024,2048,3072]", "data.max_piece_len=65536",
+    "data.max_piece_len_phases=[]",
     "train.val_every=50", "train.val_tokens=49152", "train.log_every=10",
     "optim.tie_embed_head_until=61", "optim.muon.momentum_warmup_steps=20",
     "optim.muon.momentum_cooldown_steps=3",
