@@ -6,7 +6,6 @@ numbered jobs, including a job that stopped before its first record. Reference c
 the CSV files in `scripts/reference/`.
 """
 
-import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +14,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
 from omegaconf import DictConfig, OmegaConf
 
-REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
-REFERENCE_TOKENS_PER_STEP = 524_288  # every reference run: 8 x 64 x 1024
+from trainer.reference import curve_names, load_curve
+
 METRICS = "metrics.jsonl"
 HYDRA_CONFIG = Path(".hydra") / "config.yaml"
 HYDRA_OVERRIDES = Path(".hydra") / "overrides.yaml"
@@ -118,28 +117,24 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
 
 
 def reference_names() -> list[str]:
-    return sorted(p.stem for p in REFERENCE_DIR.glob("*.csv"))
+    return curve_names()
 
 
 def load_reference(name: str) -> Run:
     """A reference curve by file stem (see scripts/reference/README.md) or CSV path."""
-    path = Path(name) if name.endswith(".csv") else REFERENCE_DIR / f"{name}.csv"
-    if not path.is_file():
-        raise FileNotFoundError(f"no reference curve {name!r}; known: {reference_names()}")
-    rows = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+    try:
+        curve = load_curve(name)
+    except ValueError as e:
+        raise FileNotFoundError(f"no reference curve {name!r}; known: {reference_names()}") from e
     records = []
-    per_step = REFERENCE_TOKENS_PER_STEP  # unless the file has a tokens column
-    for row in csv.DictReader(rows):
-        rec = {"step": int(row["step"]), "val_loss": float(row["val_loss"])}
-        if row.get("tokens"):
-            rec["tokens"] = int(row["tokens"])
-            per_step = rec["tokens"] // rec["step"] if rec["step"] else per_step
-        else:
-            rec["tokens"] = rec["step"] * REFERENCE_TOKENS_PER_STEP
-        if row.get("train_time_ms"):
-            rec["train_time_ms"] = float(row["train_time_ms"])
+    for step, tokens, loss, ms in zip(
+        curve.steps, curve.tokens, curve.val_loss, curve.train_time_ms, strict=True
+    ):
+        rec = {"step": step, "val_loss": loss, "tokens": tokens}
+        if ms is not None:
+            rec["train_time_ms"] = ms
         records.append(rec)
-    return Run(name=path.stem, records=records, tokens_per_step=per_step)
+    return Run(name=curve.name, records=records, tokens_per_step=curve.tokens_per_step)
 
 
 def differing_overrides(runs: list[Run], ignore: tuple[str, ...] = ()) -> list[str]:

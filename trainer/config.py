@@ -21,6 +21,7 @@ from model.config import ModelConfig
 from model.window_schedule import phase_index, phase_start
 from optim.config import OptimConfig
 from trainer.config_checks import check_choices, check_known
+from trainer.reference import ReferenceConfig
 from trainer.run_dir import register_resolvers
 
 MUST_MATCH = {"resume": "must_match"}
@@ -121,6 +122,7 @@ class TrainConfig:
     untimed_steps: int = 0
     """The first this many steps run but do not count as train time (warm-up)."""
     fault: FaultConfig = field(default_factory=FaultConfig, metadata=OPERATIONAL)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig, metadata=OPERATIONAL)
 
     def micro_batch(self, world_size: int) -> int:
         """Sequences per rank per forward on `world_size` ranks; raises if they don't divide."""
@@ -199,6 +201,7 @@ class TrainConfig:
         if not self.resume:
             raise ValueError("train.resume must be auto, never or a checkpoint path")
         self.fault.validate()
+        self.reference.validate()
 
     def _validate_seq_len_phases(self) -> None:
         phases = list(self.seq_len_phases)

@@ -16,8 +16,15 @@ from trainer.forward import evaluate
 from trainer.launch.signals import Stopped, StopRequests
 from trainer.nonfinite import on_nonfinite
 from trainer.observe.console import StepLog, run_summary
-from trainer.observe.metrics import EvalProgress, MetricsSink, step_rates, step_record
+from trainer.observe.metrics import (
+    EvalProgress,
+    MetricsSink,
+    seconds_per_token,
+    step_rates,
+    step_record,
+)
 from trainer.observe.progress import Progress
+from trainer.reference import Curve, target_eta_s
 from trainer.step import TrainStep
 
 
@@ -43,6 +50,7 @@ class Loop:
     code: dict | None = None  # the code's commit and dirty flag, in the first metrics line
     # The training data's pass (0 = the first) after each step: its record's `epoch`
     data_epoch: Callable[[], int] | None = None
+    reference: Curve | None = None  # train.reference.curve: the time to its target, estimated
     _saved_step: int = field(default=0, init=False, repr=False)  # the newest checkpoint's step
     _log: StepLog = field(init=False, repr=False)
 
@@ -119,6 +127,8 @@ class Loop:
             return False
         p.val_loss = rec["val_loss"] = val_loss
         p.val_step = p.step
+        if self.reference is not None:
+            rec.update(against_reference(self.reference, p, self.cfg))
         if p.reached(self.cfg.target_val_loss):
             rec["target_reached"] = True
         return True
@@ -158,3 +168,18 @@ class Loop:
                 signal_name, p.step or None, str(where) if where else None, saved,
                 saves_none=not saves_any(self.cfg),
             )  # fmt: skip
+
+
+def against_reference(curve: Curve, p: Progress, t: TrainConfig) -> dict[str, float]:
+    """The reference curve's loss at this run's tokens, and the time to its target at this
+    run's speed (trainer/reference.py), for the evaluation just made."""
+    out = {"reference_val_loss": curve.loss_at_tokens(p.tokens)}
+    per_token = seconds_per_token(p, t)
+    eta = (
+        None
+        if per_token is None
+        else target_eta_s(curve, t.reference.target, p.val_loss, per_token)
+    )
+    if eta is not None:
+        out["target_eta_s"] = eta
+    return out

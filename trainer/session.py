@@ -43,6 +43,7 @@ from trainer.observe.flops import peak_flops
 from trainer.observe.metrics import METRICS_FILE, MetricsSink
 from trainer.observe.progress import Progress
 from trainer.observe.provenance import code_version
+from trainer.reference import load_curve
 from trainer.run_dir import check_writable, set_aside_previous
 from trainer.runtime import Runtime, cpu_threads, init_runtime, resolve_param_dtype, seed_everything
 from trainer.schedule import Schedule
@@ -136,6 +137,7 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
         loop = Loop(
             stepper, val_batches, t, sink, checkpoints, stop=stop, peak_flops=peak,
             code=code_version(), data_epoch=lambda: loader.epoch,
+            reference=load_curve(t.reference.curve) if t.reference.curve else None,
         )  # fmt: skip
         return loop.run(start)
 

@@ -214,6 +214,7 @@ def test_shared_modules_import_no_room() -> None:
         "trainer.config_checks",
         "trainer.runtime",
         "trainer.run_dir",
+        "trainer.reference",
     }
     fake = {"trainer.config": {"trainer.run_dir", "trainer.launch.dist"}}
     assert outside_rules(fake, {"trainer.config": shared}) == {

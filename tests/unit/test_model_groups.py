@@ -28,7 +28,7 @@ ADDED = {"residual.sublayer_scales", "residual.resid_init", "residual.post_init"
          "mlp.proj_in_out",
          "residual.mudd", "residual.mudd_hidden",
          "attention.paired",
-         "embed.bigram_rows", "embed.bigram_dim", "embed.bigram_signs",
+         "embed.bigram_rows", "embed.bigram_dim", "embed.bigram_signs", "embed.bigram_position1",
          "residual.bigram_lambda_init", "residual.bigram_in_x0",
          "head.mtp", "head.mtp_weights",
          "mlp.fp8",

@@ -67,6 +67,8 @@ def format_step(rec: dict[str, Any], total_steps: int) -> str:
         parts.append("loss non-finite (skipped)" if loss is None else f"loss {loss:.4f}")
     if "val_loss" in rec:
         parts.append(f"val {rec['val_loss']:.4f}")
+    if "reference_val_loss" in rec:  # the reference curve at these tokens (train.reference)
+        parts.append(f"reference {rec['reference_val_loss']:.4f}")
     if "lr_mult" in rec:
         parts.append(f"lr x{rec['lr_mult']:.3g}")
     if "step_ms" in rec:
@@ -80,6 +82,8 @@ def format_step(rec: dict[str, Any], total_steps: int) -> str:
     parts.append(f"train {rec['train_time_ms'] / 1000:.1f}s")
     if rec.get("eta_s"):
         parts.append(f"eta {_duration(rec['eta_s'])}")
+    if "target_eta_s" in rec:
+        parts.append(f"to target ~{_duration(rec['target_eta_s'])}")
     return " | ".join(parts)
 
 

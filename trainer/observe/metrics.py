@@ -163,16 +163,23 @@ def step_record(
     }
 
 
+def seconds_per_token(p: Progress, t: TrainConfig) -> float | None:
+    """The train time per token of the timed steps so far (None before the first)."""
+    timed_tokens = p.tokens - t.tokens_after(min(t.untimed_steps, p.step))
+    return p.train_time_s / timed_tokens if timed_tokens > 0 and p.train_time_s > 0 else None
+
+
 def step_rates(
     p: Progress, t: TrainConfig, rt: Runtime, seconds: float, flops: float | None,
     peak: float | None,
 ) -> dict[str, float]:  # fmt: skip
-    """ETA from the mean timed step so far; MFU (from the FLOPs of every rank's batch, when
-    counted, and one GPU's `peak`) and peak memory on a GPU."""
+    """ETA from the time per token of the timed steps so far, times the tokens left (so it
+    follows the batch stages: a stage of 3× the tokens per step takes 3× as long a step); MFU
+    (from the FLOPs of every rank's batch, when counted, and one GPU's `peak`) and peak
+    memory on a GPU."""
     out = {}
-    timed = p.step - t.untimed_steps
-    if timed > 0 and p.train_time_s > 0:
-        out["eta_s"] = p.train_time_s / timed * (t.steps - p.step)
+    if per_token := seconds_per_token(p, t):
+        out["eta_s"] = per_token * (t.tokens_after(t.steps) - p.tokens)
     if flops is not None and peak:
         out["mfu"] = mfu(flops, seconds, peak, rt.world_size)
     if rt.device.type == "cuda":
