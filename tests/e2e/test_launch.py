@@ -147,7 +147,7 @@ def test_multirun_points_can_be_multi_process(tmp_path: Path, corpus_cache: Path
 
 
 @pytest.mark.timeout(120)
-def test_failing_rank_traceback_reaches_torchrun(tmp_path: Path) -> None:
+def test_failing_rank_error_reaches_torchrun(tmp_path: Path) -> None:
     cmd = [
         *TORCHRUN,
         "--standalone",
@@ -158,7 +158,7 @@ def test_failing_rank_traceback_reaches_torchrun(tmp_path: Path) -> None:
     out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=100)
     assert out.returncode != 0
     summary = out.stderr[out.stderr.index("Root Cause") :]
-    # @record writes the exception to torchrun's error file, so its summary shows it.
+    # Each rank writes its error to torchrun's error file, so its summary shows it.
     assert "must be divisible by model.n_head (3)" in summary
     assert "To enable traceback" not in summary
     assert not list(tmp_path.rglob("metrics.jsonl"))

@@ -1,9 +1,11 @@
 """The command line around a run: what `python train.py` does before and after it (`main`:
-errors as one line, a stop's command to continue, the resolved config in the log file), and
-the overrides checked against the schema and conf/ before Hydra composes them (`overrides`).
+errors as one line, from rank 0 alone under torchrun; a stop's command to continue; the
+resolved config in the log file), and the overrides checked against the schema and conf/
+before Hydra composes them, with what only a multirun does refused without -m (`overrides`).
 
 Nothing here imports torch when imported (torch comes with the run, once the config is
 valid), so a typo on the command line fails in a fraction of a second.
 
-Imports from the trainer: trainer.config, trainer.run_dir, trainer.launch.signals.
+Imports from the trainer: trainer.config, trainer.run_dir, trainer.launch.signals,
+trainer.launch.report.
 """

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer.cli.overrides import check_command_line
 from trainer.config import Config, to_config
+from trainer.launch.report import ONE_LINE, leave_rank, to_log_file
 from trainer.launch.signals import Stopped, claim_signals
 from trainer.run_dir import discard_unstarted, env_rank, under_torchelastic
 
@@ -26,13 +27,7 @@ STARTED = time.time()  # before Hydra makes the run directory (this module loads
 
 def check_arguments(argv: list[str]) -> None:
     """Check the command line's overrides against the schema and conf/'s options; a bad one
-    prints one line and exits 1. Under torchrun it raises, through torch's `record`, so that
-    torchrun's summary names the error as it does for the run's own."""
-    if under_torchelastic():
-        from torch.distributed.elastic.multiprocessing.errors import record
-
-        record(check_command_line)(argv, CONF_DIR, Config)
-        return
+    prints one line (under torchrun: rank 0 alone) and exits 1."""
     try:
         check_command_line(argv, CONF_DIR, Config)
     except ValueError as e:
@@ -44,9 +39,9 @@ def check_arguments(argv: list[str]) -> None:
 def run_main(cfg: DictConfig, train: Callable[[Config], float]) -> float:
     """`train(cfg)` for the command line: a bad value fails before the config dump, a stop
     exits with the signal's status and prints how to continue, and the project's own errors
-    (ValueError, OSError, FloatingPointError: they name the key or file and the fix) print as
-    one line and exit 1. Under torchrun a failing rank's traceback goes to torchrun's summary
-    (torch's `record`, imported only there: it imports torch)."""
+    (ONE_LINE: they name the key or file and the fix) print as one line and exit 1. Under
+    torchrun any other error's traceback goes to torchrun's summary (torch's `record`,
+    imported only there: it imports torch)."""
     if under_torchelastic():
         from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -67,30 +62,26 @@ def _run_main(cfg: DictConfig, train: Callable[[Config], float]) -> float:
         elif env_rank() == 0:
             log.warning("%s", e)
         sys.exit(e.exit_code)
-    except (ValueError, OSError, FloatingPointError) as e:
-        # Under torchrun `record` takes the exception to torchrun's summary instead, and
-        # HYDRA_FULL_ERROR=1 shows the traceback.
-        if os.environ.get("HYDRA_FULL_ERROR") == "1" or under_torchelastic():
+    except ONE_LINE as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        if run_dir := cfg.get("run_dir"):  # a run that never started leaves no directory
+        # A run that never started leaves no directory (under torchrun rank 0's is the one).
+        if env_rank() == 0 and (run_dir := cfg.get("run_dir")):
             discard_unstarted(Path(run_dir), STARTED - 1.0)
         fail(e)
 
 
 def fail(e: BaseException, traceback_hint: bool = True) -> NoReturn:
-    """Print `e` as one line on stderr (and into train.log when the run has one); exit 1."""
+    """Print `e` as one line on stderr (and into train.log when the run has one); exit 1.
+    Under torchrun rank 0 alone prints it, and every rank leaves it, with no traceback, for
+    torchrun's failure summary (trainer/launch/report.py)."""
     to_log_file(logging.ERROR, f"error: {e}")
     hint = " (HYDRA_FULL_ERROR=1 shows the traceback)" if traceback_hint else ""
-    print(f"error: {e}{hint}", file=sys.stderr)
+    line = f"error: {e}{hint}"
+    if under_torchelastic():
+        leave_rank(e, line if env_rank() == 0 else None)
+    print(line, file=sys.stderr)
     sys.exit(1)
-
-
-def to_log_file(level: int, message: str) -> None:
-    """Write `message` to the run's log file (rank 0's train.log) but not to the console."""
-    record_ = log.makeRecord(log.name, level, __file__, 0, message, None, None)
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(record_)
 
 
 def continue_command(run_dir: str) -> str:

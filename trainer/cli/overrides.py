@@ -11,11 +11,12 @@ package-qualified override, a config from another directory) it leaves to Hydra.
 
 import difflib
 import re
+import shlex
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from model.config.moved import MOVED, moved_message
@@ -39,9 +40,9 @@ def check_command_line(argv: list[str], conf_dir: Path, schema: Any) -> None:
 
 
 def compose_and_validate(overrides: list[str], conf_dir: Path) -> None:
-    """Compose the config as Hydra will and validate every value, before Hydra makes the run
-    directory: a config that can never start leaves nothing behind. (A sweep's jobs are each
-    validated when they start.)"""
+    """Compose the config of a single run (no -m) as Hydra will, refuse what only a multirun
+    does, and validate every value, before Hydra makes the run directory: a config that can
+    never start leaves nothing behind. (A sweep's jobs are each validated when they start.)"""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -50,7 +51,7 @@ def compose_and_validate(overrides: list[str], conf_dir: Path) -> None:
     register_configs()  # the schema Hydra checks the YAML against (idempotent)
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=overrides)
+            cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
     except Exception as e:  # a YAML file (an experiment of one's own) with a flat model key
         moved = re.search(r"Key '(\w+)' not in 'ModelConfig'", f"{e} {e.__cause__}")
         if moved and moved.group(1) in MOVED:
@@ -58,8 +59,48 @@ def compose_and_validate(overrides: list[str], conf_dir: Path) -> None:
         raise
     finally:
         GlobalHydra.instance().clear()  # hydra.main initialises its own
+    with open_dict(cfg):
+        hydra_cfg = cfg.pop("hydra")
+    refuse_multirun_only(hydra_cfg, overrides, conf_dir)
     cfg.run_dir = "."  # Hydra's output directory does not exist yet
     to_config(cfg)
+
+
+def refuse_multirun_only(hydra_cfg: DictConfig, overrides: list[str], conf_dir: Path) -> None:
+    """Raise ValueError, naming the fix, where a single run's config asks for what only a
+    multirun (-m) does: a Hydra launcher (launcher=slurm) or a sweep (a preset's
+    hydra.sweeper.params). Without -m Hydra ignores both and runs one job here: launcher=slurm's
+    dist.nproc=8 ranks on this machine, or one of a sweep preset's configs."""
+    choices = hydra_cfg.runtime.choices
+    fix = f"add -m: {shlex.join(['python', 'train.py', '-m', *overrides])}"
+    if choices.get("hydra/launcher") != "basic":
+        source = _chosen_by(choices, conf_dir, "hydra.launcher")
+        raise ValueError(
+            f"{source or 'hydra/launcher=' + choices['hydra/launcher']} sets Hydra's launcher, "
+            f"which only a multirun uses (without -m the run would start here instead): {fix}"
+        )
+    if swept := list(hydra_cfg.sweeper.get("params") or {}):
+        source = _chosen_by(choices, conf_dir, "hydra.sweeper.params")
+        raise ValueError(
+            f"{source or 'hydra.sweeper.params'} is a sweep over {', '.join(swept)}, which only "
+            f"a multirun runs (without -m one of its configs would run): {fix}"
+        )
+
+
+def _chosen_by(choices: DictConfig, conf_dir: Path, key: str) -> str | None:
+    """The `group=option` whose file under `conf_dir` sets `key` (or overrides its group in
+    its defaults list), among the options `choices` (Hydra's runtime.choices) names."""
+    for group, option in choices.items():
+        path = conf_dir / str(group) / f"{option}.yaml"
+        if str(group).startswith("hydra/") or option is None or not path.is_file():
+            continue
+        node = OmegaConf.load(path)
+        defaults = [k for d in node.get("defaults", []) if isinstance(d, DictConfig) for k in d]
+        if OmegaConf.select(node, key) is not None or any(
+            str(k).endswith(key.replace(".", "/")) for k in defaults
+        ):
+            return f"{group}={option}"
+    return None
 
 
 def check_overrides(overrides: list[str], conf_dir: Path, schema: Any) -> None:

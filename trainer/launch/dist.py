@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer.config import Config, DistConfig
 from trainer.config_checks import flatten
+from trainer.launch.report import PeerFailed
 from trainer.runtime import Runtime, resolve_backend
 
 T = TypeVar("T")
@@ -61,20 +62,27 @@ def process_group(rt: Runtime, cfg: DistConfig) -> Iterator[dist.ProcessGroup | 
 
 
 @contextmanager
-def local_main_first(rt: Runtime) -> Iterator[None]:
+def local_main_first(rt: Runtime, what: str = "setting up") -> Iterator[None]:
     """Local rank 0 of each node runs the block first, then the node's other ranks.
 
     For work that fills a node-local cache (building the sample corpus): the others then
-    find it done instead of all doing it at once.
+    find it done instead of all doing it at once. An error in the block stops every rank at
+    once (the others raise PeerFailed about `what`) rather than leaving them waiting for a
+    rank that has gone.
     """
     if not dist.is_initialized():
         yield
         return
     if rt.local_rank != 0:
-        dist.barrier()
-    yield
+        raise_together(None, rt, what)  # the local main ranks' turn
+    error: Exception | None = None
+    try:
+        yield
+    except Exception as e:  # raised below, on every rank
+        error = e
+    raise_together(error, rt, what)
     if rt.local_rank == 0:
-        dist.barrier()
+        raise_together(None, rt, what)  # the other ranks' turn
 
 
 def _attempt_store(timeout: timedelta) -> dist.Store | None:
@@ -168,13 +176,14 @@ def main_decides(fn: Callable[[], T], rt: Runtime) -> T:
 
 def raise_together(error: BaseException | None, rt: Runtime, what: str) -> None:
     """Raise on every rank if `error` is set on any, so no rank waits in a collective for a
-    peer that has failed. The failing rank raises its own error; the others say where to look.
+    peer that has failed. The failing rank raises its own error; the others raise PeerFailed,
+    which says where to look.
     """
     if rt.world_size > 1:
         flag = torch.tensor([float(error is not None)], device=rt.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if error is None and flag.item():
-            raise RuntimeError(f"{what} failed on another rank; its error says why")
+            raise PeerFailed(f"{what} failed on another rank; its error says why")
     if error is not None:
         raise error
 

@@ -1,6 +1,7 @@
 """`dist.nproc=N`: `python train.py` starts N local ranks itself, through torch's elastic
 launcher (the machinery behind torchrun), which lets one Hydra multirun job be a
-multi-process run."""
+multi-process run. A rank's own error (trainer/launch/report.py) comes back to this process
+as one line, `RanksFailed`, which it alone prints."""
 
 import logging
 import logging.config
@@ -15,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from trainer.config import Config, to_config
+from trainer.launch.report import ONE_LINE, RanksFailed, leave_rank, reported_line, to_log_file
 from trainer.launch.signals import Stopped, claim_signals
 from trainer.run_dir import env_rank, under_torchelastic
 
@@ -24,11 +26,14 @@ AGENT_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
     if hasattr(signal, name)
 )  # fmt: skip
-# The agent's lines when it forwards a signal: the ranks already say they are stopping.
-AGENT_NOISE = ("death signal", "via signal", "closing signal")
+# The launcher's lines when it forwards a signal (the ranks already say they are stopping) or
+# stops the ranks after one failed, and its report of the failure with the rank's traceback
+# (the error this process raises says it once: one line, or torch's summary).
+AGENT_NOISE = ("death signal", "via signal", "closing signal", "failed (exitcode")
 AGENT_LOGGERS = (  # a logger's filter applies to its own records only, not its children's
     "torch.distributed.elastic.agent.server.api",
     "torch.distributed.elastic.multiprocessing.api",
+    "torch.multiprocessing.spawn",
 )
 
 log = logging.getLogger("train")
@@ -60,7 +65,11 @@ def spawn_ranks(conf: Config, entry: Callable[[Config], float]) -> float:
         start_method="spawn",
         monitor_interval=0.1,
     )
-    log.info("starting %d ranks (torch elastic, %s)", conf.dist.nproc, config.rdzv_backend)
+    # Into train.log only: on the console rank 0's first line says how many ranks run, and a
+    # run that fails before it prints its error alone.
+    to_log_file(
+        logging.INFO, f"starting {conf.dist.nproc} ranks (torch elastic, {config.rdzv_backend})"
+    )
     previous = {sig: signal.getsignal(sig) for sig in AGENT_SIGNALS}
     quiet = _DropAgentNoise()
     for name in AGENT_LOGGERS:
@@ -75,6 +84,8 @@ def spawn_ranks(conf: Config, entry: Callable[[Config], float]) -> float:
         codes = {f.exitcode for f in e.failures.values()}
         if codes <= {128 + signal.SIGTERM, 128 + signal.SIGINT}:
             raise Stopped.by_ranks(signal.Signals(max(codes) - 128).name) from e
+        if (line := reported_line(e)) is not None:
+            raise RanksFailed(line) from None  # the rank's error, whole in its one line
         raise
     finally:
         for name in AGENT_LOGGERS:
@@ -119,6 +130,10 @@ def _rank_entry(entry: Callable[[Config], float], conf: dict, logging_cfg: dict 
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(e.exit_code)
+    except ONE_LINE as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        leave_rank(e)  # printed by the launching process (RanksFailed), once
 
 
 def _logging_config() -> dict | None:
