@@ -12,6 +12,7 @@ what it needs from the model it asks the model (`fsdp_units`, `count_flops`,
 
 import functools
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from trainer.launch.signals import StopRequests
 from trainer.launch.spawn import spawn_ranks
 from trainer.launch.strategy import fsdp_no_sync, shard_model
 from trainer.loop import Loop
+from trainer.memory_check import check_fits
 from trainer.observe.console import describe_run, tie_outlasts_run
 from trainer.observe.cpu_cost import cpu_cost_warning
 from trainer.observe.flops import peak_flops
@@ -94,6 +96,9 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
             rank=rt.rank, world_size=rt.world_size, progress=rt.is_main,
         )  # fmt: skip
     model = parts.model(conf.model).to(rt.device)
+    if rt.device.type == "cpu":  # before the first step: an OOM kill would say nothing
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", rt.world_size))
+        main_decides(lambda: check_fits(conf, model, rt.world_size, ranks_here), rt)
     model.micro_steps = accum_steps  # the FP8 head undoes the loss / micro_steps (model/head.py)
     fsdp = conf.dist.strategy == "fsdp"
     if fsdp:  # before the optimizer: its state is sharded like the parameters

@@ -1,0 +1,70 @@
+"""A CPU run that would not fit this machine's memory is refused before its first step, with
+the numbers. References: the estimate's terms by hand from the config and the parameters."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import GPT
+from tests.helpers import TINY, compose_config
+from train import train
+from trainer import memory_check
+from trainer.config import to_config
+from trainer.memory_check import GIB, check_fits, estimate
+
+
+def config(*overrides: str):
+    return to_config(compose_config([*TINY, "run_dir=/tmp/unused", *overrides]))
+
+
+def test_the_estimate_is_its_terms() -> None:
+    """Tiny model (2 layers, d 64, 2 heads), 2 sequences of 64 a step on one rank."""
+    conf = config()
+    with torch.device("meta"):
+        model = GPT(conf.model)
+    params = list(model.parameters())
+    e = estimate(conf, model, 1)
+    assert e.state == sum(p.numel() * (p.element_size() + 8) for p in params)
+    assert e.activations == 32 * 2 * 64 * (2 * 64)
+    assert e.scores == 0, "plain causal attention runs a fused kernel"
+    masked = config("model.attention.document_mask=true")
+    assert estimate(masked, model, 1).scores == 16 * 2 * 64 * 64 * 2
+    assert estimate(config("model.attention.document_mask=true", "model.compile=true"), model,
+                    1).scores == 0  # fmt: skip
+    # Two ranks: each holds one sequence per micro-step
+    assert estimate(masked, model, 2).activations == e.activations // 2
+
+
+def test_a_run_that_does_not_fit_is_refused_with_the_numbers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    conf = config("model.attention.document_mask=true")
+    with torch.device("meta"):
+        model = GPT(conf.model)
+    need = estimate(conf, model, 1).total
+    monkeypatch.setattr(memory_check, "available_bytes", lambda: 2 * need)
+    check_fits(conf, model, 1, 1)  # fits
+    with pytest.raises(ValueError, match=r"on 3 rank\(s\)") as refused:
+        check_fits(conf, model, 1, 3)  # three ranks on this machine do not
+    said = str(refused.value)
+    assert (
+        f"{3 * need / GIB:.1f} GiB more" in said and f"{2 * need / GIB:.1f} GiB available" in said
+    )
+    assert "train.seq_len=64" in said and "toy size" in said and "attention scores" in said
+    monkeypatch.setattr(memory_check, "available_bytes", lambda: None)
+    check_fits(conf, model, 1, 3)  # a machine that does not say: no check
+
+
+def test_record_21_at_full_size_on_a_cpu_stops_before_training(
+    tmp_path: Path, corpus_cache: Path
+) -> None:
+    """The missing-data hint's data=sample with record #21's full 48k-token sequences: its
+    masked attention alone would hold 216 GiB; refused before step 1, nothing trained."""
+    cfg = compose_config(["experiment=record_2025_01_26", "data=sample", "train.device=cpu",
+                          f"data.cache_dir={corpus_cache}", f"run_dir={tmp_path}",
+                          "train.checkpoint_every=0", "train.checkpoint_at_end=false",
+                          "model.compile=false"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"this run needs about 23\d\.\d GiB more"):
+        train(cfg)
+    assert not (tmp_path / "metrics.jsonl").exists()

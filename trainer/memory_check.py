@@ -1,0 +1,109 @@
+"""Whether a run fits this CPU's memory, checked before its first step.
+
+A record preset at full size on a CPU (`data=sample` makes it start without a GPU) asks for
+tens of GiB in its first step, and the kernel's OOM killer ends it with no word from the run.
+So a CPU run estimates what its steps add to the parameters already built, and refuses when
+that exceeds the memory the machine has available, with the numbers and the way to a toy.
+
+The estimate, per rank (`estimate`):
+- gradients, one per parameter in its dtype, and optimizer state at most two fp32 values per
+  parameter (Adam's moments; Muon keeps one);
+- activations kept for backward, LINEAR_BYTES per layer, token and channel of a micro-batch;
+- where attention runs with a mask (documents or windows, the record presets) through a CPU
+  kernel that materialises it: SCORE_BYTES per head and (query, key) pair, for one layer at a
+  time. Plain causal attention on a CPU runs a flash kernel and costs no scores.
+Both constants were fitted on record #21's model at 2,048, 4,096 and 8,192 tokens per
+sequence (peak RSS of one step 4.4, 5.6 and 10.4 GiB; the estimate, parameters included, 4.5,
+6.2 and 11.8; at its real 49,152 tokens, 233): within about 13 %, meant to tell a run that
+fits from one that is off by a multiple, not to budget the last GiB.
+"""
+
+import os
+from dataclasses import dataclass
+
+from torch import nn
+
+from trainer.config import Config
+
+LINEAR_BYTES = 32  # fp32 activations kept per layer, token and channel (8 values)
+SCORE_BYTES = 16  # four fp32 copies of one layer's scores (scores, mask, softmax, grad)
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes a run adds to its built parameters on one rank."""
+
+    state: int  # gradients and optimizer state
+    activations: int  # kept for backward, one micro-batch
+    scores: int  # one layer's materialised attention scores (0: a fused kernel)
+
+    @property
+    def total(self) -> int:
+        return self.state + self.activations + self.scores
+
+
+def materialises_scores(conf: Config) -> bool:
+    """Whether this CPU run's attention builds a (query, key) mask and the scores with it."""
+    a = conf.model.attention
+    masked = a.document_mask or bool(a.window) or bool(a.paired)
+    return masked and not conf.model.compile
+
+
+def estimate(conf: Config, model: nn.Module, world_size: int) -> Estimate:
+    """What `conf`'s steps add, per rank, to `model`'s parameters (module docstring)."""
+    params = list(model.parameters())
+    grads = sum(p.numel() * p.element_size() for p in params)
+    optimizer = sum(2 * 4 * p.numel() for p in params)
+    m, t = conf.model, conf.train
+    tokens = t.micro_batch(world_size) * t.seq_len  # the longest stage's
+    activations = LINEAR_BYTES * m.n_layer * m.n_embd * tokens
+    scores = 0
+    if materialises_scores(conf):
+        # a paired layer attends over twice the positions
+        span = 2 * t.seq_len if m.attention.paired else t.seq_len
+        scores = SCORE_BYTES * m.n_head * span * span * t.micro_batch(world_size)
+    return Estimate(grads + optimizer, activations, scores)
+
+
+def available_bytes() -> int | None:
+    """The memory this machine can give without swapping (Linux's MemAvailable); None where
+    it does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def check_fits(conf: Config, model: nn.Module, world_size: int, ranks_here: int) -> None:
+    """Raise ValueError (the command line's one-line error), with the numbers, when the run's
+    `ranks_here` ranks on this machine would need more than it has available."""
+    free = available_bytes()
+    if free is None:
+        return
+    e = estimate(conf, model, world_size)
+    need = e.total * ranks_here
+    if need <= free:
+        return
+    t = conf.train
+    scores = (
+        f", attention scores {e.scores / GIB:.1f} (a masked attention on a CPU holds one "
+        "layer's whole (query, key) matrix)"
+        if e.scores
+        else ""
+    )
+    raise ValueError(
+        f"this run needs about {need / GIB:.1f} GiB more than its parameters on this CPU, which "
+        f"has {free / GIB:.1f} GiB available: per rank, gradients and optimizer state "
+        f"{e.state / GIB:.1f}, activations {e.activations / GIB:.1f} at train.seq_len="
+        f"{t.seq_len} and {t.micro_batch(world_size)} sequence(s) per micro-step{scores}, on "
+        f"{ranks_here} rank(s). Run it at toy size (README, 'A record preset at toy size'), or "
+        "lower train.seq_len or train.micro_batch_size"
+    )
