@@ -20,6 +20,7 @@ from data.config import DataConfig
 from model.config import ModelConfig
 from model.window_schedule import phase_index, phase_start
 from optim.config import OptimConfig
+from trainer.config_across import check_across
 from trainer.config_checks import check_choices, check_known
 from trainer.reference import ReferenceConfig
 from trainer.run_dir import register_resolvers
@@ -299,34 +300,9 @@ class Config:
         self.data.validate()
         self.train.validate()
         self.optim.validate(self.train.steps, self.train.scheduled_steps, self.dist.strategy)
-        if self.optim.tie_embed_head_until and not self.model.embed.tied_init:
-            raise ValueError(
-                "optim.tie_embed_head_until needs model.embed.tied_init=true (E starts as W)"
-            )
-        if len(self.model.attention.window_phases) > self.train.scheduled_steps:
-            raise ValueError(
-                f"model.attention.window_phases has {len(self.model.attention.window_phases)} "
-                "phases, more than the "
-                f"{self.train.scheduled_steps} scheduled steps (train.steps - "
-                "train.extension_steps)"
-            )
-        if (
-            self.train.seq_len_phases
-            and self.data.source != "synthetic"
-            and self.data.align == "bos"
-        ):
-            raise ValueError(
-                "train.seq_len_phases changes the sequence length by phase, which "
-                "data.align=bos cannot follow (its rows are one length): use data.align=pieces "
-                "or stream"
-            )
         self.dist.validate(self.train)
         self.logging.validate()
-        if self.model.attention.impl == "flex" and self.train.device == "cpu":
-            raise ValueError(
-                "model.attention.impl=flex can't train on a CPU (FlexAttention has no CPU "
-                "backward in this torch); use model.attention.impl=auto or sdpa there"
-            )
+        check_across(self)
 
 
 def register_configs() -> None:

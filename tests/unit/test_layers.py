@@ -212,6 +212,7 @@ def test_shared_modules_import_no_room() -> None:
     assert shared == {
         "trainer.config",
         "trainer.config_checks",
+        "trainer.config_across",
         "trainer.runtime",
         "trainer.run_dir",
         "trainer.reference",
