@@ -20,7 +20,7 @@ from data.config import DataConfig
 from model.config import ModelConfig
 from model.window_schedule import phase_index, phase_start
 from optim.config import OptimConfig
-from trainer.config_across import check_across
+from trainer.config_across import check_across, check_finite
 from trainer.config_checks import check_choices, check_known
 from trainer.reference import ReferenceConfig
 from trainer.run_dir import register_resolvers
@@ -296,6 +296,7 @@ class Config:
     def validate(self) -> None:
         """Check every value once, before any work; raise ValueError naming the key."""
         check_choices(self)
+        check_finite(self)  # first: a NaN passes the groups' range checks
         self.model.validate()
         self.data.validate()
         self.train.validate()

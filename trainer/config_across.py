@@ -6,8 +6,13 @@ The stage lists are the main case. A record's stages are several lists in four g
 `peak_edges`), each splitting the scheduled steps into as many equal phases as it has
 entries. Two lists of different lengths cut the run at different steps, which no record
 does; a list of one entry is a constant and agrees with any.
+
+And every number in the tree is finite: a NaN or infinite learning rate, scale or weight
+would otherwise pass a `>= 0` check (NaN compares false) or train to NaN.
 """
 
+import math
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 
@@ -24,6 +29,19 @@ def stage_lists(conf: Any) -> dict[str, list]:
     if not conf.optim.schedule.peak_edges:  # with edges the peaks have their own phases
         lists["optim.schedule.peaks"] = conf.optim.schedule.peaks
     return {key: list(v) for key, v in lists.items() if len(v) > 1}
+
+
+def check_finite(node: Any, prefix: str = "") -> None:
+    """Every float of the dataclass tree `node`, alone or in a list or dict, is finite."""
+    for f in fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if is_dataclass(value):
+            check_finite(value, f"{key}.")
+            continue
+        items = value.values() if isinstance(value, dict) else value
+        for v in items if isinstance(value, (list, tuple, dict)) else [value]:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"{key} must be a finite number, got {value}")
 
 
 def check_across(conf: Any) -> None:

@@ -1,5 +1,7 @@
 """Checks across config groups: the stage lists of a record agree on the number of stages."""
 
+import re
+
 import pytest
 
 from tests.helpers import compose_config
@@ -38,3 +40,15 @@ def test_one_entry_is_a_constant_and_peaks_with_edges_have_their_own_phases() ->
     to_config(compose_config([*NEWEST, "data.max_pieces=[127]"]))
     c = to_config(compose_config(["experiment=record_2025_11_29", "run_dir=/tmp/unused"]))
     assert "optim.schedule.peaks" not in stage_lists(c)  # #46 places its peaks by edges
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [("optim.muon.lr=nan", "optim.muon.lr must be a finite number, got nan"),
+     ("optim.adamw.head_lr=inf", "optim.adamw.head_lr must be a finite number, got inf"),
+     ("model.head.mtp_weights=[1.0,nan]", "model.head.mtp_weights must be a finite number"),
+     ("train.reference.target=-inf", "train.reference.target must be a finite number")],
+)  # fmt: skip
+def test_a_number_that_is_not_finite_is_named(override: str, said: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(said)):
+        to_config(compose_config([*NEWEST, override]))
