@@ -11,20 +11,23 @@ from data.synthetic import SyntheticLoader, synthetic_val_batches
 
 
 def find_shards(cfg: DataConfig) -> CorpusFiles:
-    """The train and val shards under `data.dir`, in name order; fail naming what is missing."""
+    """The train and val shards under `data.dir`, in name order; fail naming what is missing,
+    and, where the config states its FineWeb shard count, the command that fetches them."""
     root = Path(cfg.dir).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(
-            f"data.dir={cfg.dir!r}: {root} is not a directory (download FineWeb with "
-            "python -m data.corpus.fineweb, write shards with python -m data.corpus.prepare, "
-            "or add data=sample to try a preset offline on the embedded corpus)"
+            f"data.dir={cfg.dir!r}: {root} is not a directory; {_how_to_fill(cfg)}, or add "
+            "data=sample to try a preset offline on the embedded corpus"
         )
     train, val = sorted(root.glob(cfg.train_files)), sorted(root.glob(cfg.val_files))
     for kind, key, found in (("training", "train_files", train), ("validation", "val_files", val)):
         if not found:
             raise FileNotFoundError(
-                f"no {kind} shards in {root} match data.{key}={getattr(cfg, key)!r}"
+                f"no {kind} shards in {root} match data.{key}={getattr(cfg, key)!r}; "
+                f"{_how_to_fill(cfg)}"
             )
+    if cfg.fineweb_shards and any(p.name.startswith("fineweb_train_") for p in train):
+        _check_fineweb(cfg, {p.name for p in train})
     overlap = set(train) & set(val)
     if overlap:
         raise ValueError(
@@ -32,6 +35,35 @@ def find_shards(cfg: DataConfig) -> CorpusFiles:
             "validation tokens must not be trained on"
         )
     return CorpusFiles(train=train, val=val)
+
+
+def _how_to_fill(cfg: DataConfig) -> str:
+    from data.corpus.fineweb import fetch_command  # the corpus tools load lazily
+
+    if cfg.fineweb_shards:
+        return (
+            f"this run reads {cfg.fineweb_shards} FineWeb training shards (data.fineweb_shards="
+            f"{cfg.fineweb_shards}): fetch them with {fetch_command(cfg.fineweb_shards, cfg.dir)}"
+        )
+    return (
+        "download FineWeb with python -m data.corpus.fineweb --for experiment=NAME (or "
+        "--train-shards N), or write shards with python -m data.corpus.prepare"
+    )
+
+
+def _check_fineweb(cfg: DataConfig, present: set[str]) -> None:
+    """Refuse a FineWeb directory that lacks some of the shards the run reads: the loader
+    would wrap around and train on repeated text."""
+    from data.corpus.fineweb import shard_names
+
+    missing = [n for n in shard_names(cfg.fineweb_shards)[1:] if n not in present]
+    if missing:
+        shown = missing[0] if len(missing) == 1 else f"{missing[0]} ... {missing[-1]}"
+        raise FileNotFoundError(
+            f"data.dir={cfg.dir!r} lacks {len(missing)} FineWeb training shard(s) ({shown}); "
+            f"{_how_to_fill(cfg)} (the shards present are kept), or set data.fineweb_shards to "
+            "the count present to train on those, reading some text more than once"
+        )
 
 
 def build_data(

@@ -49,6 +49,11 @@ class DataConfig:
     val_tokens: int = 49152
     """The validation budget this data's curves are usually reported on (train.val_tokens
     takes it unless set itself)."""
+    fineweb_shards: int = field(default=0, metadata={"resume": "operational"})
+    """FineWeb training shards (100M tokens each) the run reads, the one number a preset
+    states: `python -m data.corpus.fineweb --for experiment=NAME` fetches that many, and a
+    FineWeb data.dir holding fewer is refused with that command. Each record preset derives it
+    in a comment (docs/data.md, "FineWeb shards per preset"); 0 = not stated (no check)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the `data.*` key that is wrong (choices are checked by the
@@ -59,6 +64,8 @@ class DataConfig:
             raise ValueError("data.cache_dir must be a directory path")
         if self.val_tokens <= 0:
             raise ValueError(f"data.val_tokens must be positive, got {self.val_tokens}")
+        if self.fineweb_shards < 0:
+            raise ValueError(f"data.fineweb_shards must be >= 0, got {self.fineweb_shards}")
         if self.source == "shards":
             if not self.dir:
                 raise ValueError(

@@ -1,6 +1,6 @@
 """Offline corpus tools: text in, token shards out (never imported by a training step).
 
-    python -m data.corpus.fineweb --train-shards 9       FineWeb10B GPT-2 shards from the hub
+    python -m data.corpus.fineweb --for experiment=NAME  the FineWeb10B shards a preset reads
     python -m data.corpus.prepare --files ... --out DIR  any corpus to GPT-2 token shards
 
 `sample.py` builds the embedded Wikipedia sample (cleaned by `wikitext.py`) on first use;

@@ -12,7 +12,7 @@ import pytest
 
 from data.corpus import fineweb
 from data.shards import HEADER_BYTES, read_header, write_shard
-from tests.helpers import TINY
+from tests.helpers import TINY, compose_config
 from tests.hub_server import serve_hub
 
 REPO = Path(__file__).resolve().parents[2]
@@ -148,3 +148,32 @@ def test_from_nothing_to_fineweb_training(tmp_path: Path) -> None:
     res = subprocess.run(train, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "final val loss" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_for_a_preset_fetches_the_count_it_states(tmp_path: Path) -> None:
+    """`--for` fetches the val shard and the preset's data.fineweb_shards training shards into
+    its data.dir, not one more, though the hub holds one more."""
+    overrides = ["experiment=record_2025_01_26", f"data.dir={tmp_path / 'data'}"]
+    count = compose_config(overrides).data.fineweb_shards
+    files = tmp_path / "hub"
+    files.mkdir()
+    rng = np.random.default_rng(2)
+    for name in fineweb.shard_names(count + 1):
+        write_shard(files / name, rng.integers(0, 50257, size=500))
+    cmd = [sys.executable, "-m", "data.corpus.fineweb", "--for", *overrides]
+    with serve_hub(files, fineweb.REPO_ID) as (endpoint, gets):
+        env = {**os.environ, "HF_ENDPOINT": endpoint}
+        res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(gets) == sorted(fineweb.shard_names(count))
+    got = sorted(p.name for p in (tmp_path / "data").iterdir())
+    assert got == sorted(fineweb.shard_names(count)), "only shards: no hub bookkeeping is left"
+    assert f"train on them: python train.py {' '.join(overrides)}" in res.stderr
+
+
+def test_for_a_config_without_a_count_names_the_key(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "data.corpus.fineweb", "--for", "experiment=smoke"]
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1
+    assert "data.fineweb_shards=0" in res.stderr and "--train-shards N" in res.stderr
+    assert "Traceback" not in res.stderr
