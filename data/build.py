@@ -16,8 +16,9 @@ def find_shards(cfg: DataConfig) -> CorpusFiles:
     root = Path(cfg.dir).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(
-            f"data.dir={cfg.dir!r}: {root} is not a directory; {_how_to_fill(cfg)}, or add "
-            "data=sample to try a preset offline on the embedded corpus"
+            f"data.dir={cfg.dir!r}: {root} is not a directory; {_how_to_fill(cfg)}, or try a "
+            "preset offline on the embedded corpus at toy size (data=sample with the toy "
+            "overrides of README's 'First hour': a full-size preset does not fit a CPU)"
         )
     train, val = sorted(root.glob(cfg.train_files)), sorted(root.glob(cfg.val_files))
     for kind, key, found in (("training", "train_files", train), ("validation", "val_files", val)):
