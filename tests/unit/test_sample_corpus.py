@@ -1,13 +1,15 @@
 """The embedded sample corpus: markup stripping, the built shards, and the build cache."""
 
+import bz2
 import os
+from xml.sax.saxutils import escape, quoteattr
 
 import pytest
 
 from data.corpus import sample
 from data.corpus.sample import build_sample_corpus, corpus_dir
 from data.corpus.split import is_val
-from data.corpus.wikitext import clean_wikitext
+from data.corpus.wikitext import clean_wikitext, iter_articles
 from data.shards import CorpusFiles, load_shard, read_header
 from data.tokenizer import EOT, gpt2_encoding
 
@@ -54,6 +56,58 @@ from data.tokenizer import EOT, gpt2_encoding
 )
 def test_clean_wikitext(wikitext, plain):
     assert clean_wikitext(wikitext) == plain
+
+
+# ---- iter_articles on a hand-written dump (gensim's extract_pages and patterns) ---------------
+
+_ADA = """{{Infobox person|name=Ada|born={{birth date|1815|12|10}}}}
+'''Ada Lovelace''' was an English [[mathematician]].<!-- see the
+talk page --> She wrote about the [[Analytical Engine|engine]]<ref>{{cite book|title=X}}</ref>
+and its numbers<math display="inline">B_n</math>.
+
+== Life ==
+[[File:Ada.jpg|thumb|Portrait of [[Ada Lovelace|Ada]]]]
+She was born in [[London]].
+
+[[Category:Mathematicians]]"""
+
+
+def _write_dump(path, pages: list[tuple[str, str, str, str | None]]) -> None:
+    """A .xml.bz2 dump in the MediaWiki export format of (title, ns, text, redirect target)."""
+    xml = [
+        '<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" xml:lang="en">',
+        "<siteinfo><sitename>Wikipedia</sitename></siteinfo>",
+    ]
+    for page_id, (title, ns, text, target) in enumerate(pages):
+        xml.append(
+            f"<page><title>{escape(title)}</title><ns>{ns}</ns><id>{page_id}</id>"
+            + (f"<redirect title={quoteattr(target)} />" if target else "")
+            + f'<revision><id>1</id><text xml:space="preserve">{escape(text)}</text>'
+            "</revision></page>"
+        )
+    path.write_bytes(bz2.compress("\n".join([*xml, "</mediawiki>"]).encode()))
+
+
+def test_iter_articles_yields_clean_main_namespace_articles(tmp_path):
+    dump = tmp_path / "dump.xml.bz2"
+    _write_dump(
+        dump,
+        [
+            ("Ada Lovelace", "0", _ADA, None),
+            ("Lovelace", "0", "#REDIRECT [[Ada Lovelace]]", "Ada Lovelace"),
+            ("Wikipedia:About", "4", "A page about the project.", None),
+            ("Stub", "0", "{{Only a template}}", None),
+            ("Charles Babbage", "0", "'''Babbage''' designed the [[Analytical Engine]].", None),
+        ],
+    )
+    assert list(iter_articles(dump)) == [
+        (
+            "Ada Lovelace",
+            "Ada Lovelace was an English mathematician. She wrote about the engine\n"
+            "and its numbers.\n\nLife\n\nShe was born in London.",
+        ),
+        ("Charles Babbage", "Babbage designed the Analytical Engine."),
+    ]
 
 
 # ---- the real corpus, built once --------------------------------------------------------------
