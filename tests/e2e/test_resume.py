@@ -274,6 +274,17 @@ def test_a_stop_in_the_last_step_resumes_to_the_final_validation_record(
     assert run(tmp_path / "straight", corpus_cache, *short) == final
 
 
+def test_a_torn_last_metrics_line_is_dropped_on_resume(tmp_path: Path, corpus_cache: Path) -> None:
+    """A kill in the middle of writing a record leaves half a line: the resume keeps the
+    records up to its checkpoint, drops the torn one, and writes each later step once."""
+    short = ["train.steps=6", "train.val_every=0", "train.checkpoint_every=3"]
+    run_until_stopped(tmp_path, corpus_cache, *short, "train.fault.signal_at_step=3")
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "train_lo')
+    run(tmp_path, corpus_cache, *short)
+    assert [r["step"] for r in records(tmp_path)] == list(range(7))
+
+
 @pytest.mark.slow
 def test_changed_values_are_named_and_take_effect(
     tmp_path: Path, corpus_cache: Path, caplog: pytest.LogCaptureFixture
