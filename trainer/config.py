@@ -297,6 +297,8 @@ class Config:
         """Check every value once, before any work; raise ValueError naming the key."""
         check_choices(self)
         check_finite(self)  # first: a NaN passes the groups' range checks
+        if not 0 <= self.seed < 2**32:  # numpy's seed range (runtime.seed_everything)
+            raise ValueError(f"seed must be in [0, 4294967295] (0 to 2**32 - 1), got {self.seed}")
         self.model.validate()
         self.data.validate()
         self.train.validate()

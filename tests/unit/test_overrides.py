@@ -1,11 +1,12 @@
 """The command line's overrides are checked before Hydra composes them: the typos users type
 fail with one message naming the key or option and the nearest valid name."""
 
+import shutil
 from pathlib import Path
 
 import pytest
 
-from trainer.cli.overrides import check_command_line, check_overrides
+from trainer.cli.overrides import check_command_line, check_overrides, compose_and_validate
 from trainer.config import Config
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -25,7 +26,15 @@ BAD = [
     ("optim.muon.momentum=high", r"optim\.muon\.momentum=high: .*Float"),
     ("train.steps=12.0", r"train\.steps=12\.0: .*'float'.*Integer"),  # as Hydra: no float
     ("train.compile_mode.x=1", r"unknown config key train\.compile_mode\.x"),
-]
+    # No near name in the group: the keys of that name elsewhere, and the group's own keys.
+    ("train.lr=0.1", r"train\.lr; did you mean optim\.muon\.lr, optim\.adamw\.embed_lr, "
+     r"optim\.adamw\.head_lr, .*\(the keys of train, the fields of trainer\.config\.TrainConfig: "
+     r"steps, batch_size, "),
+    ("train.muon.lr=0.1", r"train\.muon\.lr; did you mean optim\.muon\.lr\? \(the keys of train"),
+    ("data.fault.rank=1", r"data\.fault\.rank; did you mean train\.fault\.rank\?"),
+    ("logging.mode=offline", r"logging\.mode; did you mean logging\.wandb\.mode\? .*: wandb\)$"),
+    ("launcher.foo=1", r"launcher is a config group with no keys, chosen as launcher=NAME"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("override", "message"), BAD)
@@ -47,6 +56,8 @@ GOOD = [
     "hydra/job_logging=ranked",
     "train.autocast=none",  # a choice checked later, by the group's validate()
     "model.n_layer=2",
+    "+optim.lr_mul.h=2",  # a free-form mapping: any key
+    "model=glob(*)",  # Hydra matches a glob against the options
 ]
 
 
@@ -56,7 +67,38 @@ def test_what_hydra_accepts_passes(override: str) -> None:
 
 
 def test_flags_are_hydras_and_another_config_is_not_checked() -> None:
-    check_command_line(["-m", "train.steps=3,4", "--cfg", "job"], CONF, Config)
+    check_command_line(["-m", "train.steps=3,4"], CONF, Config)  # a sweep: each job checks
+    check_command_line(["train.steps=3", "--cfg", "job"], CONF, Config)
     check_command_line(["--config-name", "other", "anything.at=all"], CONF, Config)
     with pytest.raises(ValueError, match=r"train\.step;"):
         check_command_line(["-m", "train.step=3"], CONF, Config)
+
+
+COMMANDS = [
+    (["-m", "seed=0,1", "--cfg", "hydra"], r"^-m \(run a sweep\) and --cfg hydra .* one per "
+     r"launch; for the sweep's first job: python train\.py seed=0 --cfg hydra$"),
+    (["--multi", "--cfg", "job"], r"without -m: python train\.py --cfg job$"),
+    (["-m", "model=glob(*)", "--info"], r"--info .*; drop -m and give each swept key one value$"),
+    (["--cfg", "job", "--info"], r"^--cfg job \(.*\) and --info \(.*\) .*: give one$"),
+    (["--resolve"], r"^--resolve resolves what --cfg prints: add --cfg job"),
+    (["seed=0,1", "--hydra-help"], r"^--hydra-help .* seed=0,1 is a sweep; .* seed=0 --hydra-help"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "message"), COMMANDS)
+def test_flags_hydra_refuses_with_a_traceback_name_the_fix(argv: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_command_line(argv, CONF, Config)
+
+
+def test_a_config_files_error_is_one_line(tmp_path: Path) -> None:
+    """An experiment of one's own with a key in the wrong group names it as the command line
+    would, and the file; Hydra's own composition errors come as one line too."""
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    (conf / "experiment" / "mine.yaml").write_text("# @package _global_\ntrain:\n  lr: 0.1\n")
+    with pytest.raises(ValueError, match=r"train\.lr; did you mean optim\.muon\.lr.*") as e:
+        compose_and_validate(["experiment=mine"], conf)
+    assert str(e.value).endswith(f", in the config file {conf / 'experiment' / 'mine.yaml'}")
+    with pytest.raises(ValueError, match=r"^Could not override 'hydra\.job\.x'\. To append"):
+        compose_and_validate(["hydra.job.x=1"], CONF)
