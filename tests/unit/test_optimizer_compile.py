@@ -7,7 +7,7 @@ bf16 gates.
 - Muon over banks, uncompiled, is the per-parameter step: bit for bit where every op is
   the same (record D's fp32-master step, record C's), to a fused multiply-add's rounding
   where ATen fuses one (the other records' `p.add_(O, alpha=−η)`).
-- Compiled with inductor, Muon and Adam equal the eager step to inductor's roundings
+- Compiled (inductor, or aot_eager: BACKENDS), Muon and Adam equal the eager step to its roundings
   (`close`: within a few units in the last place of each weight's dtype, on a small
   fraction of the entries), and nothing recompiles as the LR and momentum change; a
   misread (C_proj's LR factor unread) is far outside that.
@@ -28,6 +28,13 @@ from trainer.config import to_config
 from trainer.launch.compile import CompileCounts, reset_compile_state
 
 PRESETS = ["record_2024_11_06", "record_2025_01_26", "record_2025_11_29", "record_2026_07_17"]
+# The backend each preset's compiled step is checked with. Inductor generates the same bank
+# and Adam functions for every preset, at other shapes: the NorMuon records (whose fp32
+# master and truncation are where its roundings could differ) compile with it; the plain
+# Muon records trace the same graphs with aot_eager (graph counts, recompiles, what is read),
+# without inductor's C++ builds (about 25 s of CI's time).
+BACKENDS = {"record_2024_11_06": "aot_eager", "record_2025_01_26": "aot_eager",
+            "record_2025_11_29": "inductor", "record_2026_07_17": "inductor"}  # fmt: skip
 D, HEAD_ROWS, VOCAB = 32, 16, 64  # head_dim 8: head pairs of 16 rows
 STEPS = 4  # two of Adam's update pairs; LR and momentum change every step
 
@@ -147,7 +154,7 @@ def test_banked_muon_is_the_per_parameter_step(preset: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_compiled_optimizer_equals_the_eager_one(preset: str) -> None:
-    """Compiled with inductor: within 10 % of one step's RMS of today's eager step (measured:
+    """Compiled with BACKENDS: within 10 % of one step's RMS of today's eager step (measured:
     record D bit for bit but for a few fp32 scalars; the others up to a few percent, where
     a fused multiply-add's rounding of the momentum sends a bf16 Newton–Schulz iteration of
     an ill-conditioned matrix another way), and one graph per part (no recompile as the LR
@@ -157,7 +164,7 @@ def test_compiled_optimizer_equals_the_eager_one(preset: str) -> None:
     start: list[torch.Tensor] = []
     eager = run(preset, None, banks=False, start=start)
     before = CompileCounts.now()
-    compiled = run(preset, "inductor")
+    compiled = run(preset, BACKENDS[preset])
     graphs = (CompileCounts.now() - before).graphs
     assert graphs <= (3 if settings(preset).tie_embed_head_until else 2), graphs
     assert worst(eager, compiled, start) <= 0.1
