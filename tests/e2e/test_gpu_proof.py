@@ -30,26 +30,23 @@ def proof(tmp_path: Path, cache: Path, *args: str) -> tuple[dict, str, str]:
 def test_every_part_runs_at_toy_size_and_writes_its_tables(
     tmp_path: Path, corpus_cache: Path
 ) -> None:
-    # Every part but records #9 and #21 and the dense model, which run the same preset part as
-    # #46 and #89 (CI's time; each preset trains in its own tests)
-    names = [n for n in CAPS if n not in ("record_2024_11_06", "record_2025_01_26", "dense_124m")]
+    # Every part but records #9, #21 and #46 and the dense model, which run the same preset
+    # part as #89 (CI's time; each preset trains in its own tests)
+    shared = ("record_2024_11_06", "record_2025_01_26", "record_2025_11_29", "dense_124m")
+    names = [n for n in CAPS if n not in shared]
     results, md, log = proof(tmp_path, corpus_cache, *names)
     parts = results["parts"]
     assert list(parts) == names
     failed = {k: p["note"] for k, p in parts.items() if p["status"] != "ok"}
     assert not failed, f"{failed}\n{log[-4000:]}"
     assert parts["env"]["env"]["device"] == "cpu" and parts["env"]["env"]["torch"]
-    presets = [
-        r for name in ("record_2025_11_29", "record_2026_07_17") for r in parts[name]["rows"]
-    ]
-    for r in presets:
+    for r in parts["record_2026_07_17"]["rows"]:
         assert r["step_ms"] > 0 and r["graph_breaks"] == 0 and r["recompiles"] == 0, r
-    assert len(parts["record_2025_11_29"]["rows"]) == 3  # the three batch phases
     assert len(parts["record_2026_07_17"]["rows"]) == 3  # the three stages
     assert [r["run"] for r in parts["strategies"]["rows"]] == ["ddp", "fsdp", "ddp + offload"]
     run = parts["real_run"]["rows"][0]
     assert run["ok"] and run["passes"] == 1 and run["first_wrap"] is None, run
-    assert "Toy size on a CPU" in md and "| record_2025_11_29 | 3/1 |" in md
+    assert "Toy size on a CPU" in md and "| record_2026_07_17 |" in md
     assert "| fsdp |" in md and "| learns: held-out loss fell" in md
     assert md.count("| ok |") == len(names)
 
