@@ -130,9 +130,13 @@ class Adam(torch.optim.Optimizer):
         ids = [i for g in sd["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
         for i, p in zip(ids, params, strict=True):
-            state = sd["state"].get(i, {})
+            # torch packs the live state dicts: the whole tensors go into a copy, or the
+            # run would go on with them in place of its rows
+            state = dict(sd["state"].get(i, {}))
             for key, value in state.items():
                 state[key] = self.shards.whole(p, value)
+            if state:
+                sd["state"][i] = state
         return sd
 
     def _state(self, p: Tensor) -> dict[str, Tensor]:

@@ -289,7 +289,9 @@ class Muon(torch.optim.Optimizer):
             # the numbers listed in its packed "params".
             numbers = sd["param_groups"][index]["params"]
             for number, buf in zip(numbers, buffers, strict=True):
-                sd["state"].setdefault(number, {})["momentum_buffer"] = buf
+                # a copy: torch packs the live state dicts, and a rank that owns no buffer
+                # must not keep one after a save
+                sd["state"][number] = {**sd["state"].get(number, {}), "momentum_buffer": buf}
         return sd
 
     def _banked_state_dict(self) -> dict[str, Any]:

@@ -206,26 +206,24 @@ def test_record_d_toy_same_curve_on_two_ranks_and_resumes_around_the_split(
     rank updates its share of the banks and tables); one process resumes bit for bit from the
     save after update 4 (an even step, Adam holding its gradient, the head still tied), and two
     sharded ranks from the save after update 5 (the split just made, E's state rows taken from
-    W's; the save gathered from both ranks), the FP8 scales mid-sequence at both."""
-    run_d(tmp_path / "one", corpus_cache)
+    W's; the save gathered from both ranks), the FP8 scales mid-sequence at both. The saves
+    are the uninterrupted runs' own, resumed into new run directories (a stop's save is the
+    same save: tests/e2e/test_resume.py stops and resumes)."""
+    run_d(tmp_path / "one", corpus_cache, "train.checkpoint_every=4", "train.checkpoint_keep=2")
     want = curve(tmp_path / "one")
     assert [r[0] for r in want] == list(range(9)) and want[-1][2] < want[0][2] - 0.3
-    run_torchrun_ranks(_rank_job_d, 2, str(tmp_path / "two"), [], str(corpus_cache))
+    saving = ["train.checkpoint_every=5", "train.checkpoint_keep=2"]
+    run_torchrun_ranks(_rank_job_d, 2, str(tmp_path / "two"), saving, str(corpus_cache))
     two = curve(tmp_path / "two")
     for (step, *a), (_, *b) in zip(want, two, strict=True):
         for x, y in zip(a, b, strict=True):
             assert (x is None) == (y is None) and (x is None or x == pytest.approx(y, abs=1e-3)), (
                 step, x, y,
             )  # fmt: skip
-    saving = ["train.checkpoint_at_end=true"]
     resumed = tmp_path / "resumed"
-    with pytest.raises(Stopped):
-        run_d(resumed, corpus_cache, *saving, "train.fault.signal_at_step=5")
-    run_d(resumed, corpus_cache, *saving)
+    run_d(resumed, corpus_cache, f"train.resume={tmp_path / 'one' / 'checkpoints' / 'step_000004'}")
     assert curve(resumed) == want
     sharded = tmp_path / "two-resumed"
-    with pytest.raises(RuntimeError, match="Stopped"):
-        run_torchrun_ranks(_rank_job_d, 2, str(sharded), [*saving, "train.fault.signal_at_step=6"],
-                           str(corpus_cache))  # fmt: skip
-    run_torchrun_ranks(_rank_job_d, 2, str(sharded), saving, str(corpus_cache))
+    split = tmp_path / "two" / "checkpoints" / "step_000005"
+    run_torchrun_ranks(_rank_job_d, 2, str(sharded), [f"train.resume={split}"], str(corpus_cache))
     assert curve(sharded) == two
