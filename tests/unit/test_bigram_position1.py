@@ -61,7 +61,7 @@ def random_rows() -> list[list[int]]:
     return torch.randint(0, VOCAB, (4, 1_000), generator=gen).tolist()  # 4,000 ids, 4 rows
 
 
-def check(rows_: list[list[int]], rows: int, signs: int, position1: str) -> None:
+def assert_matches_reference(rows_: list[list[int]], rows: int, signs: int, position1: str) -> None:
     h, s = bigram_indices(torch.tensor(rows_, dtype=torch.long), rows, signs, position1=position1)
     assert h.dtype == torch.int64 and s.dtype == torch.int64
     assert h.shape == s.shape == (len(rows_), len(rows_[0]))
@@ -86,8 +86,8 @@ def test_the_two_references_agree_and_the_product_wraps() -> None:
 
 
 def test_reserved_row_matches_the_reference() -> None:
-    check(HAND, R, N, "reserved_row")
-    check(random_rows(), R, N, "reserved_row")
+    assert_matches_reference(HAND, R, N, "reserved_row")
+    assert_matches_reference(random_rows(), R, N, "reserved_row")
 
 
 def test_token_differs_at_position_1_only() -> None:
@@ -99,16 +99,16 @@ def test_token_differs_at_position_1_only() -> None:
     assert torch.equal(h_tok[:, 0], h_res[:, 0]) and torch.equal(h_tok[:, 2:], h_res[:, 2:])
     assert torch.equal(s_tok, s_res)
     assert (h_tok[:, 1] != h_res[:, 1]).any()  # the two variants are told apart
-    check(HAND, R, N, "token")
-    check(random_rows(), R, N, "token")
+    assert_matches_reference(HAND, R, N, "token")
+    assert_matches_reference(random_rows(), R, N, "token")
 
 
 def test_small_table_quirk() -> None:
     rows, signs = 1_000, 16
     # 27,191·999 = 27,163,809 fits int32, so the wrap is the identity for this table.
     assert wrap32(B * (rows - 1)) == B * (rows - 1) == 27_163_809
-    check(HAND, rows, signs, "reserved_row")
-    check(random_rows(), rows, signs, "reserved_row")
+    assert_matches_reference(HAND, rows, signs, "reserved_row")
+    assert_matches_reference(random_rows(), rows, signs, "reserved_row")
     h, _ = bigram_indices(
         torch.tensor(HAND, dtype=torch.long), rows, signs, position1="reserved_row"
     )
