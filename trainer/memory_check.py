@@ -9,9 +9,10 @@ The estimate, per rank (`estimate`):
 - gradients, one per parameter in its dtype, and optimizer state at most two fp32 values per
   parameter (Adam's moments; Muon keeps one);
 - activations kept for backward, LINEAR_BYTES per layer, token and channel of a micro-batch;
-- where attention runs with a mask (documents or windows, the record presets) through a CPU
-  kernel that materialises it: SCORE_BYTES per head and (query, key) pair, for one layer at a
-  time. Plain causal attention on a CPU runs a flash kernel and costs no scores.
+- where attention runs with a mask (documents or windows, the record presets): eager, the
+  scores the CPU kernel materialises, SCORE_BYTES per head and (query, key) pair; compiled,
+  the dense boolean mask it still reads; one layer at a time, for the longer of a training
+  micro-batch and an evaluation batch. Plain causal attention runs a flash kernel: nothing.
 Both constants were fitted on record #21's model at 2,048, 4,096 and 8,192 tokens per
 sequence (peak RSS of one step 4.4, 5.6 and 10.4 GiB; the estimate, parameters included, 4.5,
 6.2 and 11.8; at its real 49,152 tokens, 233): within about 13 %, meant to tell a run that
@@ -43,11 +44,22 @@ class Estimate:
         return self.state + self.activations + self.scores
 
 
-def materialises_scores(conf: Config) -> bool:
-    """Whether this CPU run's attention builds a (query, key) mask and the scores with it."""
+def masked(conf: Config) -> bool:
+    """Whether attention needs a (query, key) mask: documents, windows or paired heads."""
     a = conf.model.attention
-    masked = a.document_mask or bool(a.window) or bool(a.paired)
-    return masked and not conf.model.compile
+    return a.document_mask or bool(a.window) or bool(a.paired)
+
+
+def mask_bytes(conf: Config, rows: int, length: int) -> int:
+    """One layer's (query, key) memory for `rows` sequences of `length` tokens: eager, the
+    scores with the mask (SCORE_BYTES per head and pair); compiled, the dense boolean mask
+    the CPU kernel still reads (one byte per pair); 0 without a mask (a flash kernel)."""
+    if not masked(conf):
+        return 0
+    m = conf.model
+    span = 2 * length if m.attention.paired else length  # a paired layer doubles positions
+    per_pair = 1 if m.compile else SCORE_BYTES * m.n_head
+    return per_pair * span * span * rows
 
 
 def estimate(conf: Config, model: nn.Module, world_size: int) -> Estimate:
@@ -56,13 +68,13 @@ def estimate(conf: Config, model: nn.Module, world_size: int) -> Estimate:
     grads = sum(p.numel() * p.element_size() for p in params)
     optimizer = sum(2 * 4 * p.numel() for p in params)
     m, t = conf.model, conf.train
-    tokens = t.micro_batch(world_size) * t.seq_len  # the longest stage's
-    activations = LINEAR_BYTES * m.n_layer * m.n_embd * tokens
-    scores = 0
-    if materialises_scores(conf):
-        # a paired layer attends over twice the positions
-        span = 2 * t.seq_len if m.attention.paired else t.seq_len
-        scores = SCORE_BYTES * m.n_head * span * span * t.micro_batch(world_size)
+    rows = t.micro_batch(world_size)
+    activations = LINEAR_BYTES * m.n_layer * m.n_embd * rows * t.seq_len  # the longest stage
+    # The evaluation's sequences may be longer than training's (the records': 262,144)
+    scores = max(
+        mask_bytes(conf, rows, t.seq_len),
+        mask_bytes(conf, t.val_rows(world_size), t.val_seq_len or t.seq_len),
+    )
     return Estimate(grads + optimizer, activations, scores)
 
 
@@ -94,8 +106,8 @@ def check_fits(conf: Config, model: nn.Module, world_size: int, ranks_here: int)
         return
     t = conf.train
     scores = (
-        f", attention scores {e.scores / GIB:.1f} (a masked attention on a CPU holds one "
-        "layer's whole (query, key) matrix)"
+        f", attention scores or mask {e.scores / GIB:.1f} (a masked attention on a CPU holds "
+        "one layer's whole (query, key) matrix, at train.seq_len or train.val_seq_len)"
         if e.scores
         else ""
     )
