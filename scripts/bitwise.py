@@ -156,8 +156,7 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         subprocess.run(["git", "worktree", "add", "--detach", str(base_tree), commit],
                        cwd=REPO, check=True, capture_output=True)  # fmt: skip
-    now_runs = work / "now"
-    shutil.rmtree(now_runs, ignore_errors=True)  # this tree changes between calls: rerun it
+    now_runs = work / f"now-{os.getpid()}"  # this tree changes between calls: rerun it
     failed = 0
     for case in args.cases.split(","):
         for ranks in (int(r) for r in args.ranks.split(",")):
@@ -172,6 +171,7 @@ def main() -> None:
             print(f"{name:10s} {verdict}", flush=True)
             for d in diffs[:8]:
                 print(f"    {d}")
+    shutil.rmtree(now_runs, ignore_errors=True)
     print(f"against {commit[:12]}: {'all equal' if not failed else f'{failed} case(s) differ'}")
     sys.exit(1 if failed else 0)
 
