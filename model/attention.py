@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from model.config import ModelConfig
 from model.context import Context
 from model.layers import linear, rms_norm
-from model.masks import Mask, paired_key
+from model.masks import Mask
 from model.max_logit import max_logits
 from model.paired import double, paired_positions, undouble
 from model.plan import LayerSpec
@@ -95,10 +95,14 @@ def _flex(q: Tensor) -> Callable:
 
 
 class CausalSelfAttention(nn.Module):
+    """The attention core: project, mix the values, QK-norm, place the heads, the kernel, XSA,
+    the gate, project out. Where its weights live is the subclass's (`build_attention`): q,
+    k, v, o as four linears, one (3, d, d) W_qkv beside o, or one (4, d, d) W_qkvo; every
+    option that is off is None here and never called."""
+
     def __init__(self, cfg: ModelConfig, spec: LayerSpec, layer: int) -> None:
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
-        self.scale = cfg.attention.scale or None  # None: SDPA's own 1/√D
         self.qk_norm = cfg.attention.qk_norm
         self._fold: Callable | None = None  # set while QK-clip tracks (`track_max_logit`)
         # A plain attribute, not a buffer: DDP broadcasts buffers from rank 0 before every
@@ -107,27 +111,16 @@ class CausalSelfAttention(nn.Module):
         self.window = spec.window
         self.xsa = spec.xsa
         self.paired = spec.paired
-        self.mask_key = paired_key(spec.window) if spec.paired else spec.window
+        self.mask_key = spec.mask_key
         # the key offset is the normal long-window layers' (a paired layer has none)
-        self.key_offset = cfg.attention.key_offset and spec.window == "long" and not spec.paired
+        key_offset = cfg.attention.key_offset and spec.window == "long" and not spec.paired
+        self.heads = PairedHeads() if spec.paired else Heads(key_offset)
         self.layer = layer  # its place in the packed scalars
-        d, att = cfg.n_embd, cfg.attention
-        if att.merged_qkvo:
-            # The record's 768 × 3,072 parameter read in memory order as four (out, in)
-            # matrices is this (4, d, d) stack: the same memory, and Muon/NorMuon treat each
-            # slice as its own matrix, as the record does.
-            self.qkvo = nn.Parameter(torch.empty(4, d, d))
-            self.qkvo.role = "matrix"  # type: ignore[attr-defined]  # a hidden matrix per slice
-        elif att.merged_qkv:
-            self.qkv = nn.Parameter(torch.empty(3, d, d))
-            self.qkv.role = "matrix"  # type: ignore[attr-defined]  # a hidden matrix per slice
-        else:
-            self.q, self.k, self.v = linear(cfg, d, d), linear(cfg, d, d), linear(cfg, d, d)
-        if not att.merged_qkvo:
-            self.o = linear(cfg, d, d)
+        att = cfg.attention
         self.out_uniform = att.out_init == "uniform"
         # (λ⁰, λ¹): in the packed vector with record D's layout, else this module's own.
         self.packed_lambdas = att.weight_lambdas and cfg.numerics.packed_scalars
+        self.weight_lambdas: nn.Parameter | None = None
         if att.weight_lambdas and not self.packed_lambdas:
             self.weight_lambdas = nn.Parameter(torch.tensor(WEIGHT_LAMBDAS_INIT))
             self.weight_lambdas.role = "scalar"  # type: ignore[attr-defined]  # Adam, not Muon
@@ -136,8 +129,38 @@ class CausalSelfAttention(nn.Module):
         # The MUDD layer's values take its aux instead (model/mudd.py).
         self.values = None if spec.mudd else ValueMix.build(self, cfg, spec, layer)
         self.gate_channels = cfg.gate_channels
+        self.gate: nn.Module | None = None
         if att.gate:  # (heads × k), an nn.Linear as the record's (bf16 in a bf16 model)
             self.gate = linear(cfg, cfg.gate_channels, cfg.n_head)
+
+    # The weight layout's part (the subclasses below).
+    def project(self, x: Tensor, lam: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v (B, T, d) each: x·W_qkvᵀ, or x·(λ⁰·W_qkv)ᵀ with the 0-d fp32 λ⁰ times the
+        weight in x's dtype (a 0-d tensor does not promote, so the product is rounded once
+        to it, as the record's)."""
+        raise NotImplementedError
+
+    def project_out(self, y: Tensor, lam: Tensor | None) -> Tensor:
+        """y·W_oᵀ, or y·(λ¹·W_o)ᵀ rounded to the weight's dtype as λ⁰·W_qkv is."""
+        raise NotImplementedError
+
+    def qk_rows(self) -> list[tuple[Tensor, int]]:
+        """(tensor, slices) whose rows are W_q's and W_k's: QK-clip scales them."""
+        raise NotImplementedError
+
+    def qkv_weights(self) -> list[Tensor]:
+        """The hidden matrices drawn uniformly at initialisation: merged, one tensor that is
+        drawn at once (with qkvo its first three slices, so W_o draws nothing, unless
+        attention.out_init=uniform draws all four)."""
+        raise NotImplementedError
+
+    def out_weight(self) -> Tensor:
+        """W_o."""
+        raise NotImplementedError
+
+    def matrices(self) -> list[nn.Parameter]:
+        """The hidden matrices as parameters (the bf16 cast of record D's)."""
+        raise NotImplementedError
 
     def reset_max_logit(self) -> None:
         """Forget the tracked maxima (QK-clip's interface, optim/qk_clip.py)."""
@@ -151,61 +174,35 @@ class CausalSelfAttention(nn.Module):
         """Multiply head h's rows of W_q and of W_k by factors[h] (QK-clip's interface), in
         the rows this rank holds."""
         per_row = factors.repeat_interleave(self.head_dim)[:, None]  # (d, 1): one per row
-        if hasattr(self, "qkvo"):  # v's and o's rows stay as they are
-            ones = torch.ones_like(per_row)
-            scale_rows(self.qkvo, torch.stack([per_row, per_row, ones, ones]))
-        elif hasattr(self, "qkv"):  # dim 0 is the q/k/v slice; v's rows stay as they are
-            scale_rows(self.qkv, torch.stack([per_row, per_row, torch.ones_like(per_row)]))
-        else:
-            scale_rows(self.q.weight, per_row)
-            scale_rows(self.k.weight, per_row)
+        for w, slices in self.qk_rows():  # a merged weight: dim 0 is the slice, v's and o's
+            if slices:  # rows stay as they are
+                ones = [torch.ones_like(per_row)] * (slices - 2)
+                scale_rows(w, torch.stack([per_row, per_row, *ones]))
+            else:
+                scale_rows(w, per_row)
 
-    def qkv_weights(self) -> list[Tensor]:
-        """The hidden matrices drawn uniformly at initialisation: merged, one tensor that is
-        drawn at once (with qkvo its first three slices, so W_o draws nothing, unless
-        attention.out_init=uniform draws all four)."""
-        if hasattr(self, "qkvo"):
-            return [self.qkvo if self.out_uniform else self.qkvo[:3]]
-        if self.out_uniform and hasattr(self, "qkv"):
-            return [self.qkv, self.o.weight]
-        if self.out_uniform:
-            return [self.q.weight, self.k.weight, self.v.weight, self.o.weight]
-        if hasattr(self, "qkv"):
-            return [self.qkv]
-        return [self.q.weight, self.k.weight, self.v.weight]
+    @torch.no_grad()
+    def reset_lambdas(self) -> None:
+        """(λ⁰, λ¹) at their start, where this module holds them."""
+        if self.weight_lambdas is not None:
+            self.weight_lambdas.copy_(torch.tensor(WEIGHT_LAMBDAS_INIT))
 
-    def out_weight(self) -> Tensor | None:
-        """W_o where it starts at zero (attention.out_init=zero), else None."""
-        if self.out_uniform:
-            return None
-        return self.qkvo[3] if hasattr(self, "qkvo") else self.o.weight
-
-    def _lambdas(self, ctx: Context) -> tuple[Tensor, Tensor] | None:
-        """(λ⁰, λ¹) of this layer (attention.weight_lambdas), 0-d fp32; None when off."""
+    def _lambdas(self, ctx: Context) -> tuple[Tensor, Tensor] | tuple[None, None]:
+        """(λ⁰, λ¹) of this layer (attention.weight_lambdas), 0-d fp32; Nones when off."""
         if self.packed_lambdas:
-            lam = ctx.packed[ctx.layout.weight_lambdas(self.layer)]
-        elif hasattr(self, "weight_lambdas"):
+            lam = ctx.scalars.weight_lambdas(self.layer)
+        elif self.weight_lambdas is not None:
             lam = self.weight_lambdas
         else:
-            return None
+            return None, None
         return lam[0], lam[1]
 
     def forward(self, x: Tensor, rotary: Rotary, ctx: Context, aux: Tensor | None = None) -> Tensor:
         """`aux` (B, T, H, D): added to the values instead of their mixes (the MUDD layer)."""
         B, T, C = x.shape
         shape = (B, T, self.n_head, self.head_dim)
-        lambdas = self._lambdas(ctx)
-        if lambdas is not None:
-            q, k, v = (t.reshape(shape) for t in self._qkv_scaled(x, lambdas[0]))
-        elif hasattr(self, "qkvo"):
-            w = self.qkvo.to(x.dtype)
-            q, k, v = F.linear(x, w[:3].flatten(0, 1)).view(B, T, 3, -1).unbind(2)
-            q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
-        elif hasattr(self, "qkv"):
-            q, k, v = F.linear(x, self.qkv.flatten(0, 1).to(x.dtype)).view(B, T, 3, -1).unbind(2)
-            q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
-        else:
-            q, k, v = self.q(x).view(shape), self.k(x).view(shape), self.v(x).view(shape)
+        lam_in, lam_out = self._lambdas(ctx)
+        q, k, v = (t.reshape(shape) for t in self.project(x, lam_in))
         if self.values is not None:
             v = self.values(self, v, ctx, x)
         if aux is not None:
@@ -213,47 +210,17 @@ class CausalSelfAttention(nn.Module):
         # QK-norm bounds the attention logits, which lets the records run higher LRs stably.
         if self.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
-        if self.paired:  # heads h, h + H/2 in one slot over 2T positions (model/paired.py)
-            pos = paired_positions(T, self.n_head, x.device)
-            q, k = rotary(q, ctx.yarn_stage, pos), rotary(k, ctx.yarn_stage, pos)
-            q, k, v = double(q), double(k), double(v)
-        else:
-            q, k = rotary(q, ctx.yarn_stage), rotary(k, ctx.yarn_stage)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if self.key_offset:
-            k = offset_keys(k)
-        mask = ctx.masks[self.mask_key] if ctx.masks is not None else None
-        scale = ctx.attn_scale if ctx.attn_scale is not None else self.scale
+        q, k, v = self.heads.arrange(q, k, v, rotary, ctx.yarn_stage)
+        mask, scale = ctx.mask(self.mask_key), ctx.attn_scale
         if self._fold is not None and self.training:  # evaluation is no part of a step
             self._fold(q, k, mask, scale)
-        y = attend(q, k, v, mask, scale)
-        if self.paired:  # back to (B, H, T, D): slot s at 2t is head s, at 2t+1 head s + H/2
-            y = undouble(y)
+        y = self.heads.restore(attend(q, k, v, mask, scale))  # (B, H, T, D)
         if self.xsa:  # the layer's row of the model's α (model/xsa.py)
-            y = xsa(y, v, ctx.xsa_alphas[self.layer])
-        if hasattr(self, "gate"):  # σ(u[:k]·G[h]ᵀ) per position and head: (B, T, H)
+            y = xsa(y, v, ctx.xsa.alphas[self.layer])
+        if self.gate is not None:  # σ(u[:k]·G[h]ᵀ) per position and head: (B, T, H)
             g = torch.sigmoid(self.gate(x[..., : self.gate_channels]))
             y = y * g.transpose(1, 2)[..., None]
-        y = y.transpose(1, 2).reshape(B, T, C)
-        if lambdas is not None:  # λ¹·W_o, rounded to the weight's dtype (a 0-d fp32 factor)
-            w_o = self.qkvo[3] if hasattr(self, "qkvo") else self.o.weight
-            return F.linear(y, w_o.to(y.dtype) * lambdas[1])
-        if hasattr(self, "qkvo"):
-            return F.linear(y, w[3])
-        return self.o(y)
-
-    def _qkv_scaled(self, x: Tensor, lam: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v = x·(λ⁰·W_qkv)ᵀ, flat (B, T, d) each: the 0-d fp32 λ⁰ times the weight in
-        x's dtype, which a 0-d tensor does not promote, so the product is rounded once to it,
-        as the record's."""
-        if hasattr(self, "qkvo"):
-            w = self.qkvo[:3].flatten(0, 1)
-        elif hasattr(self, "qkv"):
-            w = self.qkv.flatten(0, 1)
-        else:
-            w = torch.cat([self.q.weight, self.k.weight, self.v.weight])
-        B, T, _ = x.shape
-        return F.linear(x, w.to(x.dtype) * lam).view(B, T, 3, -1).unbind(2)
+        return self.project_out(y.transpose(1, 2).reshape(B, T, C), lam_out)
 
     @property
     def track_max_logit(self) -> bool:
@@ -276,6 +243,152 @@ class CausalSelfAttention(nn.Module):
     ) -> None:
         m = max_logits(q.detach(), k.detach(), mask, scale)
         self.max_logit = m if self.max_logit is None else torch.maximum(self.max_logit, m)
+
+
+class SeparateAttention(CausalSelfAttention):
+    """W_q, W_k, W_v, W_o: four `nn.Linear`s (`q`, `k`, `v`, `o`), each its own Muon matrix."""
+
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec, layer: int) -> None:
+        super().__init__(cfg, spec, layer)
+        d = cfg.n_embd
+        self.q, self.k, self.v = linear(cfg, d, d), linear(cfg, d, d), linear(cfg, d, d)
+        self.o = linear(cfg, d, d)
+
+    def project(self, x: Tensor, lam: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        if lam is None:
+            return self.q(x), self.k(x), self.v(x)
+        w = torch.cat([self.q.weight, self.k.weight, self.v.weight])
+        return _split3(F.linear(x, w.to(x.dtype) * lam))
+
+    def project_out(self, y: Tensor, lam: Tensor | None) -> Tensor:
+        return self.o(y) if lam is None else F.linear(y, self.o.weight.to(y.dtype) * lam)
+
+    def qk_rows(self) -> list[tuple[Tensor, int]]:
+        return [(self.q.weight, 0), (self.k.weight, 0)]
+
+    def qkv_weights(self) -> list[Tensor]:
+        out = [self.q.weight, self.k.weight, self.v.weight]
+        return [*out, self.o.weight] if self.out_uniform else out
+
+    def out_weight(self) -> Tensor:
+        return self.o.weight
+
+    def matrices(self) -> list[nn.Parameter]:
+        return [self.q.weight, self.k.weight, self.v.weight, self.o.weight]
+
+
+class MergedQKVAttention(CausalSelfAttention):
+    """W_q, W_k, W_v as the slices of one (3, d, d) `qkv` (each slice its own Muon matrix),
+    W_o an `nn.Linear` `o` (model.attention.merged_qkv)."""
+
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec, layer: int) -> None:
+        super().__init__(cfg, spec, layer)
+        d = cfg.n_embd
+        self.qkv = nn.Parameter(torch.empty(3, d, d))
+        self.qkv.role = "matrix"  # type: ignore[attr-defined]  # a hidden matrix per slice
+        self.o = linear(cfg, d, d)
+
+    def project(self, x: Tensor, lam: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        w = self.qkv.flatten(0, 1).to(x.dtype)
+        return _split3(F.linear(x, w if lam is None else w * lam))
+
+    def project_out(self, y: Tensor, lam: Tensor | None) -> Tensor:
+        return self.o(y) if lam is None else F.linear(y, self.o.weight.to(y.dtype) * lam)
+
+    def out_weight(self) -> Tensor:
+        return self.o.weight
+
+    def qk_rows(self) -> list[tuple[Tensor, int]]:
+        return [(self.qkv, 3)]
+
+    def qkv_weights(self) -> list[Tensor]:
+        return [self.qkv, self.o.weight] if self.out_uniform else [self.qkv]
+
+    def matrices(self) -> list[nn.Parameter]:
+        return [self.qkv, self.o.weight]
+
+
+class MergedQKVOAttention(CausalSelfAttention):
+    """W_q, W_k, W_v, W_o as the slices of one (4, d, d) `qkvo` (model.attention.merged_qkvo).
+    The record's 768 × 3,072 parameter read in memory order as four (out, in) matrices is
+    this stack: the same memory, and Muon/NorMuon treat each slice as its own matrix, as the
+    record does."""
+
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec, layer: int) -> None:
+        super().__init__(cfg, spec, layer)
+        d = cfg.n_embd
+        self.qkvo = nn.Parameter(torch.empty(4, d, d))
+        self.qkvo.role = "matrix"  # type: ignore[attr-defined]  # a hidden matrix per slice
+
+    def project(self, x: Tensor, lam: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        w = self.qkvo[:3].flatten(0, 1).to(x.dtype)
+        return _split3(F.linear(x, w if lam is None else w * lam))
+
+    def project_out(self, y: Tensor, lam: Tensor | None) -> Tensor:
+        w = self.qkvo[3].to(y.dtype)
+        return F.linear(y, w if lam is None else w * lam)
+
+    def qk_rows(self) -> list[tuple[Tensor, int]]:
+        return [(self.qkvo, 4)]
+
+    def qkv_weights(self) -> list[Tensor]:
+        return [self.qkvo if self.out_uniform else self.qkvo[:3]]
+
+    def out_weight(self) -> Tensor:
+        return self.qkvo[3]
+
+    def matrices(self) -> list[nn.Parameter]:
+        return [self.qkvo]
+
+
+def build_attention(cfg: ModelConfig, spec: LayerSpec, layer: int) -> CausalSelfAttention:
+    """Layer `layer`'s attention in the weight layout the config names."""
+    att = cfg.attention
+    if att.merged_qkvo:
+        return MergedQKVOAttention(cfg, spec, layer)
+    if att.merged_qkv:
+        return MergedQKVAttention(cfg, spec, layer)
+    return SeparateAttention(cfg, spec, layer)
+
+
+def _split3(qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(B, T, 3d) -> q, k, v (B, T, d) each."""
+    B, T, _ = qkv.shape
+    return qkv.view(B, T, 3, -1).unbind(2)
+
+
+class Heads:
+    """Each head in its own slot over T positions (B, H, T, D); the long-window layers'
+    keys offset with attention.key_offset."""
+
+    def __init__(self, key_offset: bool) -> None:
+        self.key_offset = key_offset
+
+    def arrange(
+        self, q: Tensor, k: Tensor, v: Tensor, rotary: Rotary, stage: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        q, k = rotary(q, stage), rotary(k, stage)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        return q, offset_keys(k) if self.key_offset else k, v
+
+    def restore(self, y: Tensor) -> Tensor:
+        return y
+
+
+class PairedHeads:
+    """Heads h and h + H/2 in one slot over 2T positions, rotary at 2t / 2t+1, no key offset
+    (model.attention.paired, model/paired.py)."""
+
+    def arrange(
+        self, q: Tensor, k: Tensor, v: Tensor, rotary: Rotary, stage: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        pos = paired_positions(q.size(1), q.size(2), q.device)
+        q, k = rotary(q, stage, pos), rotary(k, stage, pos)
+        return double(q), double(k), double(v)
+
+    def restore(self, y: Tensor) -> Tensor:
+        """Back to (B, H, T, D): slot s at 2t is head s, at 2t+1 head s + H/2."""
+        return undouble(y)
 
 
 def offset_keys(k: Tensor) -> Tensor:

@@ -26,17 +26,18 @@ x_0 is read as R − 1 there, and 27,191·(R − 1) wraps in int32 before the XO
 In int64 the same value comes out: XOR commutes with sign extension, and torch's `%` on
 int32 is floor modulo as it is on int64. σ_1 still reads the real x_0.
 
-Where b enters the stream (model/residual.py `inject_bigram`, λ^bg the model's (n_layer,)
-fp32 `bigram_lambdas`, cast to the stream's dtype):
+Where b enters the stream (model/residual.py `inject_bigram`, λ^bg the part's (n_layer,)
+fp32 `bigram.lambdas`, cast to the stream's dtype):
 
     x = x0 + λ^bg_0·b        before layer 0, into x0 as well with residual.bigram_in_x0
     x <- x + λ^bg_ℓ·b        after the attention sublayer (and its x0 injection) of each
                              layer ℓ ≥ 1 with attention; layers without attention add nothing
 
-Bg (`bigram_embed`, an nn.Embedding, so Adam's embedding group) starts at zero, so the part
-starts as the identity. S (`bigram_signs`, a buffer: state, saved in checkpoints, not
-trained) holds the signs of a N(0, 1) draw from the CPU default generator, in the model's
-dtype; λ^bg starts at residual.bigram_lambda_init.
+The part is the model's `bigram` (`BigramHash`). Bg (`bigram.embed`, an nn.Embedding, so
+Adam's embedding group) starts at zero, so the part starts as the identity. S
+(`bigram.signs`, a buffer: state, saved in checkpoints, not trained) holds the signs of a
+N(0, 1) draw from the CPU default generator, in the model's dtype; λ^bg starts at
+residual.bigram_lambda_init.
 """
 
 import torch
@@ -72,56 +73,55 @@ def bigram_indices(
     return h, torch.cat([torch.zeros_like(first), torch.bitwise_xor(prev, cur) % signs], 1)
 
 
-def build_bigram(owner: nn.Module, cfg: ModelConfig) -> None:
-    """`bigram_embed` (rows × k), the buffer `bigram_signs` (signs × k) and `bigram_lambdas`
-    (n_layer,) fp32 on `owner`; nothing when model.embed.bigram_rows is 0. Drawn by
-    `reset_bigram`."""
-    emb = cfg.embed
-    if not emb.bigram_rows:
-        return
-    # `_weight` skips nn.Embedding's own N(0, 1) draw: the table starts at zero anyway, and
-    # the other parameters' draws stay those of the model without the part.
-    table = torch.zeros(emb.bigram_rows, emb.bigram_dim)
-    owner.bigram_embed = nn.Embedding(emb.bigram_rows, emb.bigram_dim, _weight=table)
-    if emb.bigram_signs:
-        dtype = torch.bfloat16 if cfg.numerics.dtype == "bf16" else torch.float32
-        signs = torch.ones(emb.bigram_signs, emb.bigram_dim, dtype=dtype)
-        owner.register_buffer("bigram_signs", signs)  # persistent: state, not trained
-    owner.bigram_lambdas = nn.Parameter(torch.empty(cfg.n_layer))
-    owner.bigram_lambdas.role = "scalar"  # type: ignore[attr-defined]  # Adam, not Muon
+class BigramHash(nn.Module):
+    """The part, built only when model.embed.bigram_rows > 0: `embed` (rows × k), the table
+    Bg; `signs` (signs × k), the buffer S, where embed.bigram_signs > 0; `lambdas`
+    (n_layer,) fp32, λ^bg. Drawn by `reset`."""
 
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        emb = self.cfg = cfg.embed
+        self.lambda_init = cfg.residual.bigram_lambda_init
+        self.in_x0 = cfg.residual.bigram_in_x0
+        # `_weight` skips nn.Embedding's own N(0, 1) draw: the table starts at zero anyway,
+        # and the other parameters' draws stay those of the model without the part.
+        table = torch.zeros(emb.bigram_rows, emb.bigram_dim)
+        self.embed = nn.Embedding(emb.bigram_rows, emb.bigram_dim, _weight=table)
+        signs = None  # a None buffer: no S, and none in the state_dict
+        if emb.bigram_signs:
+            dtype = torch.bfloat16 if cfg.numerics.dtype == "bf16" else torch.float32
+            signs = torch.ones(emb.bigram_signs, emb.bigram_dim, dtype=dtype)
+        self.register_buffer("signs", signs)  # persistent: state, not trained
+        self.lambdas = nn.Parameter(torch.empty(cfg.n_layer))
+        self.lambdas.role = "scalar"  # type: ignore[attr-defined]  # Adam, not Muon
 
-@torch.no_grad()
-def reset_bigram(owner: nn.Module, cfg: ModelConfig) -> None:
-    """Bg zero, λ^bg at its initial value, S the signs of a fresh N(0, 1) draw (CPU default
-    generator, whatever device S is on)."""
-    if not hasattr(owner, "bigram_embed"):
-        return
-    owner.bigram_embed.weight.zero_()
-    owner.bigram_lambdas.fill_(cfg.residual.bigram_lambda_init)
-    if hasattr(owner, "bigram_signs"):
-        z = torch.randn(owner.bigram_signs.shape)
-        # ±1 even for a draw of exactly 0 (where sign() would give 0); otherwise sign(z).
-        owner.bigram_signs.copy_(torch.where(z < 0, -1.0, 1.0))
+    @torch.no_grad()
+    def reset(self) -> None:
+        """Bg zero, λ^bg at its initial value, S the signs of a fresh N(0, 1) draw (CPU
+        default generator, whatever device S is on)."""
+        self.embed.weight.zero_()
+        self.lambdas.fill_(self.lambda_init)
+        if self.signs is not None:
+            z = torch.randn(self.signs.shape)
+            # ±1 even for a draw of exactly 0 (where sign() would give 0); otherwise sign(z).
+            self.signs.copy_(torch.where(z < 0, -1.0, 1.0))
 
+    def term(self, idx: Tensor) -> Tensor:
+        """b (B, T, k) for `idx` (B, T), in the table's dtype."""
+        emb = self.cfg
+        h, sigma = bigram_indices(idx, emb.bigram_rows, emb.bigram_signs, emb.bigram_position1)
+        b = self.embed(h)  # through the module, so FSDP gathers the table
+        # ±1 is exact in any dtype: S meets b in b's (FSDP may gather Bg in another than S's)
+        return b if sigma is None else b * self.signs[sigma].to(b.dtype)
 
-def bigram_term(owner: nn.Module, idx: Tensor) -> Tensor | None:
-    """b (B, T, k) for `idx` (B, T), in the table's dtype; None when the part is off."""
-    if not hasattr(owner, "bigram_embed"):
-        return None
-    emb = owner.cfg.embed
-    h, sigma = bigram_indices(idx, emb.bigram_rows, emb.bigram_signs, emb.bigram_position1)
-    b = owner.bigram_embed(h)  # through the module, so FSDP gathers the table
-    # ±1 is exact in any dtype: S meets b in b's (FSDP may gather Bg in another than S's)
-    return b if sigma is None else b * owner.bigram_signs[sigma].to(b.dtype)
+    def start(self, idx: Tensor, x0: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(x, x0, b) from x0 = RMSNorm(e′): the stream's start x = x0 + λ^bg_0·b; x0 that
+        same tensor with model.residual.bigram_in_x0 (the record's in-place add, done out of
+        place), else as given; b for the later layers."""
+        b = self.term(idx)
+        x = inject_bigram(x0, b, self.lambdas[0])
+        return x, x if self.in_x0 else x0, b
 
-
-def bigram_start(owner: nn.Module, idx: Tensor, x0: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-    """(x, x0, b) from x0 = RMSNorm(e′): the stream's start x = x0 + λ^bg_0·b; x0 that same
-    tensor with model.residual.bigram_in_x0 (the record's in-place add, done out of place),
-    else as given; b for the later layers. (x0, x0, None) when the part is off."""
-    b = bigram_term(owner, idx)
-    if b is None:
-        return x0, x0, None
-    x = inject_bigram(x0, b, owner.bigram_lambdas[0])
-    return x, x if owner.cfg.residual.bigram_in_x0 else x0, b
+    def add(self, x: Tensor, b: Tensor, layer: int) -> Tensor:
+        """x + λ^bg_ℓ·b after layer ℓ's attention (ℓ ≥ 1: layer 0's is in x from the start)."""
+        return inject_bigram(x, b, self.lambdas[layer])

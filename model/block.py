@@ -15,13 +15,13 @@ model.residual.mudd the last layer is the MUDD block instead (model/mudd.py).
 import torch
 from torch import Tensor, nn
 
-from model.attention import CausalSelfAttention
+from model.attention import build_attention
 from model.config import ModelConfig
 from model.context import Context
 from model.layers import MLP, rms_norm
 from model.mudd import mudd_layer
 from model.plan import LayerSpec
-from model.residual import ATTENTION, add_sublayer, inject_bigram, inject_x0, x0_mix
+from model.residual import ATTENTION, add_sublayer, x0_mix
 from model.residual import MLP as MLP_COLUMN
 from model.rotary import Rotary
 
@@ -30,7 +30,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, spec: LayerSpec, layer: int) -> None:
         super().__init__()
         self.layer = layer
-        self.attn = CausalSelfAttention(cfg, spec, layer) if spec.attention else None
+        self.attn = build_attention(cfg, spec, layer) if spec.attention else None
         self.mlp = MLP(cfg) if spec.mlp else None
         self.mudd, self.value_table = spec.mudd, spec.value_embed  # model.residual.mudd
         res = cfg.residual
@@ -46,16 +46,16 @@ class Block(nn.Module):
         if self.mudd:  # the whole layer is MUDD's (model/mudd.py)
             return mudd_layer(self, x, rotary, ctx, attn_input)
         if self.mixes_x0:
-            packed = ctx.layout is not None
-            mix = ctx.packed[ctx.layout.x0_mix(self.layer)] if packed else self.x0_mix
-            x = x0_mix(x, ctx.x0, mix)
-        scales = ctx.sublayer_scales
+            mix = ctx.scalars.x0_mix(self.layer)
+            x = x0_mix(x, ctx.x0, self.x0_mix if mix is None else mix)
+        scales = None if ctx.sublayer_scales is None else ctx.sublayer_scales.pair()
         if self.attn is not None:
             u = rms_norm(x if attn_input is None else attn_input)
             x = add_sublayer(x, self.attn(u, rotary, ctx), scales, self.layer, ATTENTION)
-            x = inject_x0(x, ctx.x0, ctx.x0_lambdas, self.layer)
+            if ctx.x0_injection is not None:
+                x = ctx.x0_injection.add(x, ctx.x0, self.layer)
             if ctx.bigram is not None and self.layer > 0:  # layer 0's is in x from the start
-                x = inject_bigram(x, ctx.bigram, ctx.bigram_lambdas[self.layer])
+                x = ctx.bigram.add(x, ctx.bigram_term, self.layer)
         if self.mlp is not None:
             out = self.mlp(rms_norm(x), ctx.micro_steps)
             x = add_sublayer(x, out, scales, self.layer, MLP_COLUMN)

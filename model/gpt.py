@@ -20,7 +20,7 @@ nothing. Parameter names (and so optimizer groups and checkpoints) are the modul
 import torch
 from torch import Tensor, nn
 
-from model.bigram import bigram_start, build_bigram
+from model.bigram import BigramHash
 from model.block import Block
 from model.config import ModelConfig
 from model.context import Context
@@ -32,15 +32,15 @@ from model.layers import linear, rms_norm
 from model.loss import model_loss
 from model.masks import build_masks
 from model.mlp_fp8 import delayed_states, fp8_rank_state, load_fp8_rank_state
-from model.mudd import build_mudd, mudd_out, mudd_params
-from model.plan import describe_plan, layer_plan
+from model.mudd import MUDD, mudd_out
+from model.plan import describe_plan, layer_plan, mask_kinds
 from model.record_loss import record_head_loss
-from model.residual import Skips, build_sublayer_scales, build_x0_injection, sublayer_scales
+from model.residual import Skips, SublayerScales, X0Injection
 from model.rotary import Rotary
-from model.scalars import build_scalars, scalar
+from model.scalars import Scalars
 from model.steps import StepInputs, step_inputs
-from model.values import build_value_gates
-from model.xsa import build_xsa
+from model.values import ValueGates
+from model.xsa import XSA
 from model.yarn import yarn_table
 
 
@@ -51,37 +51,37 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.plan = layer_plan(cfg)
         rows = cfg.embed.rows or cfg.vocab_size
+        res, emb, plan = cfg.residual, cfg.embed, self.plan
+        # The parts the config turned on; an option that is off is None and never called.
         # Registration order is the parameters' order (optimizer groups, checkpoints).
         self.embed = nn.Embedding(rows, cfg.n_embd)
-        if (tables := value_tables(cfg, self.plan, rows)) is not None:
-            self.value_embeds = tables
-        self.blocks = nn.ModuleList([Block(cfg, spec, i) for i, spec in enumerate(self.plan)])
-        self.skips = Skips.build(self, cfg, self.plan)
+        self.value_embeds = value_tables(cfg, plan, rows)
+        self.blocks = nn.ModuleList([Block(cfg, spec, i) for i, spec in enumerate(plan)])
+        self.skips = Skips(cfg, plan)
         self.lm_head = linear(cfg, cfg.n_embd, cfg.vocab_size)
-        if cfg.embed.smear:  # w_smear (1 × k): an nn.Linear as the record's (bf16 in a bf16 model)
-            self.smear_gate = linear(cfg, cfg.gate_channels, 1)
-        self.layout = build_scalars(self, cfg)
-        build_sublayer_scales(self, cfg)
-        build_xsa(self, cfg)
-        build_value_gates(self, cfg, self.plan)
-        build_x0_injection(self, cfg)
-        build_mudd(self, cfg, self.plan)
-        build_bigram(self, cfg)
+        # w_smear (1 × k): an nn.Linear as the record's (bf16 in a bf16 model)
+        self.smear_gate = linear(cfg, cfg.gate_channels, 1) if emb.smear else None
+        self.scalars = Scalars(cfg)
+        self.sublayer_scales = SublayerScales(cfg) if res.sublayer_scales else None
+        self.xsa = XSA(cfg) if "X" in cfg.attention.xsa else None
+        self.value_gates = ValueGates(cfg, plan) if ValueGates.wanted(cfg, plan) else None
+        self.x0_injection = X0Injection(cfg) if res.x0_after_attention else None
+        self.mudd = MUDD(cfg, plan) if res.mudd else None
+        self.bigram = BigramHash(cfg) if emb.bigram_rows else None
         att = cfg.attention
         windows = att.long_windows if att.yarn else None
         self.rotary = Rotary(
             cfg.head_dim, att.rope_base, att.rope, att.rope_bf16, att.rope_reciprocal, windows,
             att.window_block,
         )  # fmt: skip
-        if att.yarn:  # the attention scale of each YaRN stage, as exact as the config's floats
+        scales = None  # the attention scale of each YaRN stage, as exact as the config's floats
+        if att.yarn:
             scales = yarn_table(
                 self.rotary.inv_freq, windows, att.window_block, att.scale or cfg.head_dim**-0.5
             ).attn_scales
-            self.register_buffer(
-                "yarn_scales", torch.tensor(scales, dtype=torch.float64), persistent=False
-            )
-        self._windows = {s.window for s in self.plan if s.attention and not s.paired}
-        self._paired_windows = frozenset(s.window for s in self.plan if s.paired)
+            scales = torch.tensor(scales, dtype=torch.float64)
+        self.register_buffer("yarn_scales", scales, persistent=False)
+        self._mask_kinds = mask_kinds(self.plan)  # (normal, paired): the masks to build
         self.micro_steps = 1  # the trainer sets its own (the property below)
         self._flops: StepFlops | None = None  # counted on first use (N needs the parameters)
         self.reset_parameters()
@@ -113,8 +113,9 @@ class GPT(nn.Module):
         reads its weight directly, not through its forward, so it must be gathered when the
         model's own forward starts."""
         blocks = [b for b in self.blocks if next(b.parameters(), None) is not None]  # not empty
-        bigram = [self.bigram_embed] if hasattr(self, "bigram_embed") else []
-        return [self.embed, *getattr(self, "value_embeds", {}).values(), *bigram, *blocks]
+        bigram = [] if self.bigram is None else [self.bigram.embed]
+        values = [] if self.value_embeds is None else list(self.value_embeds.values())
+        return [self.embed, *values, *bigram, *blocks]
 
     def count_flops(
         self,
@@ -170,9 +171,8 @@ class GPT(nn.Module):
         multi-token weights (K_max,) that training with model.head.mtp needs (model/mtp.py).
         """
         step = step_inputs(
-            self.cfg.attention, getattr(self, "yarn_scales", None), window_tokens,
-            short_window_tokens, yarn_stage,
-        )  # fmt: skip
+            self.cfg.attention, self.yarn_scales, window_tokens, short_window_tokens, yarn_stage
+        )
         x, x0, bigram = self._embed(idx)
         x = self._layers(x, x0, self._context(idx, x0, step, bigram))
         return self._head(x, targets, mtp_weights if self.cfg.head.mtp else None)
@@ -183,9 +183,10 @@ class GPT(nn.Module):
         with model.residual.bigram_in_x0 (the record's in-place add), else without the term;
         b, the bigram term (None when off)."""
         e = self.embed(idx)
-        if self.cfg.embed.smear:
-            e = smear(e, self.smear_gate, scalar(self, "smear"), self.cfg.gate_channels)
-        return bigram_start(self, idx, rms_norm(e))
+        if self.smear_gate is not None:
+            e = smear(e, self.smear_gate, self.scalars.smear(), self.cfg.gate_channels)
+        x0 = rms_norm(e)
+        return (x0, x0, None) if self.bigram is None else self.bigram.start(idx, x0)
 
     def _layers(self, x: Tensor, x0: Tensor, ctx: Context) -> Tensor:
         """The plan's layers in order, each input with the skips that end there, then the
@@ -196,7 +197,7 @@ class GPT(nn.Module):
         source = res.attn_input_layer
         outputs: list[Tensor] = []
         for i, block in enumerate(self.blocks):
-            x = layer_input = self.skips.into(self, i, x, outputs, x0)
+            x = layer_input = self.skips.into(self.scalars, i, x, outputs, x0)
             if not self.plan[i].empty:
                 attn_input = outputs[source] if 0 <= source < i else None
                 x = block(x, self.rotary, ctx, attn_input)
@@ -204,8 +205,8 @@ class GPT(nn.Module):
         if ctx.mudd is not None:  # MUDD's mix after the last layer; layer_input is its c₉
             ve0 = ctx.value_embeds[0]
             c7, c3 = outputs[source], outputs[res.skip_from]
-            return mudd_out(x, ctx.mudd, ctx.x0, c7, layer_input, ve0, c3)
-        return self.skips.out(self, x, outputs)
+            return mudd_out(x, ctx.mudd.net, ctx.x0, c7, layer_input, ve0, c3)
+        return self.skips.out(self.scalars, x, outputs)
 
     def _head(self, x: Tensor, targets: Tensor | None, mtp_weights: Tensor | None) -> Tensor:
         """RMSNorm → the LM head (FP8 in training where on) → the softcapped logits or loss;
@@ -228,24 +229,24 @@ class GPT(nn.Module):
         """What every layer of this forward shares, computed once."""
         att, res = self.cfg.attention, self.cfg.residual
         masks = build_masks(
-            idx, att.document_mask, self._windows, step.window, att.window_block,
+            idx, att.document_mask, self._mask_kinds[0], step.window, att.window_block,
             impl=att.impl, token_window=att.window_granularity == "token",
-            short_window=step.short, paired=self._paired_windows,
+            short_window=step.short, paired=self._mask_kinds[1],
         )  # fmt: skip
         return Context(
             x0=x0 if res.x0_shortcut or res.x0_after_attention or res.mudd else None,
-            value_embeds=value_lookups(getattr(self, "value_embeds", None), idx),
+            value_embeds=value_lookups(self.value_embeds, idx),
             masks=masks,
-            packed=getattr(self, "scalars", None),
-            layout=self.layout,
+            scalars=self.scalars,
             yarn_stage=step.yarn_stage,
-            attn_scale=step.attn_scale,
-            sublayer_scales=sublayer_scales(self),
-            xsa_alphas=getattr(self, "xsa_alphas", None),
-            value_gates=getattr(self, "value_gates", None),
-            x0_lambdas=getattr(self, "x0_lambdas", None),
-            mudd=mudd_params(self),
-            bigram=bigram,
-            bigram_lambdas=getattr(self, "bigram_lambdas", None),
+            # YaRN's scale of the stage, else the config's (None: SDPA's own 1/√D)
+            attn_scale=step.attn_scale if step.attn_scale is not None else att.scale or None,
+            bigram_term=bigram,
+            bigram=self.bigram,
+            sublayer_scales=self.sublayer_scales,
+            x0_injection=self.x0_injection,
+            xsa=self.xsa,
+            value_gates=self.value_gates,
+            mudd=self.mudd,
             micro_steps=self.micro_steps,
         )

@@ -17,20 +17,15 @@ import torch
 from torch import nn
 
 from model.attention import init_bound
-from model.bigram import reset_bigram
-from model.mudd import reset_mudd
-from model.residual import reset_sublayer_scales, reset_x0_injection
-from model.scalars import WEIGHT_LAMBDAS_INIT
-from model.xsa import reset_xsa
 
 
 @torch.no_grad()
 def initialise(model: nn.Module) -> None:
     """Draw every parameter of `model` (a `GPT`) in place."""
     cfg = model.cfg
-    values = list((getattr(model, "value_embeds", None) or {}).values())
+    values = [] if model.value_embeds is None else list(model.value_embeds.values())
     tables = [model.embed, *values]
-    tables += [model.bigram_embed] if hasattr(model, "bigram_embed") else []
+    tables += [] if model.bigram is None else [model.bigram.embed]
     nn.init.normal_(model.embed.weight, std=1.0)
     for table in values:
         nn.init.normal_(table.weight, std=cfg.embed.value_std)
@@ -41,12 +36,11 @@ def initialise(model: nn.Module) -> None:
         for w in weights:
             nn.init.uniform_(w, -bound, bound)
         if block.attn is not None:
-            if (w_o := block.attn.out_weight()) is not None:
-                nn.init.zeros_(w_o)
-            if hasattr(block.attn, "gate"):  # σ(0): every gate starts half open
+            if not block.attn.out_uniform:
+                nn.init.zeros_(block.attn.out_weight())
+            if block.attn.gate is not None:  # σ(0): every gate starts half open
                 nn.init.zeros_(block.attn.gate.weight)
-            if hasattr(block.attn, "weight_lambdas"):
-                block.attn.weight_lambdas.copy_(torch.tensor(WEIGHT_LAMBDAS_INIT))
+            block.attn.reset_lambdas()
         if block.mlp is not None:
             nn.init.zeros_(block.mlp.proj.weight)
     if cfg.head.init_std:  # record D: N(0, 0.005²), so the first loss is not ln(vocab)
@@ -55,25 +49,24 @@ def initialise(model: nn.Module) -> None:
         nn.init.zeros_(model.lm_head.weight)
     if cfg.embed.tied_init:  # E = W_headᵀ: lm_head.weight is (vocab, d) as E is
         model.embed.weight.copy_(model.lm_head.weight)
-    for gate in ("smear_gate", "skip_token_gate"):
-        if hasattr(model, gate):
-            nn.init.zeros_(getattr(model, gate).weight)
-    if model.layout is not None:
-        model.scalars.copy_(model.layout.initial(cfg.residual.x0_mix_a_init))
-    reset_sublayer_scales(model, cfg)
-    reset_xsa(model)
-    reset_x0_injection(model)
-    if hasattr(model, "value_gates"):  # 2σ(0) = 1: each value table starts added whole
-        model.value_gates.zero_()
-    reset_mudd(model, cfg)  # its own dtype already (model/mudd.py)
-    reset_bigram(model, cfg)  # last: its sign draw leaves the other parameters' draws as they were
+    if model.smear_gate is not None:
+        nn.init.zeros_(model.smear_gate.weight)
+    model.skips.reset()
+    model.scalars.reset(cfg.residual.x0_mix_a_init)
+    # The parts that are on, each drawing its own (MUDD in its own dtype already); the
+    # bigram part last: its sign draw leaves the other parameters' draws as they were.
+    parts = (model.sublayer_scales, model.xsa, model.x0_injection, model.value_gates,
+             model.mudd, model.bigram)  # fmt: skip
+    for part in parts:
+        if part is not None:
+            part.reset()
     if cfg.numerics.dtype == "bf16":
         for module in [*tables, *gates(model)]:  # the 2025-11 record's gates are bf16 too
             module.to(torch.bfloat16)
         if cfg.head.bf16:
             model.lm_head.to(torch.bfloat16)
-        if hasattr(model, "value_gates"):  # bf16 as the record's gates
-            model.value_gates.data = model.value_gates.data.to(torch.bfloat16)
+        if model.value_gates is not None:  # bf16 as the record's gates
+            model.value_gates.weight.data = model.value_gates.weight.data.to(torch.bfloat16)
         if cfg.numerics.bf16_matrices:  # record D: bf16 weights (the optimizer's fp32 master)
             for w in matrices(model):
                 w.data = w.data.to(torch.bfloat16)
@@ -82,9 +75,9 @@ def initialise(model: nn.Module) -> None:
 def gates(model: nn.Module) -> list[nn.Module]:
     """The attention gates and the smear gate, where they exist."""
     attns = [b.attn for b in model.blocks if b.attn is not None]
-    out = [a.gate for a in attns if hasattr(a, "gate")]
-    out += [model.skip_token_gate] if hasattr(model, "skip_token_gate") else []
-    return out + ([model.smear_gate] if hasattr(model, "smear_gate") else [])
+    out = [a.gate for a in attns if a.gate is not None]
+    out += [] if model.skips.token_gate is None else [model.skips.token_gate]
+    return out + ([] if model.smear_gate is None else [model.smear_gate])
 
 
 def matrices(model: nn.Module) -> list[nn.Parameter]:
@@ -93,8 +86,7 @@ def matrices(model: nn.Module) -> list[nn.Parameter]:
     for block in model.blocks:
         attn = block.attn
         if attn is not None:
-            out += [getattr(attn, n) for n in ("qkvo", "qkv") if hasattr(attn, n)]
-            out += [getattr(attn, n).weight for n in ("q", "k", "v", "o") if hasattr(attn, n)]
+            out += attn.matrices()
         if block.mlp is not None:
             out += [block.mlp.fc.weight, block.mlp.proj.weight]
     return out

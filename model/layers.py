@@ -53,11 +53,11 @@ class MLP(nn.Module):
         self.fc = InOutLinear(d, 4 * d) if cfg.mlp.fc_in_out else linear(cfg, d, 4 * d)
         proj_in_out = cfg.mlp.proj_in_out
         self.proj = InOutLinear(4 * d, d) if proj_in_out else linear(cfg, 4 * d, d)
-        if cfg.mlp.fp8 != "off":  # a plain attribute: no parameters, no buffers
-            self.fp8 = FP8Mlp(cfg.mlp)
+        # a plain attribute: no parameters, no buffers
+        self.fp8 = FP8Mlp(cfg.mlp) if cfg.mlp.fp8 != "off" else None
 
     def forward(self, x: Tensor, micro_steps: int = 1) -> Tensor:
         """`micro_steps`: the updates' gradient accumulation (the FP8 state's slots)."""
-        if hasattr(self, "fp8") and self.training and torch.is_grad_enabled():
+        if self.fp8 is not None and self.training and torch.is_grad_enabled():
             return self.fp8(self.fc.weight, self.proj.weight, x, micro_steps)
         return self.proj(F.relu(self.fc(x)).square())

@@ -22,8 +22,8 @@ and after it, before the final norm:
 
     (n0 … n4) = MUDD₁(x);  x <- x + n0·c₀ + n1·c₇ + n2·c₉ + n3·ve₀ + n4·c₃
 
-The layer's own resid/post/x0 lambdas are not read. Parameters: `mudd_w1` (2, h, d),
-`mudd_w2` (2, 14, h), `mudd_b2` (2, 14), h = model.residual.mudd_hidden; both networks have
+The layer's own resid/post/x0 lambdas are not read. Parameters (the model's `mudd`, `MUDD`):
+`w1` (2, h, d), `w2` (2, 14, h), `b2` (2, 14), h = model.residual.mudd_hidden; both networks have
 14 outputs (the record's one tensor per kind), the second reads only its first 5. Adam, not
 Muon (role "scalar"); in the model's dtype (bf16 in a bf16 model, so the networks run in
 bf16). Initialisation: W1_j Kaiming-uniform U(±1/√d) (torch's a = √5), drawn in fp32 for
@@ -55,27 +55,43 @@ BIGRAM_INIT = 0.05  # m11: the record's bigram λ init
 BACKOUT_INIT = -0.5  # n1: record C's backout, −λ_back
 
 
-def build_mudd(owner: nn.Module, cfg: ModelConfig, plan: list[LayerSpec]) -> None:
-    """`mudd_w1`, `mudd_w2`, `mudd_b2` on `owner`, in the model's dtype; nothing when
-    model.residual.mudd is off. Initialised by `reset_mudd`."""
-    if not cfg.residual.mudd:
-        return
-    if not plan[-1].attention:
-        raise ValueError(
-            "model.residual.mudd makes the last layer the MUDD block, which attends: the last "
-            "layer of model.attention.layers must have attention"
-        )
-    if all(s.value_embed != 0 for s in plan):
-        raise ValueError(
-            "model.residual.mudd adds ve₀ after the last layer: model.embed.value_embeds, "
-            f"resampled to model.n_layer ({cfg.n_layer}), must keep table 0"
-        )
-    dtype = torch.bfloat16 if cfg.numerics.dtype == "bf16" else torch.float32
-    h, d = cfg.residual.mudd_hidden, cfg.n_embd
-    for name, shape in (("w1", (2, h, d)), ("w2", (2, OUTPUTS, h)), ("b2", (2, OUTPUTS))):
-        p = nn.Parameter(torch.empty(shape, dtype=dtype))
-        p.role = "scalar"  # type: ignore[attr-defined]  # Adam: never orthogonalised by Muon
-        setattr(owner, f"mudd_{name}", p)
+class MUDD(nn.Module):
+    """The part, built only with model.residual.mudd: `w1` (2, h, d), `w2` (2, 14, h), `b2`
+    (2, 14) in the model's dtype. Drawn by `reset`."""
+
+    def __init__(self, cfg: ModelConfig, plan: list[LayerSpec]) -> None:
+        super().__init__()
+        if not plan[-1].attention:
+            raise ValueError(
+                "model.residual.mudd makes the last layer the MUDD block, which attends: the "
+                "last layer of model.attention.layers must have attention"
+            )
+        if all(s.value_embed != 0 for s in plan):
+            raise ValueError(
+                "model.residual.mudd adds ve₀ after the last layer: model.embed.value_embeds, "
+                f"resampled to model.n_layer ({cfg.n_layer}), must keep table 0"
+            )
+        self.cfg = cfg
+        dtype = torch.bfloat16 if cfg.numerics.dtype == "bf16" else torch.float32
+        h, d = cfg.residual.mudd_hidden, cfg.n_embd
+        for name, shape in (("w1", (2, h, d)), ("w2", (2, OUTPUTS, h)), ("b2", (2, OUTPUTS))):
+            p = nn.Parameter(torch.empty(shape, dtype=dtype))
+            p.role = "scalar"  # type: ignore[attr-defined]  # Adam: never orthogonalised by Muon
+            setattr(self, name, p)
+
+    @property
+    def net(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(W1, W2, b2), as `coefficients` takes them."""
+        return self.w1, self.w2, self.b2
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        drawn = torch.empty(self.w1.shape, dtype=torch.float32, device=self.w1.device)
+        for j in range(drawn.size(0)):  # one Kaiming draw per network: bound 1/√d
+            nn.init.kaiming_uniform_(drawn[j], a=math.sqrt(5))
+        self.w1.copy_(drawn)
+        self.w2.zero_()
+        self.b2.copy_(bias_table(self.cfg))
 
 
 def bias_table(cfg: ModelConfig) -> Tensor:
@@ -90,26 +106,6 @@ def bias_table(cfg: ModelConfig) -> Tensor:
     return b
 
 
-@torch.no_grad()
-def reset_mudd(owner: nn.Module, cfg: ModelConfig) -> None:
-    if not hasattr(owner, "mudd_w1"):
-        return
-    w1 = owner.mudd_w1
-    drawn = torch.empty(w1.shape, dtype=torch.float32, device=w1.device)
-    for j in range(drawn.size(0)):  # one Kaiming draw per network: bound 1/√d
-        nn.init.kaiming_uniform_(drawn[j], a=math.sqrt(5))
-    w1.copy_(drawn)
-    owner.mudd_w2.zero_()
-    owner.mudd_b2.copy_(bias_table(cfg))
-
-
-def mudd_params(owner: nn.Module) -> tuple[Tensor, Tensor, Tensor] | None:
-    """(W1, W2, b2) for the forward's context, or None when off."""
-    if not hasattr(owner, "mudd_w1"):
-        return None
-    return owner.mudd_w1, owner.mudd_w2, owner.mudd_b2
-
-
 def coefficients(y: Tensor, net: tuple[Tensor, Tensor, Tensor], j: int, n: int) -> list[Tensor]:
     """MUDD_j(y): n per-token coefficients (B, T, 1) each, in y's dtype."""
     w1, w2, b2 = (p[j].to(y.dtype) for p in net)
@@ -119,7 +115,7 @@ def coefficients(y: Tensor, net: tuple[Tensor, Tensor, Tensor], j: int, n: int) 
 
 def mudd_layer(block: nn.Module, x: Tensor, rotary: Rotary, ctx: Context, c7: Tensor) -> Tensor:
     """The last layer's output (module docstring) for its input x; `block` a `Block`."""
-    c0, m = ctx.x0, coefficients(x, ctx.mudd, 0, OUTPUTS)
+    c0, m = ctx.x0, coefficients(x, ctx.mudd.net, 0, OUTPUTS)
     B, T, d = x.shape
     H = block.attn.n_head
     v_mudd = (m[0] * c0 + m[1] * c7 + m[2] * x).view(B, T, H, d // H)
@@ -131,8 +127,8 @@ def mudd_layer(block: nn.Module, x: Tensor, rotary: Rotary, ctx: Context, c7: Te
         aux = gate * ve + v_mudd
     a = block.attn(rms_norm(c7), rotary, ctx, aux)
     x = m[8] * x + m[9] * a + m[10] * c0
-    if ctx.bigram is not None:  # the bigram term b (B, T, k), where there is one
-        x = inject_bigram(x, ctx.bigram, m[11])
+    if ctx.bigram_term is not None:  # the bigram term b (B, T, k), where there is one
+        x = inject_bigram(x, ctx.bigram_term, m[11])
     if block.mlp is not None:
         x = m[12] * x + m[13] * block.mlp(rms_norm(x), ctx.micro_steps)
     return x

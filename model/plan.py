@@ -17,6 +17,7 @@ encoder layer E−1−i (when there is one).
 from dataclasses import dataclass
 
 from model.config import ModelConfig
+from model.masks import paired_key
 
 
 @dataclass(frozen=True)
@@ -29,11 +30,25 @@ class LayerSpec:
     xsa: bool = False  # learnable XSA on this layer's attention output
     mudd: bool = False  # the MUDD block (model.residual.mudd): the last layer
     paired: bool = False  # paired-head attention (model/paired.py)
-    value_slot: int | None = None  # its row of `value_gates`: the how-many-th layer with a table
+    value_slot: int | None = None  # its `value_gates.weight` row: the how-many-th with a table
 
     @property
     def empty(self) -> bool:
         return not self.attention and not self.mlp
+
+    @property
+    def mask_key(self) -> str | None:
+        """The key of the mask this layer's attention reads in the forward's masks
+        (model/masks.py `build_masks`): its window kind, over the doubled sequence when its
+        heads are paired. The model builds the masks of its plan's keys (`mask_kinds`)."""
+        return paired_key(self.window) if self.paired else self.window
+
+
+def mask_kinds(plan: list[LayerSpec]) -> tuple[set[str | None], frozenset[str | None]]:
+    """The window kinds whose masks the plan's attention layers read: (normal, paired), as
+    `build_masks` takes them."""
+    normal = {s.window for s in plan if s.attention and not s.paired}
+    return normal, frozenset(s.window for s in plan if s.attention and s.paired)
 
 
 def resample(pattern: str, n: int) -> str:

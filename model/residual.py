@@ -19,8 +19,6 @@ x <- x + F(x). The skip and backout scalars live in the packed vector or as para
 their own (model/scalars.py).
 """
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -28,7 +26,7 @@ from torch import Tensor, nn
 from model.config import ModelConfig
 from model.layers import linear
 from model.plan import LayerSpec
-from model.scalars import scalar
+from model.scalars import Scalars
 
 ATTENTION, MLP = 0, 1  # the sublayer's column of the (n_layer, 2) scales
 
@@ -48,41 +46,43 @@ def add_sublayer(
     return r.to(x.dtype) * x + p.to(x.dtype) * out
 
 
-def build_sublayer_scales(owner: nn.Module, cfg: ModelConfig) -> None:
-    """`resid_lambdas` and `post_lambdas`, (n_layer, 2) fp32 each, on `owner` (the record's
-    names); nothing when model.residual.sublayer_scales is off. Initialised by
-    `reset_sublayer_scales`."""
-    if not cfg.residual.sublayer_scales:
-        return
-    for name in ("resid_lambdas", "post_lambdas"):
-        p = nn.Parameter(torch.empty(cfg.n_layer, 2))
-        p.role = "scalar"  # type: ignore[attr-defined]  # Adam's scalar group, not Muon's
-        setattr(owner, name, p)
+class SublayerScales(nn.Module):
+    """The part, built only with model.residual.sublayer_scales: `resid_lambdas` and
+    `post_lambdas`, (n_layer, 2) fp32 each (the record's names), at r₀ and p₀ by `reset`."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.init = cfg.residual.resid_init, cfg.residual.post_init
+        for name in ("resid_lambdas", "post_lambdas"):
+            p = nn.Parameter(torch.empty(cfg.n_layer, 2))
+            p.role = "scalar"  # type: ignore[attr-defined]  # Adam's scalar group, not Muon's
+            setattr(self, name, p)
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        self.resid_lambdas.fill_(self.init[0])
+        self.post_lambdas.fill_(self.init[1])
+
+    def pair(self) -> tuple[Tensor, Tensor]:
+        """(r, p), as `add_sublayer` takes them."""
+        return self.resid_lambdas, self.post_lambdas
 
 
-@torch.no_grad()
-def reset_sublayer_scales(owner: nn.Module, cfg: ModelConfig) -> None:
-    if cfg.residual.sublayer_scales:
-        owner.resid_lambdas.fill_(cfg.residual.resid_init)
-        owner.post_lambdas.fill_(cfg.residual.post_init)
+class X0Injection(nn.Module):
+    """The part, built only with model.residual.x0_after_attention: `lambdas` (n_layer,)
+    fp32, zero at `reset`."""
 
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.lambdas = nn.Parameter(torch.zeros(cfg.n_layer))
 
-def build_x0_injection(owner: nn.Module, cfg: ModelConfig) -> None:
-    """`x0_lambdas` (n_layer,) fp32 on `owner`, the record's name; nothing when
-    model.residual.x0_after_attention is off. Zero at initialisation (`reset_x0_injection`)."""
-    if cfg.residual.x0_after_attention:
-        owner.x0_lambdas = nn.Parameter(torch.zeros(cfg.n_layer))
+    @torch.no_grad()
+    def reset(self) -> None:
+        self.lambdas.zero_()
 
-
-@torch.no_grad()
-def reset_x0_injection(owner: nn.Module) -> None:
-    if hasattr(owner, "x0_lambdas"):
-        owner.x0_lambdas.zero_()
-
-
-def inject_x0(x: Tensor, x0: Tensor, lambdas: Tensor | None, layer: int) -> Tensor:
-    """x + λ^x0_ℓ·x0 with λ in x's dtype; x as it is without the injection."""
-    return x if lambdas is None else x + lambdas[layer].to(x.dtype) * x0
+    def add(self, x: Tensor, x0: Tensor, layer: int) -> Tensor:
+        """x + λ^x0_ℓ·x0 with λ in x's dtype."""
+        return x + self.lambdas[layer].to(x.dtype) * x0
 
 
 def inject_bigram(x: Tensor, b: Tensor, coef: Tensor) -> Tensor:
@@ -93,57 +93,46 @@ def inject_bigram(x: Tensor, b: Tensor, coef: Tensor) -> Tensor:
     return x + F.pad(term, (0, x.size(-1) - b.size(-1)))
 
 
-def sublayer_scales(owner: nn.Module) -> tuple[Tensor, Tensor] | None:
-    """(r, p) for the forward's context, or None when off."""
-    if not hasattr(owner, "resid_lambdas"):
-        return None
-    return owner.resid_lambdas, owner.post_lambdas
-
-
-@dataclass(frozen=True)
-class Skips:
+class Skips(nn.Module):
     """Which earlier layer's output each layer's input adds (U-net, or the one gated skip),
-    and the backout after the last layer."""
+    and the backout after the last layer. Its parameters: the U-net's `weights` (from 1),
+    and with model.residual.skip_per_token the gate's `token_gate` (an nn.Linear as the
+    record's, bf16 in a bf16 model); the gate's logit and λ_back are the model's scalars."""
 
-    unet: dict[int, int]  # decoder layer -> its index into `skip_weights`
-    plan: tuple[LayerSpec, ...]
-    gated: tuple[int, int] | None  # (from, to)
-    backout: int | None
-    per_token: int = 0  # k, the channels of x0 the per-token gate reads; 0 = one weight
-
-    @classmethod
-    def build(cls, owner: nn.Module, cfg: ModelConfig, plan: list[LayerSpec]) -> "Skips":
-        """The skips of `plan`, with the U-net weights (`skip_weights`, from 1) on `owner`."""
+    def __init__(self, cfg: ModelConfig, plan: list[LayerSpec]) -> None:
+        super().__init__()
         decoders = [i for i, s in enumerate(plan) if s.skip_from is not None]
-        if decoders:
-            owner.skip_weights = nn.Parameter(torch.ones(len(decoders)))
+        self.unet = {layer: j for j, layer in enumerate(decoders)}  # layer -> its weight
+        self.weights = nn.Parameter(torch.ones(len(decoders))) if decoders else None
         r = cfg.residual
-        if r.skip_per_token:  # an nn.Linear as the record's (bf16 in a bf16 model)
-            owner.skip_token_gate = linear(cfg, cfg.gate_channels, 1)
-        return cls(
-            {layer: j for j, layer in enumerate(decoders)},
-            tuple(plan),
-            (r.skip_from, r.skip_to) if r.skip_from >= 0 else None,
-            r.backout_layer if r.backout_layer >= 0 else None,
-            cfg.gate_channels if r.skip_per_token else 0,
-        )
+        self.token_gate = linear(cfg, cfg.gate_channels, 1) if r.skip_per_token else None
+        self.plan = tuple(plan)
+        self.gated = (r.skip_from, r.skip_to) if r.skip_from >= 0 else None  # (from, to)
+        self.backout = r.backout_layer if r.backout_layer >= 0 else None
+        self.per_token = cfg.gate_channels if r.skip_per_token else 0  # k channels of x0
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """The per-token gate at zero (2σ(0) = 1); the U-net's weights are made at 1."""
+        if self.token_gate is not None:
+            nn.init.zeros_(self.token_gate.weight)
 
     def into(
-        self, owner: nn.Module, layer: int, x: Tensor, outputs: list[Tensor], x0: Tensor
+        self, scalars: Scalars, layer: int, x: Tensor, outputs: list[Tensor], x0: Tensor
     ) -> Tensor:
         """Layer `layer`'s input: x plus the skips that end there."""
         if layer in self.unet:
             source = self.plan[layer].skip_from
-            x = x + owner.skip_weights[self.unet[layer]] * outputs[source]
+            x = x + self.weights[self.unet[layer]] * outputs[source]
         if self.gated is not None and layer == self.gated[1]:
-            gate = torch.sigmoid(scalar(owner, "skip"))
-            if self.per_token:
-                gate = gate * 2 * torch.sigmoid(owner.skip_token_gate(x0[..., : self.per_token]))
+            gate = torch.sigmoid(scalars.skip())
+            if self.token_gate is not None:
+                gate = gate * 2 * torch.sigmoid(self.token_gate(x0[..., : self.per_token]))
             x = x + gate * outputs[self.gated[0]]
         return x
 
-    def out(self, owner: nn.Module, x: Tensor, outputs: list[Tensor]) -> Tensor:
+    def out(self, scalars: Scalars, x: Tensor, outputs: list[Tensor]) -> Tensor:
         """The stream after the last layer: x less λ·(the backout layer's output)."""
         if self.backout is None:
             return x
-        return x - scalar(owner, "backout") * outputs[self.backout]
+        return x - scalars.backout() * outputs[self.backout]

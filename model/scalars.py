@@ -110,32 +110,56 @@ class RecordDLayout:
         return v
 
 
-def build_scalars(owner: nn.Module, cfg: ModelConfig) -> ScalarLayout | RecordDLayout | None:
-    """The model-level scalars on `owner`: the packed vector `scalars` (its layout returned),
-    or, one parameter each, `skip_gate`, `smear_lambda` and `backout_lambda` for the options
-    that are on (None returned). The per-layer ones (x0 mix, value mix) are their modules'."""
-    if cfg.numerics.packed_scalars:
+class Scalars(nn.Module):
+    """The model-level scalars: the packed vector `packed` and its `layout`
+    (model.numerics.packed_scalars), or one parameter each, `skip_gate`, `smear_lambda` and
+    `backout_lambda`, for the options that are on (the others None). The per-layer ones (x0
+    mix, value mix) are their modules' when not packed."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
         num = cfg.numerics
-        kind = RecordDLayout if num.scalars_layout == "record_2026_07" else ScalarLayout
-        layout = kind(cfg.n_layer, num.scalars_multiple)
-        owner.scalars = nn.Parameter(torch.empty(layout.size))
-        return layout
-    if cfg.residual.skip_from >= 0:
-        owner.skip_gate = nn.Parameter(torch.tensor(SKIP_GATE_INIT))
-    if cfg.embed.smear:
-        owner.smear_lambda = nn.Parameter(torch.tensor(SMEAR_INIT))
-    if cfg.residual.backout_layer >= 0:
-        owner.backout_lambda = nn.Parameter(torch.tensor(BACKOUT_INIT))
-    return None
+        self.layout: ScalarLayout | RecordDLayout | None = None
+        self.packed = self.skip_gate = self.smear_lambda = self.backout_lambda = None
+        if num.packed_scalars:
+            kind = RecordDLayout if num.scalars_layout == "record_2026_07" else ScalarLayout
+            self.layout = kind(cfg.n_layer, num.scalars_multiple)
+            self.packed = nn.Parameter(torch.empty(self.layout.size))
+            return
+        if cfg.residual.skip_from >= 0:
+            self.skip_gate = nn.Parameter(torch.tensor(SKIP_GATE_INIT))
+        if cfg.embed.smear:
+            self.smear_lambda = nn.Parameter(torch.tensor(SMEAR_INIT))
+        if cfg.residual.backout_layer >= 0:
+            self.backout_lambda = nn.Parameter(torch.tensor(BACKOUT_INIT))
 
+    @torch.no_grad()
+    def reset(self, a_init: float) -> None:
+        """The packed vector at its tabled values (the own parameters are made at theirs);
+        `a_init`: the x0 mix's a (model.residual.x0_mix_a_init)."""
+        if self.layout is not None:
+            self.packed.copy_(self.layout.initial(a_init))
 
-OWN = {"skip": ("skip_gate", "skip_gate"), "smear": ("smear_lambda", "smear"),
-       "backout": ("backout_lambda", "backout")}  # fmt: skip
+    def skip(self) -> Tensor:
+        """The skip gate's logit w."""
+        return self.skip_gate if self.layout is None else self.packed[self.layout.skip_gate]
 
+    def smear(self) -> Tensor:
+        """λ_smear."""
+        return self.smear_lambda if self.layout is None else self.packed[self.layout.smear]
 
-def scalar(owner: nn.Module, name: str) -> Tensor:
-    """The skip gate's logit, λ_smear or λ_back ("skip", "smear", "backout"): an entry of the
-    packed vector, or its own parameter."""
-    own, index = OWN[name]
-    layout = owner.layout
-    return getattr(owner, own) if layout is None else owner.scalars[getattr(layout, index)]
+    def backout(self) -> Tensor:
+        """λ_back."""
+        return self.backout_lambda if self.layout is None else self.packed[self.layout.backout]
+
+    def x0_mix(self, layer: int) -> Tensor | None:
+        """(a, b) of layer `layer`'s x0 mix in the packed vector; None when not packed."""
+        return None if self.layout is None else self.packed[self.layout.x0_mix(layer)]
+
+    def value_mix(self, layer: int) -> Tensor | None:
+        """(α, β) of layer `layer`'s value mix in the packed vector; None when not packed."""
+        return None if self.layout is None else self.packed[self.layout.value_mix(layer)]
+
+    def weight_lambdas(self, layer: int) -> Tensor:
+        """(λ⁰, λ¹) of layer `layer` (record D's layout)."""
+        return self.packed[self.layout.weight_lambdas(layer)]

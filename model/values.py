@@ -10,7 +10,7 @@
                                u the attention's input, ve the whole lookup, G (heads × k)
                                zero so the gate starts at 1; no α, β, and layers without a
                                table keep v. The G of the layers with a table are the rows of
-                               one (layers with a table, heads, k) tensor `value_gates`, in
+                               one (layers with a table, heads, k) tensor `value_gates.weight`, in
                                layer order, as record D's ve_gate_bank (the MUDD layer's row
                                is never read: its gate is MUDD's)
 
@@ -39,7 +39,7 @@ class ValueMix:
     table: int | None  # this layer's value-embedding table
     layer: int  # its place in the packed scalars
     gate_half: int = 0  # k/2 with the per-head value gate; 0 = (α, β)
-    slot: int | None = None  # its gate's row of the model's `value_gates`
+    slot: int | None = None  # its gate's row of the model's `value_gates.weight`
 
     @classmethod
     def build(
@@ -70,12 +70,12 @@ class ValueMix:
         if self.gate_half:
             if self.table is not None:
                 ve, k = ctx.value_embeds[self.table], self.gate_half
-                g = ctx.value_gates[self.slot].to(u.dtype)
+                g = ctx.value_gates.weight[self.slot].to(u.dtype)
                 gate = 2 * torch.sigmoid(F.linear(torch.cat([u[..., :k], ve[..., :k]], -1), g))
                 v = v + gate[..., None] * ve.view_as(v)
         elif self.embeds:
-            packed = ctx.layout is not None
-            mix = ctx.packed[ctx.layout.value_mix(self.layer)] if packed else owner.value_mix
+            mix = ctx.scalars.value_mix(self.layer)
+            mix = owner.value_mix if mix is None else mix
             alpha, beta = mix[0], mix[1]
             if self.table is None:
                 v = alpha * v
@@ -84,10 +84,22 @@ class ValueMix:
         return v
 
 
-def build_value_gates(owner: nn.Module, cfg: ModelConfig, plan: list[LayerSpec]) -> None:
-    """`value_gates` (layers with a table, n_head, k) on `owner` with model.embed.value_gate;
-    an Adam parameter (record D's gates are Adam's), zero at initialisation."""
-    rows = sum(s.value_embed is not None for s in plan)
-    if cfg.embed.value_gate and rows:
-        owner.value_gates = nn.Parameter(torch.zeros(rows, cfg.n_head, cfg.gate_channels))
-        owner.value_gates.role = "scalar"  # type: ignore[attr-defined]  # Adam, not Muon
+class ValueGates(nn.Module):
+    """The part, built only with model.embed.value_gate and some value table: `weight`
+    (layers with a table, n_head, k), an Adam parameter (record D's gates are Adam's), zero
+    at `reset`."""
+
+    def __init__(self, cfg: ModelConfig, plan: list[LayerSpec]) -> None:
+        super().__init__()
+        rows = sum(s.value_embed is not None for s in plan)
+        self.weight = nn.Parameter(torch.zeros(rows, cfg.n_head, cfg.gate_channels))
+        self.weight.role = "scalar"  # type: ignore[attr-defined]  # Adam, not Muon
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """2σ(0) = 1: each value table starts added whole."""
+        self.weight.zero_()
+
+    @staticmethod
+    def wanted(cfg: ModelConfig, plan: list[LayerSpec]) -> bool:
+        return cfg.embed.value_gate and any(s.value_embed is not None for s in plan)

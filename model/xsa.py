@@ -4,7 +4,7 @@ a learned part of its component along the token's own value.
     v̂ = v / max(‖v‖, 10⁻⁴)                       per head and token (v after the value mixes)
     y_h <- y_h − tanh(α_ℓ,h)·⟨y_h, v̂_h⟩·v̂_h        before the output gate
 
-α is the model's (n_layer, n_head) fp32 `xsa_alphas`, the record's tensor (rows of layers
+α is the (n_layer, n_head) fp32 `xsa.alphas` (`XSA`), the record's tensor (rows of layers
 without XSA are never read), zero at initialisation, so XSA starts off. tanh(α) enters in the
 output's dtype.
 """
@@ -17,17 +17,18 @@ from model.config import ModelConfig
 NORM_FLOOR = 1e-4
 
 
-def build_xsa(owner: nn.Module, cfg: ModelConfig) -> None:
-    """`xsa_alphas` on `owner` when any layer has XSA (model.attention.xsa); nothing else."""
-    if "X" in cfg.attention.xsa:
-        owner.xsa_alphas = nn.Parameter(torch.zeros(cfg.n_layer, cfg.n_head))
-        owner.xsa_alphas.role = "scalar"  # type: ignore[attr-defined]  # Adam, not Muon
+class XSA(nn.Module):
+    """The part, built only when some layer has XSA (model.attention.xsa): `alphas`
+    (n_layer, n_head) fp32, zero at `reset`."""
 
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.alphas = nn.Parameter(torch.zeros(cfg.n_layer, cfg.n_head))
+        self.alphas.role = "scalar"  # type: ignore[attr-defined]  # Adam, not Muon
 
-@torch.no_grad()
-def reset_xsa(owner: nn.Module) -> None:
-    if hasattr(owner, "xsa_alphas"):
-        owner.xsa_alphas.zero_()
+    @torch.no_grad()
+    def reset(self) -> None:
+        self.alphas.zero_()
 
 
 def xsa(y: Tensor, v: Tensor, alpha: Tensor) -> Tensor:

@@ -190,11 +190,33 @@ class CombinedOptimizer:
                     f"the saved {type(opt).__name__} has {len(saved)} parameter groups, this "
                     f"run's has {len(opt.param_groups)}"
                 )
+            saved = [
+                in_live_order(old, new) for old, new in zip(saved, opt.param_groups, strict=True)
+            ]
             fresh = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
             # Settings replaced before loading, so torch places the state (e.g. AdamW's step
             # counters) as this run's flags need.
             groups = [{**old, **new} for old, new in zip(saved, fresh, strict=True)]
             opt.load_state_dict({**state, "param_groups": groups})
+
+
+def in_live_order(saved: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
+    """A saved param group with its parameters in the order of the live group's names, so
+    each state goes to the parameter it was saved for, not to the one at its old place (torch
+    loads by position; a parameter's place in its group follows the model's module tree,
+    which a later layout may order otherwise). Groups saved without names load as they are.
+    Raises ValueError naming the parameters that one side has and the other lacks."""
+    names, want = saved.get("param_names"), live.get("param_names")
+    if names is None or want is None or names == want:
+        return saved
+    if set(names) != set(want):
+        differ = sorted(set(names) ^ set(want))[:3]
+        raise ValueError(
+            f"the saved param group {saved.get('name')!r} holds other parameters than this "
+            f"run's: {differ} (and maybe more)"
+        )
+    place = dict(zip(names, saved["params"], strict=True))
+    return {**saved, "params": [place[n] for n in want], "param_names": list(want)}
 
 
 def _copied(state: dict[str, Any]) -> dict[str, Any]:

@@ -131,11 +131,27 @@ def compare(base: Path, now: Path) -> list[str]:
 
     (b, b_meta), (n, _) = parts(base), parts(now)
     b = upgrade_parts(b, b_meta)
-    fb, fn = flatten(b), flatten(n)
+    fb, fn = flatten(by_name(b)), flatten(by_name(n))
     diffs = [f"only in {base.parent.parent.name}: {k}" for k in sorted(fb.keys() - fn.keys())]
     diffs += [f"only in this tree: {k}" for k in sorted(fn.keys() - fb.keys())]
     diffs += [f"differs: {k}" for k in sorted(fb.keys() & fn.keys()) if not same(fb[k], fn[k])]
     return diffs
+
+
+def by_name(parts: dict) -> dict:
+    """The parts with each optimizer's state keyed by its parameters' names, not by their
+    places: a param group's order follows the module tree, which a layout may change."""
+    out = {"model": parts["model"], "optimizers": []}
+    for sd in parts["optimizers"]:
+        named, groups = {}, []
+        for group in sd["param_groups"]:
+            names = group.get("param_names") or [str(i) for i in group["params"]]
+            for i, name in zip(group["params"], names, strict=True):
+                named[f"{group.get('name')}/{name}"] = sd["state"].get(i, {})
+            groups.append({k: v for k, v in group.items() if k not in ("params", "param_names")}
+                          | {"param_names": sorted(names)})  # fmt: skip
+        out["optimizers"].append({"state": named, "param_groups": groups})
+    return out
 
 
 def losses(run_dir: Path) -> list[tuple]:

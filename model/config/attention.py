@@ -56,7 +56,7 @@ class AttentionConfig:
     xsa: str = ""
     """Per-layer pattern: "X" learnable XSA, "." none; "" = none (record D: ".X.XX..XX.X").
     y_h <- y_h − tanh(α_h)·⟨y_h, v̂_h⟩·v̂_h after attention, v̂ = v/max(‖v‖, 10⁻⁴) per head and
-    token, α (n_layer × n_head, `xsa_alphas`) from 0 (model/xsa.py)."""
+    token, α (n_layer × n_head, `xsa.alphas`) from 0 (model/xsa.py)."""
     paired: str = ""
     """Per-layer pattern: "P" paired-head attention, "." normal; "" = none (record D:
     "P.P..P...P."). Head h and head h + H/2 share a slot over 2T positions (h at 2t for h < H/2,

@@ -29,7 +29,7 @@ class EmbedConfig:
     """e'_t = e_t + λ·σ(e_t[:k]·wᵀ)·e_(t−1) on the token embeddings (w 1 × k zero, λ from 0,
     k = model.gate_channels)."""
     bigram_rows: int = 0
-    """Rows of the bigram-hash table `bigram_embed` (record D, #62: 754,560); 0 = off. Token
+    """Rows of the bigram-hash table `bigram.embed` (record D, #62: 754,560); 0 = off. Token
     t ≥ 1 of a row reads row ((36,313·x_t) XOR (27,191·x_(t−1))) mod (rows − 1), token 0 the
     last row; the term b is added to the stream's first bigram_dim channels (model/bigram.py)."""
     bigram_dim: int = 192
@@ -106,7 +106,7 @@ class ResidualConfig:
     """See skip_from."""
     skip_per_token: bool = False
     """The gated skip's weight per token (record D, #55): σ(w)·2·σ(x0_t[:k]·gᵀ), g (1 × k,
-    `skip_token_gate`) zero, so it starts at σ(w); k = model.gate_channels."""
+    `skips.token_gate`) zero, so it starts at σ(w); k = model.gate_channels."""
     attn_input_layer: int = -1
     """The attention of every later layer reads RMSNorm of this layer's output instead of
     its own stream (record D, #77: 7, so layers 8–10 attend from c₇); −1 = off."""
@@ -115,8 +115,8 @@ class ResidualConfig:
     2025-11 record: 8."""
     x0_after_attention: bool = False
     """x ← … + λ^x0_ℓ·x0 right after each attention sublayer (record D, D.1 step 5), λ^x0 the
-    model's (n_layer,) fp32 `x0_lambdas` from 0, cast to the stream's dtype; layers without
-    attention add nothing."""
+    model's (n_layer,) fp32 `x0_injection.lambdas` from 0, cast to the stream's dtype; layers
+    without attention add nothing."""
     sublayer_scales: bool = False
     """Per-sublayer residual scales (record D): x ← r^A_ℓ·x + p^A_ℓ·Attn_ℓ(u), then
     x ← r^M_ℓ·x + p^M_ℓ·MLP_ℓ(n), with learned fp32 (r, p) per layer and sublayer
@@ -131,14 +131,14 @@ class ResidualConfig:
     on its input, and a second network mixes c₀ = x0, c₇ = output of attn_input_layer,
     c₉ = the last layer's input, ve₀ = table 0's lookup and c₃ = output of skip_from into the
     stream after it (n₁ on c₇ is the backout). Needs attn_input_layer, skip_from and table 0
-    in model.embed.value_embeds; excludes backout_layer. Parameters `mudd_w1`
-    (2, mudd_hidden, d), `mudd_w2` (2, 14, mudd_hidden), `mudd_b2` (2, 14): 14 outputs per
+    in model.embed.value_embeds; excludes backout_layer. Parameters `mudd.w1`
+    (2, mudd_hidden, d), `mudd.w2` (2, 14, mudd_hidden), `mudd.b2` (2, 14): 14 outputs per
     network, of which the last layer reads 14 and the one after it 5."""
     mudd_hidden: int = 64
     """The MUDD coefficient networks' hidden width (record D: 64)."""
     bigram_lambda_init: float = 0.05
     """The initial λ^bg of every layer (record D, #74: 0.05): the model's (n_layer,) fp32
-    `bigram_lambdas` scale the bigram term added to x0 (λ^bg_0) and after the attention of
+    `bigram.lambdas` scale the bigram term added to x0 (λ^bg_0) and after the attention of
     each later layer with attention (λ^bg_ℓ), cast to the stream's dtype
     (model.embed.bigram_rows)."""
     bigram_in_x0: bool = False

@@ -182,3 +182,32 @@ def test_params_zero_grad_and_the_groups_table() -> None:
     assert rows[2].split()[:3] == ["embed", "AdamW", "0.3"] and rows[2].endswith("embed.weight")
     with opt.resident():  # no offload: a no-op
         pass
+
+
+def test_a_group_saved_in_another_order_loads_by_name() -> None:
+    """A layout that registers the parameters in another order (the model's parts,
+    trainer/checkpoint/upgrade.py) still loads each moment into its own parameter: the
+    saved group is put in this run's order by its names."""
+    torch.manual_seed(0)
+    model = small_model()
+    model.bias = nn.Parameter(torch.zeros(3))  # a second scalar of another shape than `gain`
+    opt = build_optimizer(model, schedule_cfg("muon_adamw"), device=CPU)
+    stepped(model, opt)
+    saved = copy.deepcopy(opt.state_dict())
+    adam = saved[-1]
+    group = next(g for g in adam["param_groups"] if g["name"] == "scalar")
+    assert group["param_names"] == ["gain", "bias"]
+    group["params"].reverse()  # as a save with the other registration order holds it
+    group["param_names"].reverse()
+    again = build_optimizer(model, schedule_cfg("muon_adamw"), device=CPU)
+    again.load_state_dict(saved)
+    for p in (model.gain, model.bias):
+        assert torch.equal(again.parts[-1].state[p]["exp_avg"], opt.parts[-1].state[p]["exp_avg"])
+    # Control: loaded by place (names that say nothing new), `gain` gets `bias`'s moments.
+    group["param_names"] = ["gain", "bias"]
+    by_place = build_optimizer(model, schedule_cfg("muon_adamw"), device=CPU)
+    by_place.load_state_dict(saved)
+    assert by_place.parts[-1].state[model.gain]["exp_avg"].shape == model.bias.shape
+    group["param_names"] = ["gain", "other"]
+    with pytest.raises(ValueError, match=r"holds other parameters than this run's: \['bias'"):
+        build_optimizer(model, schedule_cfg("muon_adamw"), device=CPU).load_state_dict(saved)

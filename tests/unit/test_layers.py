@@ -110,15 +110,8 @@ def test_no_import_cycle() -> None:
     assert cycle is None, f"import cycle: {' -> '.join(cycle or [])}"
 
 
-def test_modules_stay_small_and_the_entry_thin() -> None:
-    sources = [
-        *modules().values(),
-        *(ROOT / "scripts").rglob("*.py"),
-        *(ROOT / "tests").rglob("*.py"),
-    ]
-    long = {str(p.relative_to(ROOT)): n for p in sources
-            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 350}  # fmt: skip
-    assert not long, long
+def test_the_entry_stays_thin() -> None:
+    # Modules have no line cap: one concept a module, however long that concept is.
     assert len((ROOT / "train.py").read_text(encoding="utf-8").splitlines()) < 80
 
 

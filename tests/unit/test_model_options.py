@@ -90,7 +90,7 @@ def reference(model: GPT, idx: torch.Tensor, window_blocks: int | None = None) -
     H, D = cfg.n_head, cfg.head_dim
     B, T = idx.shape
     x = x0 = norm(P["embed.weight"][idx])
-    ve = {int(k): P[f"value_embeds.{k}.weight"][idx] for k in getattr(model, "value_embeds", {})}
+    ve = {int(k): P[f"value_embeds.{k}.weight"][idx] for k in model.value_embeds or {}}
     lengths = (
         {"long": window_blocks, "short": max(1, max(window_blocks, 1) // 2)}
         if window_blocks
@@ -100,7 +100,7 @@ def reference(model: GPT, idx: torch.Tensor, window_blocks: int | None = None) -
     for layer, spec in enumerate(layer_plan(cfg)):
         pre = f"blocks.{layer}."
         if spec.skip_from is not None:  # U-net: the i-th skip pops the stack, weight w_i
-            x = x + P["skip_weights"][skips] * stack[spec.skip_from]
+            x = x + P["skips.weights"][skips] * stack[spec.skip_from]
             skips += 1
         if cfg.residual.x0_shortcut:
             a, b = P[pre + "x0_mix"]

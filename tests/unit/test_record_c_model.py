@@ -139,12 +139,12 @@ def reference(model: GPT, cfg: ModelConfig, idx: torch.Tensor, windows: dict, st
     """Logits by C.1's forward pass; `cfg`'s per-layer patterns have n_layer characters."""
     P, (B, T) = dict(model.named_parameters()), idx.shape
     n, H, D, d = cfg.n_layer, cfg.n_head, cfg.head_dim, cfg.n_embd
-    s = P.get("scalars")  # the record's indices (C.1 "Scalar vector")
+    s = P.get("scalars.packed")  # the record's indices (C.1 "Scalar vector")
 
     def scalar(name: str, layer: int = 0) -> torch.Tensor:
         if s is None:
-            key = {"skip": "skip_gate", "smear": "smear_lambda", "back": "backout_lambda",
-                   "x0": f"blocks.{layer}.x0_mix",
+            key = {"skip": "scalars.skip_gate", "smear": "scalars.smear_lambda",
+                   "back": "scalars.backout_lambda", "x0": f"blocks.{layer}.x0_mix",
                    "vmix": f"blocks.{layer}.attn.value_mix"}  # fmt: skip
             return P[key[name]]
         at = {"skip": 1, "smear": 5 * n, "back": 5 * n + 1,
@@ -312,7 +312,8 @@ def test_forward_and_gradients_match_the_formulas(name: str) -> None:
         if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-10, msg=pname)
     if cfg.numerics.packed_scalars:  # entries nothing reads never move
-        n, used = cfg.n_layer, g_got[[p for p, _ in model.named_parameters()].index("scalars")] != 0
+        names = [p for p, _ in model.named_parameters()]
+        n, used = cfg.n_layer, g_got[names.index("scalars.packed")] != 0
         assert not used[[0, *range(2, n)]].any() and not used[5 * n + 2 :].any()
         assert used[1] and used[5 * n] and used[5 * n + 1]
 

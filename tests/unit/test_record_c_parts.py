@@ -28,7 +28,7 @@ def test_record_c_parameters() -> None:
     assert sum(p.numel() for p in named.values()) == 268_665_628 and len(named) == 49
     roles = {r: [n for n, _ in ps] for r, ps in param_roles(model).items()}
     assert roles["embed"] == ["embed.weight"] + [f"value_embeds.{i}.weight" for i in range(3)]
-    assert roles["head"] == ["lm_head.weight"] and roles["scalar"] == ["scalars"]
+    assert roles["head"] == ["lm_head.weight"] and roles["scalar"] == ["scalars.packed"]
     assert len(roles["matrix"]) == 43  # 10 qkvo, 11 C_fc, 11 C_proj, 10 gates, w_smear
     shapes = {n: (tuple(p.shape), p.dtype) for n, p in named.items()}
     f32, b16 = torch.float32, torch.bfloat16
@@ -37,7 +37,8 @@ def test_record_c_parameters() -> None:
         shapes["blocks.1.mlp.fc.weight"] == shapes["blocks.1.mlp.proj.weight"] == ((768, 3072), f32)
     )
     assert shapes["blocks.1.attn.gate.weight"] == ((6, 12), b16)
-    assert shapes["smear_gate.weight"] == ((1, 12), b16) and shapes["scalars"] == ((64,), f32)
+    assert shapes["smear_gate.weight"] == ((1, 12), b16)
+    assert shapes["scalars.packed"] == ((64,), f32)
     assert shapes["lm_head.weight"] == ((50304, 768), b16)
     assert not any(n.startswith(("blocks.0.", "blocks.7.attn")) for n in named)
 
@@ -47,7 +48,8 @@ def test_record_c_initial_values() -> None:
     model = GPT(update(TOY, {"numerics.dtype": "bf16", "head.bf16": True}))
     n, bound = 4, math.sqrt(3) * 0.5 / math.sqrt(32)
     want = [-1.5] * n + [1.1, 0.0] * n + [0.5] * 2 * n + [0.0, 0.5] + [1.0] * 2
-    assert model.scalars.tolist() == pytest.approx(want) and model.scalars.dtype == torch.float32
+    packed = model.scalars.packed
+    assert packed.tolist() == pytest.approx(want) and packed.dtype == torch.float32
     for i in (1, 3):
         qkvo = model.blocks[i].attn.qkvo
         assert qkvo[:3].abs().max() <= bound and qkvo[:3].std() > 0.5 * bound and not qkvo[3].any()
@@ -61,8 +63,9 @@ def test_record_c_initial_values() -> None:
     unpacked = GPT(
         update(TOY, {"numerics.packed_scalars": False, "numerics.dtype": "bf16", "head.bf16": True})
     )
-    assert unpacked.skip_gate.item() == -1.5 and unpacked.backout_lambda.item() == 0.5
-    assert unpacked.smear_lambda.item() == 0 and unpacked.blocks[
+    own = unpacked.scalars
+    assert own.skip_gate.item() == -1.5 and own.backout_lambda.item() == 0.5
+    assert unpacked.scalars.smear_lambda.item() == 0 and unpacked.blocks[
         1
     ].x0_mix.tolist() == pytest.approx([1.1, 0])
     assert not hasattr(unpacked.blocks[0], "x0_mix")  # the empty block has nothing

@@ -86,7 +86,7 @@ def test_three_steps_are_the_records_optimizers() -> None:
     groups = {g["name"]: g["param_names"] for o in opt.parts for g in o.param_groups}
     group_of = {n: k for k, names in groups.items() for n in names}
     assert set(groups) == {"muon", "embed", "head", "scalar"}
-    assert len(groups["muon"]) == 11 and groups["scalar"] == ["scalars"]
+    assert len(groups["muon"]) == 11 and groups["scalar"] == ["scalars.packed"]
     ref = {n: p.detach().clone() for n, p in model.named_parameters()}
     states: dict[str, dict] = {n: {} for n in ref}
     gen = torch.Generator().manual_seed(1)
@@ -124,5 +124,5 @@ def test_the_presets_adam_moments_are_each_parameters_dtype() -> None:
     for g in adam.param_groups:
         for n, p in zip(g["param_names"], g["params"], strict=True):
             dtypes[n] = (p.dtype, adam.state[p]["exp_avg"].dtype, adam.state[p]["exp_avg_sq"].dtype)
-    assert dtypes.pop("scalars") == (torch.float32,) * 3
+    assert dtypes.pop("scalars.packed") == (torch.float32,) * 3
     assert dtypes and set(dtypes.values()) == {(torch.bfloat16,) * 3}, dtypes

@@ -28,7 +28,7 @@ RECORD_D = """
 roles:
   "blocks.*.attn.gate.weight": scalar
   smear_gate.weight: scalar
-  skip_token_gate.weight: scalar
+  skips.token_gate.weight: scalar
 adamw:
   embed_lr: 0.008
   head_lr: 0.008
@@ -39,22 +39,22 @@ adamw:
   weight_decay: 0.005
   weight_decay_form: cautious
   table:
-    scalars: {lr_mul: 5, beta1: 0.9, beta2: 0.99, wd_mul: 0}
+    scalars.packed: {lr_mul: 5, beta1: 0.9, beta2: 0.99, wd_mul: 0}
     smear_gate.weight: {lr_mul: 0.01, beta1: 0.9, beta2: 0.99, wd_mul: 0}
-    skip_token_gate.weight: {lr_mul: 0.05, beta1: 0.9, beta2: 0.99, wd_mul: 0}
+    skips.token_gate.weight: {lr_mul: 0.05, beta1: 0.9, beta2: 0.99, wd_mul: 0}
     "blocks.*.attn.gate.weight": {lr_mul: 1, beta1: 0.9, beta2: 0.99, wd_mul: 1}
-    value_gates: {lr_mul: 1, beta1: 0.9, beta2: 0.99, wd_mul: 1}
+    value_gates.weight: {lr_mul: 1, beta1: 0.9, beta2: 0.99, wd_mul: 1}
     lm_head.weight: {lr_mul: 1, beta1: 0.5, beta2: 0.95, wd_mul: 150}
     embed.weight: {lr_mul: 1, beta1: 0.5, beta2: 0.95, wd_mul: 150}
     "value_embeds.*": {lr_mul: 75, beta1: 0.75, beta2: 0.95, wd_mul: 5}
-    bigram_embed.weight: {lr_mul: 75, beta1: 0.75, beta2: 0.95, wd_mul: 5}
-    post_lambdas: {lr_mul: 1, beta1: 0.9, beta2: 0.95, wd_mul: 0}
-    x0_lambdas: {lr_mul: 1, beta1: 0.9, beta2: 0.95, wd_mul: 0}
-    bigram_lambdas: {lr_mul: 1, beta1: 0.9, beta2: 0.95, wd_mul: 0}
-    xsa_alphas: {lr_mul: 1, beta1: 0.9, beta2: 0.95, wd_mul: 0}
-    resid_lambdas: {lr_mul: 5, beta1: 0.9, beta2: 0.95, wd_mul: 0}
-    "mudd_w[12]": {lr_mul: 0.25, beta1: 0.9, beta2: 0.99, wd_mul: 1}
-    mudd_b2: {lr_mul: 0.25, beta1: 0.9, beta2: 0.99, wd_mul: 0}
+    bigram.embed.weight: {lr_mul: 75, beta1: 0.75, beta2: 0.95, wd_mul: 5}
+    sublayer_scales.post_lambdas: {lr_mul: 1, beta1: 0.9, beta2: 0.95, wd_mul: 0}
+    x0_injection.lambdas: {lr_mul: 1, beta1: 0.9, beta2: 0.95, wd_mul: 0}
+    bigram.lambdas: {lr_mul: 1, beta1: 0.9, beta2: 0.95, wd_mul: 0}
+    xsa.alphas: {lr_mul: 1, beta1: 0.9, beta2: 0.95, wd_mul: 0}
+    sublayer_scales.resid_lambdas: {lr_mul: 5, beta1: 0.9, beta2: 0.95, wd_mul: 0}
+    "mudd.w[12]": {lr_mul: 0.25, beta1: 0.9, beta2: 0.99, wd_mul: 1}
+    mudd.b2: {lr_mul: 0.25, beta1: 0.9, beta2: 0.99, wd_mul: 0}
 """
 
 
@@ -231,26 +231,26 @@ GATES = {f"blocks.{i}.attn.gate.weight" for i in (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)
 def test_routing_puts_record_ds_gates_on_adam(record_d: nn.Module) -> None:
     """By shape today the 2-D gates are Muon's; routed, Muon keeps Q/K/V/O and the MLP only."""
     plain = {n for n, _ in partition_params(record_d, "muon_adamw")["muon"]}
-    assert GATES | {"smear_gate.weight", "skip_token_gate.weight"} <= plain
+    assert GATES | {"smear_gate.weight", "skips.token_gate.weight"} <= plain
     groups = partition_params(record_d, "muon_adamw", optim_config().roles)
     assert all(n.split(".", 2)[-1] in MUON for n, _ in groups["muon"])
-    assert GATES | {"smear_gate.weight", "skip_token_gate.weight"} <= {
+    assert GATES | {"smear_gate.weight", "skips.token_gate.weight"} <= {
         n for n, _ in groups["scalar"]
     }
 
 
 # D.3's Adam table: row -> (LR, betas, λ_eff / lr² / 0.005 = wd_mul), with our names.
 D3 = {
-    "scalars": (0.04, (0.9, 0.99), 0), "smear_gate.weight": (8e-5, (0.9, 0.99), 0),
-    "skip_token_gate.weight": (4e-4, (0.9, 0.99), 0),
-    **{g: (0.008, (0.9, 0.99), 1) for g in GATES}, "value_gates": (0.008, (0.9, 0.99), 1),
+    "scalars.packed": (0.04, (0.9, 0.99), 0), "smear_gate.weight": (8e-5, (0.9, 0.99), 0),
+    "skips.token_gate.weight": (4e-4, (0.9, 0.99), 0),
+    **{g: (0.008, (0.9, 0.99), 1) for g in GATES}, "value_gates.weight": (0.008, (0.9, 0.99), 1),
     "lm_head.weight": (0.008, (0.5, 0.95), 150), "embed.weight": (0.008, (0.5, 0.95), 150),
     **{f"value_embeds.{i}.weight": (0.6, (0.75, 0.95), 5) for i in range(5)},
-    "bigram_embed.weight": (0.6, (0.75, 0.95), 5),
-    **{n: (0.008, (0.9, 0.95), 0) for n in ("post_lambdas", "x0_lambdas", "bigram_lambdas",
-                                            "xsa_alphas")},
-    "resid_lambdas": (0.04, (0.9, 0.95), 0), "mudd_w1": (0.002, (0.9, 0.99), 1),
-    "mudd_w2": (0.002, (0.9, 0.99), 1), "mudd_b2": (0.002, (0.9, 0.99), 0),
+    "bigram.embed.weight": (0.6, (0.75, 0.95), 5),
+    **{n: (0.008, (0.9, 0.95), 0) for n in ("sublayer_scales.post_lambdas", "x0_injection.lambdas",
+                                            "bigram.lambdas", "xsa.alphas")},
+    "sublayer_scales.resid_lambdas": (0.04, (0.9, 0.95), 0), "mudd.w1": (0.002, (0.9, 0.99), 1),
+    "mudd.w2": (0.002, (0.9, 0.99), 1), "mudd.b2": (0.002, (0.9, 0.99), 0),
 }  # fmt: skip
 
 

@@ -81,9 +81,9 @@ def reference(model: GPT, idx: torch.Tensor, variant: str = "spec") -> torch.Ten
     cfg, P = model.cfg, dict(model.named_parameters())
     H, D, (B, T) = cfg.n_head, cfg.head_dim, idx.shape
     h, s = hashes(idx, R, N, variant)
-    S = model.bigram_signs if variant != "no signs" else torch.ones_like(model.bigram_signs)
-    b = P["bigram_embed.weight"][torch.tensor(h)] * S[torch.tensor(s)]  # (B, T, K)
-    lam = P["bigram_lambdas"]
+    S = model.bigram.signs if variant != "no signs" else torch.ones_like(model.bigram.signs)
+    b = P["bigram.embed.weight"][torch.tensor(h)] * S[torch.tensor(s)]  # (B, T, K)
+    lam = P["bigram.lambdas"]
 
     def with_b(z: torch.Tensor, layer: int) -> torch.Tensor:
         return torch.cat([z[..., :K] + lam[layer] * b, z[..., K:]], -1)
@@ -98,8 +98,8 @@ def reference(model: GPT, idx: torch.Tensor, variant: str = "spec") -> torch.Ten
     for layer in range(cfg.n_layer):
         pre = f"blocks.{layer}."
         if layer == 3:  # the per-token skip 0 → 3 reads x0[0:12]
-            gate = torch.sigmoid(P["skip_gate"]) * 2
-            gate = gate * torch.sigmoid(x0[..., :12] @ P["skip_token_gate.weight"].T)
+            gate = torch.sigmoid(P["scalars.skip_gate"]) * 2
+            gate = gate * torch.sigmoid(x0[..., :12] @ P["skips.token_gate.weight"].T)
             x = x + gate * outs[0]
         if layer in ATTENTION:
             u = norm(x)
@@ -109,7 +109,7 @@ def reference(model: GPT, idx: torch.Tensor, variant: str = "spec") -> torch.Ten
             weights = scores.masked_fill(~causal, -math.inf).softmax(-1)
             y = torch.einsum("bhij,bjhd->bihd", weights, v)
             x = x + y.reshape(B, T, H * D) @ P[pre + "attn.o.weight"].T
-            x = x + P["x0_lambdas"][layer] * x0
+            x = x + P["x0_injection.lambdas"][layer] * x0
         if (layer in ATTENTION and layer >= 1) or (variant == "inject everywhere" and layer):
             x = with_b(x, layer)
         x = x + F.relu(norm(x) @ P[pre + "mlp.fc.weight"].T).square() @ P[pre + "mlp.proj.weight"].T
@@ -123,7 +123,7 @@ def randomised(cfg: ModelConfig) -> GPT:
     model = GPT(cfg).double()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name == "bigram_lambdas":  # distinct per layer, as are x0's
+            if name == "bigram.lambdas":  # distinct per layer, as are x0's
                 p.copy_(torch.linspace(0.4, 1.1, p.numel()))
             else:
                 p.copy_(torch.randn(p.shape) * 0.5)
@@ -151,10 +151,10 @@ def test_forward_and_gradients_match_the_spec(cfg: ModelConfig) -> None:
     for name, a, b in zip(names, g_got, g_want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-13, msg=name)
     grads = dict(zip(names, g_got, strict=True))
-    g_lam = grads["bigram_lambdas"]  # λ^bg_2 (no attention) is never read, the others are
+    g_lam = grads["bigram.lambdas"]  # λ^bg_2 (no attention) is never read, the others are
     assert (g_lam[[0, 1, 3]] != 0).all() and g_lam[2] == 0
     rows = {r for row in hashes(idx, R, N)[0] for r in row}
-    used = grads["bigram_embed.weight"].abs().sum(1) != 0
+    used = grads["bigram.embed.weight"].abs().sum(1) != 0
     assert set(used.nonzero().flatten().tolist()) == rows and R - 1 in rows
     # Negative controls: each misreading is far outside the tolerance.
     for variant in WRONG:
@@ -172,12 +172,12 @@ def test_off_builds_nothing_and_the_zero_table_starts_as_the_identity() -> None:
     sd_on = on.state_dict()
     assert all(torch.equal(sd_on[k], v) for k, v in a.state_dict().items())
     new = sorted(sd_on.keys() - a.state_dict().keys())
-    assert new == ["bigram_embed.weight", "bigram_lambdas", "bigram_signs"]
-    assert not on.bigram_embed.weight.any()
-    assert torch.equal(on.bigram_lambdas.detach(), torch.full((4,), 0.05))
-    signs = on.bigram_signs
+    assert new == ["bigram.embed.weight", "bigram.lambdas", "bigram.signs"]
+    assert not on.bigram.embed.weight.any()
+    assert torch.equal(on.bigram.lambdas.detach(), torch.full((4,), 0.05))
+    signs = on.bigram.signs
     assert signs.shape == (N, K) and set(signs.unique().tolist()) == {-1.0, 1.0}
-    assert "bigram_signs" not in dict(on.named_parameters())  # a buffer: state, not trained
+    assert "bigram.signs" not in dict(on.named_parameters())  # a buffer: state, not trained
     # Weights random (the branches open), Bg = 0: bit for bit the model without the part.
     with torch.no_grad():
         for p in a.parameters():
@@ -186,7 +186,7 @@ def test_off_builds_nothing_and_the_zero_table_starts_as_the_identity() -> None:
     idx = tokens()
     assert torch.equal(on(idx), a(idx))
     with torch.no_grad():
-        on.bigram_embed.weight[R - 1] = 1.0  # control: the t = 0 row is read
+        on.bigram.embed.weight[R - 1] = 1.0  # control: the t = 0 row is read
     assert not torch.equal(on(idx), a(idx))
 
 
@@ -194,26 +194,26 @@ def test_bf16_model_roles_and_optimizer() -> None:
     """bf16: Bg and S bf16, λ^bg fp32 and rounded to bf16 where it meets the stream. Bg is
     Adam's embedding group, λ^bg a scalar; one optimizer step runs and moves both."""
     model = GPT(update(QUIRK, {"numerics.dtype": "bf16"}))
-    assert model.bigram_embed.weight.dtype == model.bigram_signs.dtype == torch.bfloat16
-    assert model.bigram_lambdas.dtype == torch.float32
+    assert model.bigram.embed.weight.dtype == model.bigram.signs.dtype == torch.bfloat16
+    assert model.bigram.lambdas.dtype == torch.float32
     with torch.no_grad():
-        for p in (model.bigram_embed.weight, model.lm_head.weight):
+        for p in (model.bigram.embed.weight, model.lm_head.weight):
             p.normal_()  # Bg non-zero, and the head open so that it gets a gradient
-        model.bigram_lambdas.copy_(torch.linspace(0.3, 0.7, 4))
+        model.bigram.lambdas.copy_(torch.linspace(0.3, 0.7, 4))
     idx = tokens()
     x, x0, b = model._embed(idx)
     assert x is x0 and b.dtype == torch.bfloat16
     plain = F.rms_norm(model.embed(idx), (32,))
-    term = model.bigram_lambdas[0].to(torch.bfloat16) * b
+    term = model.bigram.lambdas[0].to(torch.bfloat16) * b
     assert torch.equal(x, torch.cat([plain[..., :K] + term, plain[..., K:]], -1))
     roles = {r: {n for n, _ in named} for r, named in param_roles(model).items()}
-    assert "bigram_embed.weight" in roles["embed"] and "bigram_lambdas" in roles["scalar"]
+    assert "bigram.embed.weight" in roles["embed"] and "bigram.lambdas" in roles["scalar"]
     opt = build_optimizer(model, OptimConfig(), device=torch.device("cpu"))
-    before = model.bigram_embed.weight.detach().clone(), model.bigram_lambdas.detach().clone()
+    before = model.bigram.embed.weight.detach().clone(), model.bigram.lambdas.detach().clone()
     model(idx, idx.roll(-1, 1)).backward()
     opt.step()
-    assert not torch.equal(model.bigram_embed.weight, before[0])
-    assert not torch.equal(model.bigram_lambdas, before[1])
+    assert not torch.equal(model.bigram.embed.weight, before[0])
+    assert not torch.equal(model.bigram.lambdas, before[1])
 
 
 def test_the_sign_table_is_saved_and_restored(tmp_path: Path) -> None:
@@ -226,21 +226,21 @@ def test_the_sign_table_is_saved_and_restored(tmp_path: Path) -> None:
     opt = build_optimizer(a, OptimConfig(), device=torch.device("cpu"))
     torch.manual_seed(1)
     b = GPT(ON)
-    assert not torch.equal(a.bigram_signs, b.bigram_signs)
+    assert not torch.equal(a.bigram.signs, b.bigram.signs)
     b.load_state_dict(a.state_dict())
-    assert torch.equal(a.bigram_signs, b.bigram_signs)
+    assert torch.equal(a.bigram.signs, b.bigram.signs)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         dcp_state.save_sharded(tmp_path, a, opt)
         weights, _ = dcp_state.read_whole(tmp_path)
-    assert torch.equal(weights["bigram_signs"], a.bigram_signs)
+    assert torch.equal(weights["bigram.signs"], a.bigram.signs)
     torch.manual_seed(2)
     c = GPT(ON)
     c_opt = build_optimizer(c, OptimConfig(), device=torch.device("cpu"))
     dcp_state.load_whole_into_sharded(
         {"model": a.state_dict(), "optimizers": opt.state_dict()}, c, c_opt
     )
-    assert torch.equal(c.bigram_signs, a.bigram_signs)
+    assert torch.equal(c.bigram.signs, a.bigram.signs)
 
 
 @pytest.mark.parametrize(

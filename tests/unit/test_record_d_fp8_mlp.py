@@ -326,7 +326,7 @@ def test_another_world_size_maps_the_slots() -> None:
 
 def test_off_builds_nothing() -> None:
     model = GPT(update(BASE, {"numerics.dtype": "bf16", "mlp.fp8_bootstrap": 3}))
-    assert not any(hasattr(b.mlp, "fp8") for b in model.blocks)
+    assert all(b.mlp.fp8 is None for b in model.blocks)
     assert model.rank_state() == {}
     assert model.load_rank_state([], 0, 1) is None
     assert "model_rank" not in trainer_state(Progress(), Loader(), RT, model)

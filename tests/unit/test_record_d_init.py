@@ -26,12 +26,12 @@ def test_the_scalar_vector_is_the_records_table() -> None:
     """D.1: 2ℓ, 2ℓ+1 = (λ⁰, λ¹) from (0.5, 1); 2n = λ_smear 0; 2n+1 = w_skip −1.5; then ones
     to the multiple (11 layers: 24 entries, no padding)."""
     model = GPT(update(record_d(), {"n_layer": 11}))
-    v = model.scalars.detach()
+    v = model.scalars.packed.detach()
     assert v.shape == (24,) and v.dtype == torch.float32
     assert v[0:22:2].eq(0.5).all() and v[1:22:2].eq(1.0).all()
     assert v[22] == 0.0 and v[23] == -1.5
-    assert GPT(record_d()).scalars.tolist() == [0.5, 1, 0.5, 1, 0.5, 1, 0, -1.5]
-    assert GPT(record_d(n_layer=4)).scalars.tolist()[8:] == [0, -1.5, 1, 1, 1, 1, 1, 1]
+    assert GPT(record_d()).scalars.packed.tolist() == [0.5, 1, 0.5, 1, 0.5, 1, 0, -1.5]
+    assert GPT(record_d(n_layer=4)).scalars.packed.tolist()[8:] == [0, -1.5, 1, 1, 1, 1, 1, 1]
 
 
 def test_the_lambdas_multiply_the_weights_in_float64() -> None:
@@ -40,7 +40,7 @@ def test_the_lambdas_multiply_the_weights_in_float64() -> None:
     torch.manual_seed(0)
     on = GPT(record_d()).double()
     with torch.no_grad():
-        on.scalars[0:6] = torch.tensor([0.3, 1.7, -0.8, 0.6, 1.2, 2.1])
+        on.scalars.packed[0:6] = torch.tensor([0.3, 1.7, -0.8, 0.6, 1.2, 2.1])
     off = GPT(
         update(
             record_d(),
@@ -52,11 +52,11 @@ def test_the_lambdas_multiply_the_weights_in_float64() -> None:
             if name.endswith("qkvo"):
                 layer = int(name.split(".")[1])
                 p.copy_(on.get_parameter(name))
-                p[:3] *= on.scalars[2 * layer]
-                p[3] *= on.scalars[2 * layer + 1]
-            elif name == "scalars":  # smear and skip logits at their old places
-                p[off.layout.smear] = on.scalars[6]
-                p[off.layout.skip_gate] = on.scalars[7]
+                p[:3] *= on.scalars.packed[2 * layer]
+                p[3] *= on.scalars.packed[2 * layer + 1]
+            elif name == "scalars.packed":  # smear and skip logits at their old places
+                p[off.scalars.layout.smear] = on.scalars.packed[6]
+                p[off.scalars.layout.skip_gate] = on.scalars.packed[7]
             else:
                 p.copy_(on.get_parameter(name))
     idx = torch.randint(0, 50257, (2, 10), generator=torch.Generator().manual_seed(1))
@@ -68,7 +68,7 @@ def test_the_lambdas_multiply_the_weights_in_float64() -> None:
     for layer in range(3):
         w = on.blocks[layer].attn.qkvo
         g = off.blocks[layer].attn.qkvo.grad
-        grad = on.scalars.grad
+        grad = on.scalars.packed.grad
         torch.testing.assert_close(grad[2 * layer], (g[:3] * w[:3]).sum(), rtol=1e-9, atol=0)
         torch.testing.assert_close(grad[2 * layer + 1], (g[3] * w[3]).sum(), rtol=1e-9, atol=0)
 
@@ -118,7 +118,7 @@ def test_the_records_inits_at_its_width() -> None:
     assert torch.equal(model.embed.weight, head)  # E = W_headᵀ (both stored (vocab, d))
     assert model.blocks[0].attn.gate.weight.eq(0).all() and model.smear_gate.weight.eq(0).all()
     for name, p in model.named_parameters():
-        assert p.dtype == (torch.float32 if name == "scalars" else torch.bfloat16), name
+        assert p.dtype == (torch.float32 if name == "scalars.packed" else torch.bfloat16), name
 
 
 @pytest.mark.parametrize(
@@ -140,5 +140,6 @@ def test_bad_settings_name_their_key(changes: dict, match: str) -> None:
 def test_off_the_model_is_as_before() -> None:
     torch.manual_seed(0)
     a = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32))
-    assert not hasattr(a.blocks[0].attn, "weight_lambdas")
+    assert a.blocks[0].attn.weight_lambdas is None  # off builds nothing
+    assert not any("weight_lambdas" in n for n, _ in a.named_parameters())
     assert a.blocks[0].attn.o.weight.eq(0).all() and a.lm_head.weight.eq(0).all()

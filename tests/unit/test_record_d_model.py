@@ -16,6 +16,7 @@ from model.config import update
 from model.mlp_fp8 import delayed_states
 from tests import record_d_reference as ref
 from tests.helpers import CONF_DIR
+from trainer.checkpoint.upgrade import rename_key
 
 H, D, BOS, T = 6, 16, 50256, 24
 SHORT, LONG, SCALE = 3, 7, 0.5
@@ -86,13 +87,13 @@ def randomised(cfg: ModelConfig) -> GPT:
 def record_params(model: GPT) -> dict[str, torch.Tensor]:
     """The model's parameters under the reference's names (views: gradients flow back)."""
     P = dict(model.named_parameters())
-    out = {"E": P["embed.weight"], "W_head": P["lm_head.weight"], "Bg": P["bigram_embed.weight"],
-           "S": model.bigram_signs, "smear_gate": P["smear_gate.weight"],
-           "skip_gate": P["skip_token_gate.weight"],
-           "scalars": P["scalars"][: 2 * model.cfg.n_layer + 2]}  # fmt: skip
+    out = {"E": P["embed.weight"], "W_head": P["lm_head.weight"], "Bg": P["bigram.embed.weight"],
+           "S": model.bigram.signs, "smear_gate": P["smear_gate.weight"],
+           "skip_gate": P["skips.token_gate.weight"],
+           "scalars": P["scalars.packed"][: 2 * model.cfg.n_layer + 2]}  # fmt: skip
     for name in ("resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "xsa_alphas",
-                 "mudd_w1", "mudd_w2", "mudd_b2"):  # fmt: skip
-        out[name] = P[name]
+                 "mudd_w1", "mudd_w2", "mudd_b2"):  # the record's names, naming 1's  # fmt: skip
+        out[name] = P[rename_key(name)]
     out |= {f"VE.{t}": table.weight for t, table in model.value_embeds.items()}
     for layer, (block, spec) in enumerate(zip(model.blocks, model.plan, strict=True)):
         if block.attn is not None:
@@ -100,7 +101,7 @@ def record_params(model: GPT) -> dict[str, torch.Tensor]:
             out |= {f"W_{n}.{layer}": w[i] for i, n in enumerate("qkvo")}
             out[f"attn_gate.{layer}"] = block.attn.gate.weight
         if spec.value_slot is not None:
-            out[f"ve_gate.{layer}"] = model.value_gates[spec.value_slot]
+            out[f"ve_gate.{layer}"] = model.value_gates.weight[spec.value_slot]
         out[f"c_fc.{layer}"], out[f"c_proj.{layer}"] = block.mlp.fc.weight, block.mlp.proj.weight
     return out
 
@@ -163,7 +164,8 @@ def test_the_whole_model_is_the_reference(n_layer: int) -> None:
             assert rel(wrong, got) > 1e-4, kw
 
 
-FP32 = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "xsa_alphas"}
+FP32 = {"scalars.packed", "sublayer_scales.resid_lambdas", "sublayer_scales.post_lambdas",
+        "x0_injection.lambdas", "bigram.lambdas", "xsa.alphas"}  # fmt: skip
 
 
 def test_the_records_shape_has_its_parameter_count_and_dtypes() -> None:
@@ -181,15 +183,15 @@ def test_the_records_shape_has_its_parameter_count_and_dtypes() -> None:
         "mlp_bank[0:11]": sum(b.mlp.fc.weight.numel() + b.mlp.proj.weight.numel()
                               for b in model.blocks),
         "attn_gate_bank": sum(b.attn.gate.weight.numel() for b in model.blocks if b.attn),
-        "ve_gate_bank": params["value_gates"].numel(),
-        "bigram_embed": params["bigram_embed.weight"].numel(),
+        "ve_gate_bank": params["value_gates.weight"].numel(),
+        "bigram.embed": params["bigram.embed.weight"].numel(),
     }  # fmt: skip
     assert banks == {"qk_bank[0:60] + vo_bank[0:20]": 60 * 256 * 768 + 20 * 768 * 768,
                      "mlp_bank[0:11]": 11 * 2 * 3072 * 768, "attn_gate_bank": 720,
-                     "ve_gate_bank": 360, "bigram_embed": 144_875_520}  # fmt: skip
+                     "ve_gate_bank": 360, "bigram.embed": 144_875_520}  # fmt: skip
     for name, p in params.items():
         assert p.dtype == (torch.float32 if name in FP32 else torch.bfloat16), name
-    assert model.bigram_signs.shape == (8192, 192)  # a buffer: not trained, not counted
+    assert model.bigram.signs.shape == (8192, 192)  # a buffer: not trained, not counted
 
 
 def test_the_preset_takes_a_training_step_with_its_roundings() -> None:
@@ -211,7 +213,7 @@ def test_the_preset_takes_a_training_step_with_its_roundings() -> None:
     assert torch.isfinite(loss) and loss.dtype == torch.float32
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
-    assert model.value_gates.grad[-1].abs().max() == 0  # layer 10's gate is MUDD's
+    assert model.value_gates.weight.grad[-1].abs().max() == 0  # layer 10's gate is MUDD's
     model.eval()
     with torch.no_grad():
         val = model(idx, idx.roll(-1, 1), **windows)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from model import GPT, ModelConfig
 from model.config import update
-from model.mudd import coefficients, reset_mudd
+from model.mudd import coefficients
 from model.steps import step_inputs
 from optim.partition import param_roles
 from tests.reference import norm, rotate
@@ -28,7 +28,7 @@ CFG = update(ModelConfig(n_layer=5, n_head=H, n_embd=H * D, gate_channels=K), {
     "embed.value_gate": True, "attention.gate": True, "residual.sublayer_scales": True,
     "residual.x0_after_attention": True,
 })  # fmt: skip
-NAMES = ("mudd_w1", "mudd_w2", "mudd_b2")
+NAMES = ("mudd.w1", "mudd.w2", "mudd.b2")
 
 
 def gelu(z: torch.Tensor, form: str) -> torch.Tensor:
@@ -39,7 +39,7 @@ def gelu(z: torch.Tensor, form: str) -> torch.Tensor:
 
 def mudd(P: dict, y: torch.Tensor, j: int, n: int, form: str = "erf") -> list[torch.Tensor]:
     """MUDD_j(y) = 0.1·(GELU(y·W1_jᵀ)·W2_j[0:n]ᵀ + b2_j[0:n]), n columns (B, T, 1)."""
-    w1, w2, b2 = P["mudd_w1"][j], P["mudd_w2"][j, :n], P["mudd_b2"][j, :n]
+    w1, w2, b2 = P["mudd.w1"][j], P["mudd.w2"][j, :n], P["mudd.b2"][j, :n]
     out = 0.1 * (gelu(y @ w1.T, form) @ w2.T + b2)
     return [out[..., i : i + 1] for i in range(n)]
 
@@ -88,19 +88,23 @@ def reference(model: GPT, idx: torch.Tensor, variant: str = "spec") -> torch.Ten
     """Logits by D.1 steps 1–6 for the toy layout (module docstring)."""
     cfg, P = model.cfg, dict(model.named_parameters())
     base, (B, T) = cfg.attention.rope_base, idx.shape
-    r, p, lam = P["resid_lambdas"], P["post_lambdas"], P["x0_lambdas"]
+    r, p, lam = (
+        P["sublayer_scales.resid_lambdas"],
+        P["sublayer_scales.post_lambdas"],
+        P["x0_injection.lambdas"],
+    )
     ve0, ve1 = P["value_embeds.0.weight"][idx], P["value_embeds.1.weight"][idx]
     x = x0 = norm(P["embed.weight"][idx])
     outs = []
     for layer in range(4):
         if layer == 2:  # the skip from c₃ = out₁, no attention
-            x = x + torch.sigmoid(P["skip_gate"]) * outs[1]
+            x = x + torch.sigmoid(P["scalars.skip_gate"]) * outs[1]
         else:
             u = norm(outs[2] if layer == 3 else x)
             aux = torch.zeros(B, T, H, D, dtype=x.dtype)
             if layer == 1:  # per-head value gate on table 0
                 gate_in = torch.cat([u[..., : K // 2], ve0[..., : K // 2]], -1)
-                gate = 2 * torch.sigmoid(gate_in @ P["value_gates"][0].T)
+                gate = 2 * torch.sigmoid(gate_in @ P["value_gates.weight"][0].T)
                 aux = gate[..., None] * ve0.view(B, T, H, D)
             x = r[layer, 0] * x + p[layer, 0] * attn(P, layer, u, aux, base) + lam[layer] * x0
         x = r[layer, 1] * x + p[layer, 1] * mlp(P, layer, norm(x))
@@ -144,8 +148,8 @@ def test_logits_and_every_gradient_match_the_spec() -> None:
         assert b.abs().max() > 0, name  # every parameter is reached
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
     # The post-loop network reads 5 outputs; MUDD layer 4's value gate is never read.
-    assert g_got[names.index("mudd_w2")][1, 5:].abs().max() == 0
-    assert g_got[names.index("value_gates")][1].abs().max() == 0  # layer 4's row: unread
+    assert g_got[names.index("mudd.w2")][1, 5:].abs().max() == 0
+    assert g_got[names.index("value_gates.weight")][1].abs().max() == 0  # layer 4's row: unread
     # Negative controls: plausible misreadings are far outside the tolerance.
     for variant in ("v from recombined x", "n1 on c9", "tanh gelu", "m6<->m7"):
         assert rel(reference(model, idx, variant), got) > 1e-5, variant
@@ -159,7 +163,7 @@ def test_the_bigram_term_enters_the_mudd_layer_with_m11() -> None:
     b = torch.randn(2, 8, 5, generator=gen, dtype=torch.float64)
     step = step_inputs(CFG.attention, None, None, None, None)
     ctx = model._context(idx, x, step, None)  # x0 = c₀ = x here
-    ctx.bigram = b
+    ctx.bigram_term = b
     got = model.blocks[4](x, model.rotary, ctx, c7)
     P, ve = dict(model.named_parameters()), model.value_embeds["1"](idx)
     base = CFG.attention.rope_base
@@ -173,7 +177,7 @@ def test_initial_coefficients_are_the_static_layers() -> None:
     m10 and the sources 0; n1 = −0.5 (the backout), the other n 0. The init: W1 Kaiming-uniform
     U(±1/√d), two draws j = 0, 1."""
     model = GPT(CFG)
-    assert not model.mudd_w2.any()
+    assert not model.mudd.w2.any()
     y = torch.randn(2, 3, H * D)
     P = {k: v.detach().double() for k, v in model.named_parameters()}
     m = torch.cat(mudd(P, y.double(), 0, 14), -1)
@@ -184,12 +188,12 @@ def test_initial_coefficients_are_the_static_layers() -> None:
     torch.testing.assert_close(n, torch.tensor([0, -0.5, 0, 0, 0.0]).double().expand_as(n))
     bound = 1 / math.sqrt(H * D)
     torch.manual_seed(7)
-    reset_mudd(model, CFG)
+    model.mudd.reset()
     torch.manual_seed(7)
     drawn = torch.empty(2, 64, H * D)
     for j in range(2):
         torch.nn.init.uniform_(drawn[j], -bound, bound)
-    assert torch.equal(model.mudd_w1.detach(), drawn)
+    assert torch.equal(model.mudd.w1.detach(), drawn)
 
 
 def test_with_w2_zero_the_block_is_the_static_layer_and_backout() -> None:
@@ -198,17 +202,21 @@ def test_with_w2_zero_the_block_is_the_static_layer_and_backout() -> None:
     on = update(CFG, {"embed.value_embeds": ".0..."})
     static = update(on, {"residual.mudd": False, "residual.backout_layer": 2})
     a = randomised(on)
-    reset_mudd(a, on)
+    a.mudd.reset()
     b = GPT(static).double()
     missing, unexpected = b.load_state_dict(a.state_dict(), strict=False)
-    assert set(unexpected) == set(NAMES) and set(missing) == {"backout_lambda"}
+    assert set(unexpected) == set(NAMES) and set(missing) == {"scalars.backout_lambda"}
     with torch.no_grad():
-        b.resid_lambdas[4], b.post_lambdas[4], b.x0_lambdas[4] = math.sqrt(1.1), 1.0, 0.0
-        b.backout_lambda.fill_(0.5)
+        (
+            b.sublayer_scales.resid_lambdas[4],
+            b.sublayer_scales.post_lambdas[4],
+            b.x0_injection.lambdas[4],
+        ) = math.sqrt(1.1), 1.0, 0.0
+        b.scalars.backout_lambda.fill_(0.5)
     idx = tokens()
     torch.testing.assert_close(a(idx), b(idx), rtol=1e-6, atol=1e-6)  # b2 is fp32-rounded
     with torch.no_grad():
-        b.backout_lambda.fill_(0.4)
+        b.scalars.backout_lambda.fill_(0.4)
     assert rel(a(idx), b(idx)) > 1e-4  # control
 
 
@@ -216,14 +224,14 @@ def test_bf16_model_stores_and_runs_the_networks_in_bf16() -> None:
     """In a bf16 model the tensors are bf16 (√1.1/0.1 stored as 10.5, so m8 = bf16(1.05) =
     1.046875) and the networks run in bf16; all three are Adam's (role "scalar")."""
     model = GPT(update(CFG, {"numerics.dtype": "bf16"}))
-    assert all(getattr(model, n).dtype == torch.bfloat16 for n in NAMES)
-    assert model.mudd_b2[0, 8].item() == model.mudd_b2[0, 12].item() == 10.5
+    assert all(model.get_parameter(n).dtype == torch.bfloat16 for n in NAMES)
+    assert model.mudd.b2[0, 8].item() == model.mudd.b2[0, 12].item() == 10.5
     y = torch.randn(1, 2, H * D).bfloat16()
-    m = coefficients(y, (model.mudd_w1, model.mudd_w2, model.mudd_b2), 0, 14)
+    m = coefficients(y, (model.mudd.w1, model.mudd.w2, model.mudd.b2), 0, 14)
     assert m[8].dtype == torch.bfloat16 and m[8].shape == (1, 2, 1)
     assert (m[8] == 1.046875).all()
     model(tokens()).float().square().mean().backward()
-    assert all(getattr(model, n).grad.dtype == torch.bfloat16 for n in NAMES)
+    assert all(model.get_parameter(n).grad.dtype == torch.bfloat16 for n in NAMES)
     scalars = {n for n, _ in param_roles(model)["scalar"]}
     assert set(NAMES) <= scalars
 

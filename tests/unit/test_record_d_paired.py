@@ -13,19 +13,21 @@ and the rotation phase equal to the kernel position.
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from model import GPT, ModelConfig
-from model.attention import CausalSelfAttention
+from model.attention import CausalSelfAttention, build_attention
 from model.config import update
 from model.context import Context
 from model.flops import training_flops
 from model.masks import EOT, build_masks, paired_key
 from model.plan import describe_plan, layer_plan
 from model.rotary import Rotary
+from model.scalars import Scalars
 from tests.reference import norm
 
 D, T, W = 12, 12, 5  # head dim (3 rotating pairs), tokens, window in doubled positions
@@ -128,9 +130,9 @@ def spec_layer(P: dict, pre: str, u, idx, paired: bool, rope: str, variant="spec
 
 def spec_model(model: GPT, idx, variant: str = "spec"):
     P = dict(model.named_parameters())
-    for layer, spec in enumerate(model.plan):  # the value gates are rows of value_gates
+    for layer, spec in enumerate(model.plan):  # the value gates are rows of value_gates.weight
         if spec.value_slot is not None:
-            P[f"blocks.{layer}.attn.value_gate.weight"] = P["value_gates"][spec.value_slot]
+            P[f"blocks.{layer}.attn.value_gate.weight"] = P["value_gates.weight"][spec.value_slot]
     x = norm(P["embed.weight"][idx])
     for layer, spec in enumerate(model.plan):
         pre = f"blocks.{layer}."
@@ -182,7 +184,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def layer(cfg: ModelConfig) -> tuple[CausalSelfAttention, Rotary]:
     """One paired attention layer (random weights) and the model's rotary, without the tables."""
     torch.manual_seed(0)
-    attn = CausalSelfAttention(cfg, layer_plan(cfg)[0], 0).double()
+    attn = build_attention(cfg, layer_plan(cfg)[0], 0).double()
     with torch.no_grad():
         for p in attn.parameters():
             p.copy_(torch.randn_like(p) * 0.5)
@@ -193,7 +195,8 @@ def layer(cfg: ModelConfig) -> tuple[CausalSelfAttention, Rotary]:
     ("H", "rope"), [(6, "interleaved_half"), (6, "full"), (4, "interleaved_half")]
 )
 def test_the_layer_is_the_spec(H: int, rope: str) -> None:
-    attn, rotary = layer(config(H, rope=rope))
+    cfg = config(H, rope=rope)
+    attn, rotary = layer(cfg)
     idx, gen = tokens(), torch.Generator().manual_seed(2)
     u = norm(torch.randn(2, T, H * D, dtype=torch.float64, generator=gen)).requires_grad_(True)
     ve = torch.randn(2, T, H * D, dtype=torch.float64, generator=gen).requires_grad_(True)
@@ -202,7 +205,8 @@ def test_the_layer_is_the_spec(H: int, rope: str) -> None:
     )
     assert set(masks) == {paired_key("long")}
     gates = (torch.randn(1, H, 12, dtype=torch.float64, generator=gen) * 0.5).requires_grad_()
-    got = attn(u, rotary, Context(None, {0: ve}, masks, value_gates=gates))
+    parts = {"scalars": Scalars(cfg), "value_gates": SimpleNamespace(weight=gates)}
+    got = attn(u, rotary, Context(None, {0: ve}, masks, **parts))
     P = {f"blocks.0.attn.{n}": p for n, p in attn.named_parameters()}
     P["blocks.0.attn.value_gate.weight"] = gates[0]
     want = spec_layer(P, "blocks.0.", u, idx, True, rope, ve=ve)

@@ -37,7 +37,7 @@ def test_the_skip_gate_is_per_token() -> None:
     cfg = update(BASE, {"residual.skip_from": 0, "residual.skip_to": 2,
                         "residual.skip_per_token": True})  # fmt: skip
     model, x0, ins, got = run(cfg)
-    w, g = model.skip_gate, model.skip_token_gate.weight  # (), (1, 12)
+    w, g = model.scalars.skip_gate, model.skips.token_gate.weight  # (), (1, 12)
     gate = torch.sigmoid(w) * 2 * torch.sigmoid(x0[..., :12] @ g.T)  # (B, T, 1)
     assert gate.std() > 0.01  # it does vary by token
     want = got["out"][1] + gate * got["out"][0]
@@ -54,12 +54,12 @@ def test_a_closed_token_gate_is_record_cs_skip() -> None:
                        "residual.skip_per_token": True})  # fmt: skip
     torch.manual_seed(0)
     a = GPT(on)
-    assert not a.skip_token_gate.weight.any()
+    assert not a.skips.token_gate.weight.any()
     with torch.no_grad():
         for block in a.blocks:  # open the branches so the skip matters
             torch.nn.init.normal_(block.mlp.proj.weight, std=0.5)
     b = GPT(update(on, {"residual.skip_per_token": False}))
-    b.load_state_dict({k: v for k, v in a.state_dict().items() if "skip_token" not in k})
+    b.load_state_dict({k: v for k, v in a.state_dict().items() if "token_gate" not in k})
     idx = torch.randint(0, 50257, (1, 8), generator=torch.Generator().manual_seed(2))
     assert torch.equal(a(idx), b(idx))
     with pytest.raises(ValueError, match=r"model\.residual\.skip_per_token"):
@@ -90,7 +90,10 @@ def test_x0_is_injected_right_after_attention() -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.3)
-    assert model.x0_lambdas.shape == (4,) and model.x0_lambdas.dtype == torch.float64
+    assert (
+        model.x0_injection.lambdas.shape == (4,)
+        and model.x0_injection.lambdas.dtype == torch.float64
+    )
     seen: dict = {}
     for i, block in enumerate(model.blocks):
         block.register_forward_pre_hook(lambda m, a, i=i: seen.__setitem__(("in", i), a[0]))
@@ -101,7 +104,11 @@ def test_x0_is_injected_right_after_attention() -> None:
     idx = torch.randint(0, 50257, (2, 10), generator=torch.Generator().manual_seed(1))
     model(idx)
     x0 = F.rms_norm(model.embed(idx), (32,))
-    r, p, lam = model.resid_lambdas, model.post_lambdas, model.x0_lambdas
+    r, p, lam = (
+        model.sublayer_scales.resid_lambdas,
+        model.sublayer_scales.post_lambdas,
+        model.x0_injection.lambdas,
+    )
     for i in range(4):
         x = seen["in", i]
         if i != 1:
@@ -112,5 +119,5 @@ def test_x0_is_injected_right_after_attention() -> None:
         r[0, 1] * (r[0, 0] * seen["in", 0] + p[0, 0] * seen["a", 0]) + p[0, 1] * seen["mlp", 0]
     )
     assert (seen["out", 0] - without).abs().max() > 1e-3  # the λ^x0 term is there
-    assert not hasattr(GPT(BASE), "x0_lambdas")  # off builds nothing
-    assert not GPT(cfg).x0_lambdas.any()  # λ^x0 starts at 0
+    assert GPT(BASE).x0_injection is None  # off builds nothing
+    assert not GPT(cfg).x0_injection.lambdas.any()  # λ^x0 starts at 0

@@ -41,17 +41,17 @@ def test_the_gated_value_is_the_formula(monkeypatch: pytest.MonkeyPatch) -> None
     for layer, table in ((0, None), (1, "0"), (2, None), (3, "1")):
         attn, u = model.blocks[layer].attn, seen_u[layer]
         v = (u @ attn.v.weight.T).view(2, 9, 2, 16)
-        if table is not None:  # the gates are the rows of value_gates, in layer order
-            ve, g = model.value_embeds[table](idx), model.value_gates[int(table)]
+        if table is not None:  # the gates are the rows of value_gates.weight, in layer order
+            ve, g = model.value_embeds[table](idx), model.value_gates.weight[int(table)]
             gate = 2 * torch.sigmoid(torch.cat([u[..., :6], ve[..., :6]], -1) @ g.T)
             assert gate.std() > 0.01  # per token and head
             v = v + gate[..., None] * ve.view(2, 9, 2, 16)
         else:
-            assert model.value_gates.shape[0] == 2  # no table, no gate, v as it is
+            assert model.value_gates.weight.shape[0] == 2  # no table, no gate, v as it is
         torch.testing.assert_close(seen_v[layer], v.transpose(1, 2), rtol=1e-13, atol=1e-13)
     # negative controls: the gate reading u[0:12] alone, or no factor 2, is not what ran
     attn, u, ve = model.blocks[1].attn, seen_u[1], model.value_embeds["0"](idx)
-    raw, g = (u @ attn.v.weight.T).view(2, 9, 2, 16), model.value_gates[0]
+    raw, g = (u @ attn.v.weight.T).view(2, 9, 2, 16), model.value_gates.weight[0]
     for gate in (
         2 * torch.sigmoid(u[..., :12] @ g.T),
         torch.sigmoid(torch.cat([u[..., :6], ve[..., :6]], -1) @ g.T),
@@ -68,7 +68,7 @@ def test_the_gate_starts_open_and_the_tables_small(monkeypatch: pytest.MonkeyPat
     for name in ("0", "1"):
         std = model.value_embeds[name].weight.std().item()
         assert 0.009 < std < 0.011
-    assert not model.value_gates.any()
+    assert not model.value_gates.weight.any()
     idx = torch.randint(0, 50257, (1, 5), generator=torch.Generator().manual_seed(2))
     seen_v, seen_u = values_seen(model, monkeypatch, idx)
     raw = (seen_u[1] @ model.blocks[1].attn.v.weight.T).view(1, 5, 2, 16)

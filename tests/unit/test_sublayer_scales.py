@@ -3,9 +3,10 @@ residual scales") against their formulas.
 
 With `residual.sublayer_scales` each layer ℓ computes
     x ← r^A_ℓ·x + p^A_ℓ·Attn_ℓ(RMSNorm(x)),   x ← r^M_ℓ·x + p^M_ℓ·MLP_ℓ(RMSNorm(x)),
-with (r, p) learned fp32 scalars (resid_lambdas, post_lambdas: (n_layer, 2), column 0 the
-attention sublayer, column 1 the MLP), initialised √1.1 and 1, Adam's scalar group, and cast
-to the residual stream's dtype before use. Without the option each sublayer adds F(RMSNorm(x)).
+with (r, p) learned fp32 scalars (sublayer_scales.resid_lambdas and .post_lambdas: (n_layer,
+2), column 0 the attention sublayer, column 1 the MLP), initialised √1.1 and 1, Adam's scalar
+group, and cast to the residual stream's dtype before use. Without the option each sublayer
+adds F(RMSNorm(x)).
 `reference()` writes the forward pass out by hand from the parameters, read by name.
 """
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.cpu_bf16
 
 BASE = ModelConfig(n_layer=3, n_head=2, n_embd=32)
 ON = update(BASE, {"residual.sublayer_scales": True})
-SCALES = ("resid_lambdas", "post_lambdas")
+SCALES = ("sublayer_scales.resid_lambdas", "sublayer_scales.post_lambdas")
 
 
 def reference(model: GPT, idx: torch.Tensor, variant: str = "spec") -> torch.Tensor:
@@ -33,7 +34,7 @@ def reference(model: GPT, idx: torch.Tensor, variant: str = "spec") -> torch.Ten
     r and p exchanged, the attention and MLP columns exchanged, or the x0 mix after r^A."""
     cfg, P = model.cfg, dict(model.named_parameters())
     H, D, (B, T) = cfg.n_head, cfg.head_dim, idx.shape
-    r, p = P["resid_lambdas"], P["post_lambdas"]
+    r, p = P["sublayer_scales.resid_lambdas"], P["sublayer_scales.post_lambdas"]
     if variant == "r<->p":
         r, p = p, r
     if variant == "columns":
@@ -71,9 +72,9 @@ def randomised(cfg: ModelConfig, double: bool = True, seed: int = 0) -> GPT:
     n = cfg.n_layer
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name == "resid_lambdas":
+            if name == "sublayer_scales.resid_lambdas":
                 p.copy_(torch.linspace(0.6, 1.4, 2 * n).view(n, 2))
-            elif name == "post_lambdas":
+            elif name == "sublayer_scales.post_lambdas":
                 p.copy_(torch.linspace(1.7, 0.3, 2 * n).view(n, 2).roll(1, 1))
             else:
                 p.copy_(torch.randn(p.shape) * (0.5 if p.ndim >= 2 else 0.3)
@@ -120,21 +121,23 @@ def test_initial_values_shapes_and_roles() -> None:
     ):
         model = GPT(update(ON, overrides))
         for name, value in zip(SCALES, (r0, p0), strict=True):
-            p = getattr(model, name)
+            p = model.get_parameter(name)
             assert p.shape == (BASE.n_layer, 2) and p.dtype == torch.float32, name
             # The init rounded once to fp32, in every entry.
             assert torch.equal(p.detach(), torch.full((BASE.n_layer, 2), value)), name
             assert p.role == "scalar" and p.requires_grad, name
         scalars = {n for n, _ in param_roles(model)["scalar"]}
         assert set(SCALES) <= scalars
-    assert not torch.equal(GPT(ON).resid_lambdas.detach(), torch.ones(BASE.n_layer, 2))
+    assert not torch.equal(
+        GPT(ON).sublayer_scales.resid_lambdas.detach(), torch.ones(BASE.n_layer, 2)
+    )
 
 
 def test_off_builds_nothing() -> None:
     off, on = GPT(BASE), GPT(ON)
     off_names = {n for n, _ in off.named_parameters()}
     on_names = {n for n, _ in on.named_parameters()}
-    assert not any(hasattr(off, n) for n in SCALES)
+    assert off.sublayer_scales is None
     assert not off_names & set(SCALES)
     assert off_names == on_names - set(SCALES)
     assert set(SCALES) <= on_names  # the control: on does build them
@@ -147,13 +150,13 @@ def test_unit_scales_are_the_plain_residual_bit_for_bit() -> None:
     missing, unexpected = on.load_state_dict(off.state_dict(), strict=False)
     assert set(missing) == set(SCALES) and not unexpected
     with torch.no_grad():
-        on.resid_lambdas.fill_(1.0)
-        on.post_lambdas.fill_(1.0)
+        on.sublayer_scales.resid_lambdas.fill_(1.0)
+        on.sublayer_scales.post_lambdas.fill_(1.0)
     idx = tokens()
     assert torch.equal(on(idx), off(idx))
     # Control: the scales are read at all (one entry away from 1 changes the logits).
     with torch.no_grad():
-        on.post_lambdas[1, 1] = 1.5
+        on.sublayer_scales.post_lambdas[1, 1] = 1.5
     assert not torch.equal(on(idx), off(idx))
 
 
@@ -170,15 +173,16 @@ def test_bf16_stream_uses_scales_rounded_to_bf16() -> None:
         model = randomised(update(ON, {"numerics.dtype": dtype}), double=False)
         with torch.no_grad():
             for name in SCALES:
-                getattr(model, name).copy_(values[name])
+                model.get_parameter(name).copy_(values[name])
         return model(tokens())
 
     bf16 = logits("bf16", raw)
     assert torch.equal(bf16, logits("bf16", rounded))
     # Controls: in the bf16 stream a change of one bf16 step in r is visible ...
-    stepped = dict(rounded, resid_lambdas=rounded["resid_lambdas"].clone())
-    stepped["resid_lambdas"][0, 0] += 2.0**-6  # 2 or 4 bf16 steps, still a bf16 number
-    assert torch.equal(stepped["resid_lambdas"], stepped["resid_lambdas"].bfloat16().float())
+    r = "sublayer_scales.resid_lambdas"
+    stepped = {**rounded, r: rounded[r].clone()}
+    stepped[r][0, 0] += 2.0**-6  # 2 or 4 bf16 steps, still a bf16 number
+    assert torch.equal(stepped[r], stepped[r].bfloat16().float())
     assert not torch.equal(bf16, logits("bf16", stepped))
     # ... and an fp32 stream uses the fp32 values unrounded, so there the two differ.
     assert not torch.equal(logits("fp32", raw), logits("fp32", rounded))
@@ -186,5 +190,5 @@ def test_bf16_stream_uses_scales_rounded_to_bf16() -> None:
     model = randomised(update(ON, {"numerics.dtype": "bf16"}), double=False)
     model(tokens()).float().square().mean().backward()
     for name in SCALES:
-        grad = getattr(model, name).grad
+        grad = model.get_parameter(name).grad
         assert grad is not None and grad.dtype == torch.float32 and grad.abs().min() > 0, name

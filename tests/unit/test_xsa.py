@@ -4,7 +4,7 @@ its formula.
 In each attention layer with XSA, after y = softmax(s·q·kᵀ + mask)·v and before the output
 projection, per head h and token t (v the token's own value vector for that head):
     v̂ = v / max(‖v‖, 10⁻⁴),   y_h,t ← y_h,t − tanh(α_ℓ,h)·⟨y_h,t, v̂_h,t⟩·v̂_h,t
-with α = xsa_alphas, a learned (n_layer, n_head) fp32 tensor, zero at init (XSA off at step 0).
+with α = xsa.alphas, a learned (n_layer, n_head) fp32 tensor, zero at init (XSA off at step 0).
 `reference()` writes the base GPT's forward pass out by hand from the parameters, read by name.
 """
 
@@ -54,7 +54,7 @@ def reference(model: GPT, idx: torch.Tensor, variant: str = "spec") -> torch.Ten
         scores = torch.einsum("bihd,bjhd->bhij", q, k).mul(scale).masked_fill(~causal, -math.inf)
         y = torch.einsum("bhij,bjhd->bihd", scores.softmax(-1), v)
         if layer in ON_LAYERS:
-            y = xsa(y, v, P["xsa_alphas"][layer], variant)
+            y = xsa(y, v, P["xsa.alphas"][layer], variant)
         x = x + y.reshape(B, T, H * D) @ P[pre + "attn.o.weight"].T
         x = x + F.relu(norm(x) @ P[pre + "mlp.fc.weight"].T).square() @ P[pre + "mlp.proj.weight"].T
     c = cfg.head.softcap
@@ -68,7 +68,7 @@ def randomised(cfg: ModelConfig, double: bool = True, seed: int = 0) -> GPT:
     model = GPT(cfg).double() if double else GPT(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name == "xsa_alphas":
+            if name == "xsa.alphas":
                 p.copy_(torch.linspace(-1.2, 1.3, p.numel()).view(p.shape))
             else:
                 p.copy_(torch.randn(p.shape) * 0.5)
@@ -94,10 +94,10 @@ def test_forward_and_gradients_match_the_formula() -> None:
     g_want = torch.autograd.grad(F.cross_entropy(want.flatten(0, 1), targets.flatten()), params)
     for name, a, b in zip(names, g_got, g_want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-13, msg=name)
-        if name != "xsa_alphas":
+        if name != "xsa.alphas":
             assert b.abs().max() > 0, name
     # α of a layer without XSA is never read; each α of a layer with XSA is.
-    g_alpha = g_got[names.index("xsa_alphas")]
+    g_alpha = g_got[names.index("xsa.alphas")]
     for layer in range(BASE.n_layer):
         if layer in ON_LAYERS:
             assert (g_alpha[layer] != 0).all(), layer
@@ -113,34 +113,34 @@ def test_zero_alpha_is_the_plain_model_bit_for_bit() -> None:
     off = randomised(BASE, double=False)
     on = GPT(ON)
     missing, unexpected = on.load_state_dict(off.state_dict(), strict=False)
-    assert set(missing) == {"xsa_alphas"} and not unexpected
-    assert torch.equal(on.xsa_alphas.detach(), torch.zeros(BASE.n_layer, BASE.n_head))
+    assert set(missing) == {"xsa.alphas"} and not unexpected
+    assert torch.equal(on.xsa.alphas.detach(), torch.zeros(BASE.n_layer, BASE.n_head))
     idx = tokens()
     assert torch.equal(on(idx), off(idx))
     # Control: one non-zero α of a layer with XSA changes the logits.
     with torch.no_grad():
-        on.xsa_alphas[2, 1] = 0.5
+        on.xsa.alphas[2, 1] = 0.5
     assert not torch.equal(on(idx), off(idx))
 
 
 def test_off_builds_nothing_and_on_builds_zero_scalar_alphas() -> None:
     for pattern in ("", "..."):
         off = GPT(update(BASE, {"attention.xsa": pattern}))
-        assert not hasattr(off, "xsa_alphas")
+        assert off.xsa is None
         assert not any("xsa" in n for n, _ in off.named_parameters())
         assert not any(s.xsa for s in off.plan)
     on = GPT(ON)
-    alphas = on.xsa_alphas
+    alphas = on.xsa.alphas
     assert alphas.shape == (BASE.n_layer, BASE.n_head) and alphas.dtype == torch.float32
     assert torch.equal(alphas.detach(), torch.zeros(BASE.n_layer, BASE.n_head))
     assert alphas.requires_grad and alphas.role == "scalar"
-    assert "xsa_alphas" in {n for n, _ in param_roles(on)["scalar"]}
+    assert "xsa.alphas" in {n for n, _ in param_roles(on)["scalar"]}
     assert [s.xsa for s in on.plan] == [layer in ON_LAYERS for layer in range(BASE.n_layer)]
     summary = on.plan_summary().split(" | ")
     assert len(summary) == BASE.n_layer
     assert [("xsa" in s) for s in summary] == [s.xsa for s in on.plan]
     # bf16 numerics keep α in fp32 (the parameter table's dtype).
-    assert GPT(update(ON, {"numerics.dtype": "bf16"})).xsa_alphas.dtype == torch.float32
+    assert GPT(update(ON, {"numerics.dtype": "bf16"})).xsa.alphas.dtype == torch.float32
 
 
 def scaled_head0(model: GPT, v_scale: float, o_scale: float) -> None:
@@ -187,6 +187,6 @@ def test_pattern_and_bad_character(n_layer: int) -> None:
     if n_layer == 11:
         assert [i for i, on in enumerate(want) if on] == [1, 3, 4, 7, 8, 10]
     assert [s.xsa for s in model.plan] == want
-    assert model.xsa_alphas.shape == (n_layer, 2)
+    assert model.xsa.alphas.shape == (n_layer, 2)
     with pytest.raises(ValueError, match=r"model\.attention\.xsa"):
         GPT(update(BASE, {"attention.xsa": "XY."}))

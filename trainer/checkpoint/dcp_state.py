@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from optim import CombinedOptimizer
 from optim.flat_state import copy_global, from_positional
+from trainer.checkpoint.upgrade import saved_keys
 
 MODEL, OPTIM = "model/", "optim/"
 
@@ -42,12 +43,15 @@ def save_sharded(directory: Path, model: nn.Module, optimizer: CombinedOptimizer
         dcp.save(live_state(model, optimizer), checkpoint_id=directory)
 
 
-def load_sharded(directory: Path, model: nn.Module, optimizer: CombinedOptimizer) -> None:
-    """Load a dcp save into this run's tensors in place, whatever world size wrote it."""
+def load_sharded(
+    directory: Path, model: nn.Module, optimizer: CombinedOptimizer, meta: dict[str, Any]
+) -> None:
+    """Load a dcp save into this run's tensors in place, whatever world size wrote it; its
+    meta.json's `meta` (an older naming's keys are read as the save holds them)."""
     import torch.distributed.checkpoint as dcp  # ~0.5 s of imports, for fsdp runs only
 
     with optimizer.resident():
-        target = live_state(model, optimizer)
+        target = saved_keys(live_state(model, optimizer), meta, MODEL, OPTIM)
         _check_keys(directory, target.keys())
         dcp.load(target, checkpoint_id=directory)
 

@@ -22,6 +22,7 @@ from trainer.checkpoint.dcp_state import (
     save_sharded,
 )
 from trainer.checkpoint.files import Loaded
+from trainer.checkpoint.upgrade import upgrade_flat, upgrade_parts
 from trainer.launch.dist import main_decides, raise_together
 from trainer.runtime import Runtime
 
@@ -82,15 +83,17 @@ def restore_tensors(
 ) -> None:
     """Model and optimizer state from either layout into this run's, sharded (fsdp) or whole
     (see dcp_state.py)."""
-    if loaded.meta.get("layout", "torch_save") == "torch_save":
+    meta = loaded.meta  # an older naming's save is read under today's names (upgrade.py)
+    if meta.get("layout", "torch_save") == "torch_save":
+        parts = upgrade_parts(loaded.parts, meta)
         if sharded:
-            load_whole_into_sharded(loaded.parts, model, optimizer)
+            load_whole_into_sharded(parts, model, optimizer)
             return
-        model.load_state_dict(loaded.parts["model"])
-        optimizer.load_state_dict(loaded.parts["optimizers"])
+        model.load_state_dict(parts["model"])
+        optimizer.load_state_dict(parts["optimizers"])
     elif sharded:
-        load_sharded(loaded.path / files.DCP_DIR, model, optimizer)
+        load_sharded(loaded.path / files.DCP_DIR, model, optimizer, meta)
     else:
         model_state, optim = read_whole(loaded.path / files.DCP_DIR)
-        model.load_state_dict(model_state)
-        optimizer.load_flat(optim)
+        model.load_state_dict(upgrade_flat(model_state, meta, flat=False))
+        optimizer.load_flat(upgrade_flat(optim, meta, flat=True))

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from trainer.checkpoint.files import CheckpointError, Loaded
+from trainer.checkpoint.upgrade import NAMES
 from trainer.config import Config
 from trainer.launch.dist import gather
 from trainer.observe.progress import Progress
@@ -50,6 +51,7 @@ def metadata(progress: Progress, conf: Config, rt: Runtime) -> dict[str, Any]:
         "train_time_s": progress.train_time_s,
         "val_loss": progress.val_loss,
         "config": asdict(conf),
+        "names": NAMES,  # the parameters' naming (trainer/checkpoint/upgrade.py)
     }
     if (code := code_version()) is not None:
         meta["code"] = code

@@ -1,28 +1,122 @@
-"""Old checkpoints read as this code writes them: parameter names and option values that a
-later layout renamed are mapped to today's before anything is loaded.
+"""Old checkpoints read as this code writes them: the parameter names that a later layout
+renamed are mapped to today's before anything is loaded.
 
-Each entry says what changed and since which layout; a checkpoint written before it is
-rewritten on load, one written after is left alone. The table is the only place that knows
-old names, so a resume of any earlier save and `scripts/bitwise.py` read old saves alike.
+meta.json's "names" says which naming a save uses (absent: 1). Naming 2 made each mechanism
+a part of the model with its parameters under it (docs/architecture.md, "Parts"): the
+bigram table `bigram_embed` became `bigram.embed`, and so on (`RENAMED`). A save of an
+older naming is rewritten on load, in the model's state, in the optimizers' `param_names`
+and in a sharded save's flat keys; a save of today's is left alone. This table is the only
+place that knows old names, so a resume of an earlier save and `scripts/bitwise.py` read
+old saves alike.
 """
 
 from typing import Any
 
-# (old key prefix, new key prefix) of the model's state_dict, in the order they were made
-MODEL_KEY_RENAMES: tuple[tuple[str, str], ...] = ()
+NAMES = 2  # the naming this code writes
+
+# Naming 1 -> 2: {old name: new name} of a parameter or buffer, or of the module holding it
+RENAMED = {
+    "skip_weights": "skips.weights",
+    "skip_token_gate": "skips.token_gate",
+    "scalars": "scalars.packed",
+    "skip_gate": "scalars.skip_gate",
+    "smear_lambda": "scalars.smear_lambda",
+    "backout_lambda": "scalars.backout_lambda",
+    "resid_lambdas": "sublayer_scales.resid_lambdas",
+    "post_lambdas": "sublayer_scales.post_lambdas",
+    "xsa_alphas": "xsa.alphas",
+    "value_gates": "value_gates.weight",
+    "x0_lambdas": "x0_injection.lambdas",
+    "mudd_w1": "mudd.w1",
+    "mudd_w2": "mudd.w2",
+    "mudd_b2": "mudd.b2",
+    "bigram_embed": "bigram.embed",
+    "bigram_signs": "bigram.signs",
+    "bigram_lambdas": "bigram.lambdas",
+}
+_OLD = {new: old for old, new in RENAMED.items()}
+
+
+def _map(name: str, table: dict[str, str]) -> str:
+    """`name` with its first component (or the whole name) looked up in `table`."""
+    if name in table:
+        return table[name]
+    head, dot, rest = name.partition(".")
+    return table[head] + dot + rest if dot and head in table else name
+
+
+def is_old(meta: dict[str, Any]) -> bool:
+    """Whether a save with this meta.json uses an older naming than this code's."""
+    return meta.get("names", 1) < NAMES
 
 
 def rename_key(key: str) -> str:
-    """`key` under today's names."""
-    for old, new in MODEL_KEY_RENAMES:
-        if key == old or key.startswith(old + "."):
-            key = new + key[len(old) :]
+    """A naming-1 parameter or buffer name under today's."""
+    return _map(key, RENAMED)
+
+
+def old_key(key: str) -> str:
+    """Today's name as naming 1 wrote it (a sharded save is read by its own keys)."""
+    for new, old in sorted(_OLD.items(), key=lambda kv: -len(kv[0])):
+        if key == new or key.startswith(new + "."):
+            return old + key[len(new) :]
     return key
 
 
+def rename_flat(key: str, rename: Any) -> str:
+    """A flat optimizer key ("<optimizer>/<parameter>/<state>") with its parameter renamed."""
+    parts = key.split("/")
+    if len(parts) < 3:
+        return key
+    return "/".join([parts[0], rename("/".join(parts[1:-1])), parts[-1]])
+
+
 def upgrade_parts(parts: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
-    """The saved parts ("model", "optimizers", …) under today's names; the rest as saved."""
+    """A torch_save checkpoint's parts ("model", "optimizers", …) under today's names."""
+    if not is_old(meta):
+        return parts
     out = dict(parts)
     if "model" in out:
         out["model"] = {rename_key(k): v for k, v in out["model"].items()}
+    if "optimizers" in out:
+        out["optimizers"] = [_rename_groups(sd) for sd in out["optimizers"]]
     return out
+
+
+def upgrade_flat(state: dict[str, Any], meta: dict[str, Any], flat: bool) -> dict[str, Any]:
+    """A sharded save's model state (`flat` False) or flat optimizer state (True) as read,
+    under today's names."""
+    if not is_old(meta):
+        return state
+    if flat:
+        return {rename_flat(k, rename_key): v for k, v in state.items()}
+    return {rename_key(k): v for k, v in state.items()}
+
+
+def saved_keys(target: dict[str, Any], meta: dict[str, Any], model: str, optim: str) -> dict:
+    """A sharded load's target (today's "<model>/<name>" and "<optim>/<flat key>" keys)
+    under the names the save holds."""
+    if not is_old(meta):
+        return target
+    out = {}
+    for key, value in target.items():
+        if key.startswith(model):
+            out[model + old_key(key[len(model) :])] = value
+        elif key.startswith(optim):
+            out[optim + rename_flat(key[len(optim) :], old_key)] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _rename_groups(state: Any) -> Any:
+    """An optimizer's state_dict with the `param_names` of its groups renamed."""
+    if not isinstance(state, dict) or "param_groups" not in state:
+        return state
+    groups = []
+    for group in state["param_groups"]:
+        group = dict(group)
+        if "param_names" in group:
+            group["param_names"] = [rename_key(n) for n in group["param_names"]]
+        groups.append(group)
+    return {**state, "param_groups": groups}
