@@ -29,6 +29,7 @@ COMMON = [
     "train.checkpoint_every=0", "train.checkpoint_at_end=true", "train.val_tokens=2048",
     "dist.timeout_s=120",
 ]  # fmt: skip
+# fmt: off
 SMALL = ["model.n_layer=4", "model.n_head=2", "model.n_embd=64", "train.batch_size=2",
          "train.micro_batch_size=1"]
 # Each case: the overrides of the other commit and of this tree (the same unless a key was
@@ -38,11 +39,11 @@ CASES: dict[str, dict[str, list[str]]] = {
     "A": {
         "base": ["experiment=record_2024_11_06", *SMALL, "train.seq_len=256", "train.steps=4",
                  "train.val_every=4"],
-    },  # fmt: skip
+    },
     "B": {
         "base": ["experiment=record_2025_01_26", *SMALL, "train.seq_len=512", "train.steps=4",
                  "train.val_every=4"],
-    },  # fmt: skip
+    },
     "C": {
         "base": ["experiment=record_2025_11_29", *SMALL, "model.residual.skip_from=1",
                  "model.residual.skip_to=2", "model.residual.backout_layer=2",
@@ -50,7 +51,7 @@ CASES: dict[str, dict[str, list[str]]] = {
                  "train.seq_len_phases=[128,256,512]", "train.steps=6",
                  "train.extension_steps=2", "optim.muon.momentum_warmup_steps=3",
                  "optim.muon.momentum_cooldown_steps=2", "train.val_every=8"],
-    },  # fmt: skip
+    },
     "D": {
         "base": ["experiment=record_2026_07_17", "model.n_embd=48", "model.n_head=6",
                  "model.embed.bigram_rows=256", "model.embed.bigram_dim=8",
@@ -61,8 +62,9 @@ CASES: dict[str, dict[str, list[str]]] = {
                  "train.val_every=9", "data.max_piece_len=64",
                  "data.max_piece_len_phases=[32,64,64]", "optim.tie_embed_head_until=5",
                  "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2"],
-    },  # fmt: skip
+    },
 }
+# fmt: on
 NOW: dict[str, list[str]] = {}  # case -> this tree's overrides where they differ from base's
 
 
