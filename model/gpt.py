@@ -210,10 +210,10 @@ class GPT(nn.Module):
 
     def _head(self, x: Tensor, targets: Tensor | None, mtp_weights: Tensor | None) -> Tensor:
         """RMSNorm → the LM head (FP8 in training where on) → the softcapped logits or loss;
-        in training with model.head.loss=record_2026_07 head and loss in one
+        in training with model.head.loss=sigmoid_e5m2_grad head and loss in one
         (model/record_loss.py)."""
         cfg = self.cfg
-        if self.training and targets is not None and cfg.head.loss == "record_2026_07":
+        if self.training and targets is not None and cfg.head.loss == "sigmoid_e5m2_grad":
             if cfg.head.mtp and mtp_weights is None:
                 raise ValueError("model.head.mtp: the training forward needs mtp_weights")
             return record_head_loss(

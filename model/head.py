@@ -15,13 +15,13 @@ a bf16 tensor does. Casts round to nearest without saturating; the scales keep v
 range. In evaluation the head is the ordinary bf16 matmul.
 
 The scales (model.numerics.fp8_scales, `FP8_SCALES`):
-- record_2025_01: x_s = 1/2, w_s = 2⁻⁹, g_s = 2⁻¹⁹ (the 2025-01 record's multipliers 2, 512,
+- pow2: x_s = 1/2, w_s = 2⁻⁹, g_s = 2⁻¹⁹ (the 2025-01 record's multipliers 2, 512,
   2¹⁹). All powers of two, so every division and rescale is exact and gives the same bits as
   multiplying by the reciprocals.
-- record_2025_11: x_s = √d/448 (0.0618589… at the record's width d = 768), w_s = 2⁻⁹,
-  g_s = 1/448. RMSNorm bounds |X| by √d, so X/x_s ≤ 448 = e4m3's largest value at any width,
-  as the record's √d/448 gives.
-- record_2026_07: x_s = 100/448, w_s = 1.6/448, g_s = 0.75/448 (record D, D.1 "Head and FP8":
+- sqrt_d_over_448: x_s = √d/448 (the 2025-11 record's: 0.0618589… at its width d = 768),
+  w_s = 2⁻⁹, g_s = 1/448. RMSNorm bounds |X| by √d, so X/x_s ≤ 448 = e4m3's largest value at
+  any width.
+- fixed_over_448: x_s = 100/448, w_s = 1.6/448, g_s = 0.75/448 (record D, D.1 "Head and FP8":
   the multipliers 4.48, 280 and 597.3), whatever the width.
 
 Under gradient accumulation the loop backpropagates loss / k for each of k micro-steps, so G
@@ -53,11 +53,11 @@ class FP8Scales(NamedTuple):
 
 
 RECORD_2025_01 = FP8Scales(x=2.0**-1, w=2.0**-9, g=2.0**-19)
-# Each named set as a function of the model's width d (only record_2025_11's depends on it).
+# Each named set as a function of the model's width d (only sqrt_d_over_448 depends on it).
 FP8_SCALES: dict[str, Callable[[int], FP8Scales]] = {
-    "record_2025_01": lambda d: RECORD_2025_01,
-    "record_2025_11": lambda d: FP8Scales(x=math.sqrt(d) / 448, w=2.0**-9, g=1 / 448),
-    "record_2026_07": lambda d: FP8Scales(x=100 / 448, w=1.6 / 448, g=0.75 / 448),
+    "pow2": lambda d: RECORD_2025_01,
+    "sqrt_d_over_448": lambda d: FP8Scales(x=math.sqrt(d) / 448, w=2.0**-9, g=1 / 448),
+    "fixed_over_448": lambda d: FP8Scales(x=100 / 448, w=1.6 / 448, g=0.75 / 448),
 }
 
 
@@ -133,7 +133,7 @@ def head_logits(
     x: Tensor,
     fp8: bool,
     micro_steps: int = 1,
-    scales: str | FP8Scales = "record_2025_01",
+    scales: str | FP8Scales = "pow2",
 ) -> Tensor:
     """The head's logits for x (..., d): FP8 when `fp8` and training, else `head(x)`;
     `micro_steps`: the gradient accumulation, `scales`: model.numerics.fp8_scales (module

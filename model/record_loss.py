@@ -1,4 +1,4 @@
-"""Record D's training loss in its own form (model.head.loss=record_2026_07; docs/records.md
+"""Record D's training loss in its own form (model.head.loss=sigmoid_e5m2_grad; docs/records.md
 D.2, its FP8 head and loss): the FP8 head, the sigmoid softcap and the (multi-token)
 cross-entropy as one autograd function whose backward uses the logit gradient that the loss
 itself writes.
@@ -142,7 +142,7 @@ def record_head_loss(
     micro_steps: int = 1,
     chunk_rows: int | None = None,
 ) -> Tensor:
-    """The training loss of model.head.loss=record_2026_07 for the normed final activations
+    """The training loss of model.head.loss=sigmoid_e5m2_grad for the normed final activations
     x (B, T, d, bf16) and targets (B, T): the FP8 head and the loss in one (module docstring).
     `weights`: the MTP weights (K_max,), None = [1]; `scales`: model.numerics.fp8_scales."""
     flat = x.flatten(0, -2)

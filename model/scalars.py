@@ -1,5 +1,6 @@
 """Every scalar of the model in one fp32 vector (model.numerics.packed_scalars), the 2025-11
-record's layout (record C's scalar vector, docs/records.md C.1). For n layers:
+record's layout (scalars_layout=mixes; record C's scalar vector, docs/records.md C.1). For n
+layers:
 
     0 … n−1            skip-gate logits, init −1.5; only index 1 is read (the record's w_skip,
                        whatever model.residual.skip_from / skip_to say)
@@ -14,7 +15,7 @@ here the multiple is a config key (8 by default), the same on any rank count. On
 one Adam tensor instead of dozens of tiny ones. Entries no option reads get a zero gradient and
 so never move.
 
-Record D's vector (model.numerics.scalars_layout=record_2026_07, D.1 "Scalar vector"):
+Record D's vector (model.numerics.scalars_layout=weight_lambdas, D.1 "Scalar vector"):
 
     2ℓ, 2ℓ + 1         (λ⁰_ℓ, λ¹_ℓ): the multipliers of W_qkv and W_o of layer ℓ, init (0.5, 1)
                        (model.attention.weight_lambdas; layers without attention keep theirs)
@@ -37,7 +38,7 @@ VALUE_MIX_INIT = 0.5
 SMEAR_INIT = 0.0  # the smear starts as the identity
 BACKOUT_INIT = 0.5
 WEIGHT_LAMBDAS_INIT = (0.5, 1.0)  # (λ⁰, λ¹): record D's W_qkv and W_o multipliers
-LAYOUTS = ("record_2025_11", "record_2026_07")
+LAYOUTS = ("mixes", "weight_lambdas")
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class Scalars(nn.Module):
         self.layout: ScalarLayout | RecordDLayout | None = None
         self.packed = self.skip_gate = self.smear_lambda = self.backout_lambda = None
         if num.packed_scalars:
-            kind = RecordDLayout if num.scalars_layout == "record_2026_07" else ScalarLayout
+            kind = RecordDLayout if num.scalars_layout == "weight_lambdas" else ScalarLayout
             self.layout = kind(cfg.n_layer, num.scalars_multiple)
             self.packed = nn.Parameter(torch.empty(self.layout.size))
             return

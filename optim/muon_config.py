@@ -1,8 +1,11 @@
 """`optim.muon`'s schema (`MuonConfig`) with the vocabulary of its choices, and what every
 optim schema shares (the resume metadata, `check_choices`). Re-exported by optim/config.py,
-the `optim` group's module; like it, this imports nothing else of `optim/`."""
+the `optim` group's module; like it, this imports nothing else of `optim/` but the table of
+renamed option values (optim/renamed.py)."""
 
 from dataclasses import dataclass, field, fields
+
+from optim.renamed import RENAMED_VALUES, renamed_message
 
 MUST_MATCH = {"resume": "must_match"}
 OPERATIONAL = {"resume": "operational"}
@@ -23,16 +26,20 @@ WEIGHT_DECAY_FORMS = ("decoupled", "cautious")
 # and arithmetic; the master copy of bf16 matrices (optim/muon/normuon.py, master.py).
 QK_SPLITS = ("none", "head_pairs")
 NORMUON_AXES = ("columns", "shape")
-NORMUON_FORMS = ("fp32", "record_2025_11", "record_2026_07")
+NORMUON_FORMS = ("fp32", "o_dtype", "fp32_mean_squares")
 MASTER_WEIGHTS = ("none", "fp32_truncated")
 
 
 def check_choices(settings: object, prefix: str) -> None:
     """Raise ValueError naming the first field of `settings` whose value is not one of the
-    `choices` its metadata lists (a standalone optimizer validates its settings here too)."""
+    `choices` its metadata lists (a standalone optimizer validates its settings here too), in
+    one line naming today's value where it is an old one (optim/renamed.py)."""
     for f in fields(settings):  # type: ignore[arg-type]
-        allowed = f.metadata.get("choices")
-        if allowed is not None and getattr(settings, f.name) not in allowed:
+        allowed, value = f.metadata.get("choices"), getattr(settings, f.name)
+        if allowed is not None and value not in allowed:
+            key = f"{prefix}{f.name}".removeprefix("optim.")
+            if isinstance(value, str) and value in RENAMED_VALUES.get(key, {}):
+                raise ValueError(renamed_message(key, value))
             raise ValueError(
                 f"{prefix}{f.name} must be one of {' | '.join(allowed)}, "
                 f"got {getattr(settings, f.name)!r}"
@@ -93,10 +100,11 @@ class MuonConfig:
     where rows ≥ cols, else per column: the 2026-07 record's)."""
     normuon_form: str = field(default="fp32", metadata={"choices": NORMUON_FORMS})
     """NorMuon's arithmetic: fp32 (O in the second moment's dtype, fp32 for fp32 matrices) |
-    record_2025_11 (O stays in the Newton–Schulz dtype through the normalisation and the
+    o_dtype (O stays in its own, the Newton–Schulz dtype, through the normalisation and the
     cautious decay term, O ← bf16(O + λη·M⊙W), and a bf16 matrix's decay coefficient is
-    bf16(λ·η), not bf16(λ·bf16(η))) | record_2026_07 (both norms from the fp32 mean squares r,
-    the factor ρ rounded to O's dtype, Ô = O·ρ). Needs normuon_beta2 > 0 unless fp32."""
+    bf16(λ·η), not bf16(λ·bf16(η)): the 2025-11 record's) | fp32_mean_squares (both norms from
+    the fp32 mean squares r, the factor ρ rounded to O's dtype, Ô = O·ρ: the 2026-07 record's).
+    Needs normuon_beta2 > 0 unless fp32."""
     qk_split: str = field(default="none", metadata={"choices": QK_SPLITS})
     """none | head_pairs: W_q and W_k of each (4, d, d) stack (model.attention.merged_qkvo)
     are orthogonalised and normalised as blocks of 2·head_dim rows (heads (0,1), (2,3), ...),

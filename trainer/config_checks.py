@@ -1,10 +1,23 @@
-"""Checks of a config tree against its schema: choices named in field metadata, and keys the
-schema lacks (an unknown `+train.step=3` would otherwise be accepted and ignored); and a config
-tree as dotted keys, the form in which ranks and checkpoints compare configs (`flatten`)."""
+"""Checks of a config tree against its schema: choices named in field metadata (an option value
+once named after a record fails with one line naming today's), and keys the schema lacks (an
+unknown `+train.step=3` would otherwise be accepted and ignored); and a config tree as dotted
+keys, the form in which ranks and checkpoints compare configs (`flatten`)."""
 
 import difflib
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Any
+
+from model.config import renamed as model_renamed
+from optim import renamed as optim_renamed
+
+# The packages' tables of renamed option values (model/config/renamed.py, optim/renamed.py)
+# by their top-level group, and all of them as dotted key -> {old value: today's}.
+RENAMED_BY_GROUP = {"model": model_renamed, "optim": optim_renamed}
+RENAMED_VALUES = {
+    f"{group}.{key}": table
+    for group, module in RENAMED_BY_GROUP.items()
+    for key, table in module.RENAMED_VALUES.items()
+}
 
 
 def check_choices(node: Any, prefix: str = "") -> None:
@@ -15,8 +28,17 @@ def check_choices(node: Any, prefix: str = "") -> None:
         if is_dataclass(value):
             check_choices(value, f"{prefix}{f.name}.")
         elif "choices" in f.metadata and value not in f.metadata["choices"]:
+            check_renamed(f"{prefix}{f.name}", value)
             allowed = " | ".join(f.metadata["choices"])
             raise ValueError(f"{prefix}{f.name} must be one of {allowed}, got {value!r}")
+
+
+def check_renamed(key: str, value: Any) -> None:
+    """Raise ValueError, in the one line its package gives, where `value` is an old value of
+    dotted `key`."""
+    if isinstance(value, str) and value in RENAMED_VALUES.get(key, {}):
+        group, _, rest = key.partition(".")
+        raise ValueError(RENAMED_BY_GROUP[group].renamed_message(rest, value))
 
 
 def check_known(values: dict[str, Any], schema: Any, prefix: str = "") -> None:

@@ -14,7 +14,9 @@ builds exactly the same model, parameter for parameter and bit for bit:
 Per-layer options (`attention.window`, `embed.value_embeds`, `attention.layers`,
 `mlp.layers`) are patterns over the layers of a reference depth, one character per layer,
 resampled to `n_layer` (`model/plan.py`). A key of the former flat schema (`model.attention.window`)
-fails with one line naming its group (`model/config/moved.py`).
+fails with one line naming its group (`model/config/moved.py`), and an option value once named
+after a record (`model.head.loss=record_2026_07`) with one line naming today's value
+(`model/config/renamed.py`).
 """
 
 import copy
@@ -218,28 +220,28 @@ class ModelConfig:
             )
         if res.mudd:
             self._validate_mudd()
-        if head.loss == "record_2026_07" and not head.fp8:
+        if head.loss == "sigmoid_e5m2_grad" and not head.fp8:
             raise ValueError(
-                "model.head.loss=record_2026_07 writes the FP8 head's e5m2 gradient: set "
+                "model.head.loss=sigmoid_e5m2_grad writes the FP8 head's e5m2 gradient: set "
                 "model.head.fp8=true"
             )
-        if head.fp8 and head.reduction == "sum" and num.fp8_scales == "record_2025_01":
+        if head.fp8 and head.reduction == "sum" and num.fp8_scales == "pow2":
             raise ValueError(
                 "model.head.reduction=sum gives per-token logit gradients of O(1), which the "
-                "FP8 head's 2025-01 gradient scale (×2¹⁹) overflows in e5m2: set "
-                "model.numerics.fp8_scales=record_2025_11 (×448)"
+                "FP8 head's power-of-two gradient scale (×2¹⁹) overflows in e5m2: set "
+                "model.numerics.fp8_scales=sqrt_d_over_448 (×448)"
             )
 
     def _validate_scalars_layout(self) -> None:
         num, res = self.numerics, self.residual
         if not num.packed_scalars:
             return
-        if num.scalars_layout == "record_2025_11" and self.attention.weight_lambdas:
+        if num.scalars_layout == "mixes" and self.attention.weight_lambdas:
             raise ValueError(
-                "model.attention.weight_lambdas has no place in the record_2025_11 packed "
-                "vector: set model.numerics.scalars_layout=record_2026_07"
+                "model.attention.weight_lambdas has no place in the packed vector of "
+                "model.numerics.scalars_layout=mixes: set scalars_layout=weight_lambdas"
             )
-        if num.scalars_layout != "record_2026_07":
+        if num.scalars_layout != "weight_lambdas":
             return
         for key, on in (
             ("residual.x0_shortcut", res.x0_shortcut),
@@ -249,8 +251,8 @@ class ModelConfig:
         ):  # fmt: skip
             if on:
                 raise ValueError(
-                    f"model.numerics.scalars_layout=record_2026_07 has no place for model.{key}'s "
-                    "scalars: turn it off, or use scalars_layout=record_2025_11"
+                    f"model.numerics.scalars_layout=weight_lambdas has no place for model.{key}'s "
+                    "scalars: turn it off, or use scalars_layout=mixes"
                 )
 
     def _validate_mudd(self) -> None:

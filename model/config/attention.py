@@ -36,7 +36,7 @@ class AttentionConfig:
     weight_lambdas: bool = False
     """Record D's (λ⁰, λ¹) per layer (#47, #48): q, k, v = u·(λ⁰·W_qkv)ᵀ and out = y·(λ¹·W_o)ᵀ,
     the scalar multiplying the weight (in its dtype), from (0.5, 1). In the packed vector with
-    model.numerics.scalars_layout=record_2026_07, else each attention's `weight_lambdas`."""
+    model.numerics.scalars_layout=weight_lambdas, else each attention's `weight_lambdas`."""
     out_init: str = field(default="zero", metadata={"choices": OUT_INITS})
     """W_o at initialisation: zero (each block starts as the identity) | uniform (record D,
     #64: drawn like W_q, W_k, W_v)."""

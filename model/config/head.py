@@ -4,13 +4,15 @@ formats."""
 import math
 from dataclasses import dataclass, field
 
+from model.config.renamed import check_renamed
+
 DTYPES = ("fp32", "bf16")
 SOFTCAP_FORMS = ("tanh", "sigmoid")
-LOSSES = ("auto", "fused", "plain", "record_2026_07")
+LOSSES = ("auto", "fused", "plain", "sigmoid_e5m2_grad")
 LOSS_REDUCTIONS = ("mean", "sum")
 LOSS_DTYPES = ("fp32", "bf16")
-SCALAR_LAYOUTS = ("record_2025_11", "record_2026_07")
-FP8_SCALES = ("record_2025_01", "record_2025_11", "record_2026_07")
+SCALAR_LAYOUTS = ("mixes", "weight_lambdas")
+FP8_SCALES = ("pow2", "sqrt_d_over_448", "fixed_over_448")
 
 
 @dataclass
@@ -28,9 +30,10 @@ class HeadConfig:
     """τ of the sigmoid form; 0 = c/4 (record D: 7.5)."""
     loss: str = field(default="auto", metadata={"choices": LOSSES})
     """Softcapped cross-entropy: fused (chunked, for CPU caches) | plain (the formula, which
-    torch.compile fuses on GPU) | auto: fused on CPU, plain elsewhere | record_2026_07: record
-    D's training form (model/record_loss.py: σ rounded to bf16, the e5m2 logit gradient written
-    by the loss with its end-of-sequence quirk; needs head.fp8, reduction=sum and the sigmoid
+    torch.compile fuses on GPU) | auto: fused on CPU, plain elsewhere | sigmoid_e5m2_grad: the
+    FP8 head, the sigmoid cap and the cross-entropy in one, the loss writing the head's e5m2
+    logit gradient itself (model/record_loss.py, record D's form: σ rounded to bf16, the
+    gradient with its end-of-sequence quirk; needs head.fp8, reduction=sum and the sigmoid
     cap; evaluation takes the plain formula)."""
     reduction: str = field(default="mean", metadata={"choices": LOSS_REDUCTIONS})
     """The training loss over tokens: mean | sum (the 2025-11 record). Evaluation: the mean."""
@@ -63,6 +66,7 @@ class HeadConfig:
         return self.softcap_form == "tanh" or plain_sigmoid
 
     def validate(self) -> None:
+        check_renamed(self, "head")
         if self.init_std < 0:
             raise ValueError(f"model.head.init_std must be >= 0, got {self.init_std}")
         if self.softcap < 0:
@@ -99,23 +103,23 @@ class HeadConfig:
             )
         if self.mtp and self.loss == "fused":
             raise ValueError(
-                "model.head.mtp needs model.head.loss=plain, auto or record_2026_07: the fused "
+                "model.head.mtp needs model.head.loss=plain, auto or sigmoid_e5m2_grad: the fused "
                 "loss scores the next token only"
             )
-        if self.mtp and self.loss_dtype == "bf16" and self.loss != "record_2026_07":
+        if self.mtp and self.loss_dtype == "bf16" and self.loss != "sigmoid_e5m2_grad":
             raise ValueError(
                 "model.head.mtp computes its cross-entropy in fp32: set model.head.loss_dtype="
-                "fp32, or model.head.loss=record_2026_07"
+                "fp32, or model.head.loss=sigmoid_e5m2_grad"
             )
-        if self.loss == "record_2026_07":
+        if self.loss == "sigmoid_e5m2_grad":
             if self.softcap_form != "sigmoid" or self.softcap <= 0:
                 raise ValueError(
-                    "model.head.loss=record_2026_07 caps with c·σ((z + b)/τ): set "
+                    "model.head.loss=sigmoid_e5m2_grad caps with c·σ((z + b)/τ): set "
                     "model.head.softcap_form=sigmoid and model.head.softcap > 0"
                 )
             if self.reduction != "sum":
                 raise ValueError(
-                    "model.head.loss=record_2026_07 writes the gradient of the summed loss: set "
+                    "model.head.loss=sigmoid_e5m2_grad writes the gradient of the summed loss: set "
                     "model.head.reduction=sum"
                 )
 
@@ -127,15 +131,17 @@ class NumericsConfig:
     dtype: str = field(default="fp32", metadata={"choices": DTYPES})
     """bf16: bf16 embedding tables, every linear casts its fp32 weight to bf16, a bf16
     residual stream (the 2025-01 record; pair with train.autocast=none) | fp32."""
-    fp8_scales: str = field(default="record_2025_01", metadata={"choices": FP8_SCALES})
-    """The FP8 head's divisors (x_s, w_s, g_s), model/head.py: record_2025_01 (1/2, 2⁻⁹, 2⁻¹⁹)
-    | record_2025_11 (√d/448, 2⁻⁹, 1/448) | record_2026_07 (100/448, 1.6/448, 0.75/448)."""
+    fp8_scales: str = field(default="pow2", metadata={"choices": FP8_SCALES})
+    """The FP8 head's divisors (x_s, w_s, g_s), model/head.py: pow2 (1/2, 2⁻⁹, 2⁻¹⁹: the
+    2025-01 record's) | sqrt_d_over_448 (√d/448, 2⁻⁹, 1/448: the 2025-11 record's) |
+    fixed_over_448 (100/448, 1.6/448, 0.75/448: record D's)."""
     packed_scalars: bool = False
     """Every scalar of the model in one fp32 vector, the 2025-11 record's layout
     (model/scalars.py)."""
-    scalars_layout: str = field(default="record_2025_11", metadata={"choices": SCALAR_LAYOUTS})
-    """Which packed vector (model/scalars.py): record_2025_11 (skip logits, x0 and value mixes,
-    λ_smear, λ_back) | record_2026_07 (record D: (λ⁰, λ¹) per layer, λ_smear, w_skip)."""
+    scalars_layout: str = field(default="mixes", metadata={"choices": SCALAR_LAYOUTS})
+    """Which packed vector (model/scalars.py): mixes (skip logits, x0 and value mixes per layer,
+    λ_smear, λ_back: the 2025-11 record's) | weight_lambdas ((λ⁰, λ¹) per layer, λ_smear,
+    w_skip: record D's)."""
     bf16_matrices: bool = False
     """The hidden matrices (attention's and the MLP's) are bf16 parameters, as record D's are
     (its optimizer keeps the fp32 master); needs model.numerics.dtype=bf16."""
@@ -144,7 +150,8 @@ class NumericsConfig:
     whatever the rank count so the parameter count is the same everywhere."""
 
     def validate(self) -> None:
-        if self.scalars_layout != "record_2025_11" and not self.packed_scalars:
+        check_renamed(self, "numerics")
+        if self.scalars_layout != "mixes" and not self.packed_scalars:
             raise ValueError(
                 f"model.numerics.scalars_layout={self.scalars_layout} lays out the packed "
                 "vector: set model.numerics.packed_scalars=true"

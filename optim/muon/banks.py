@@ -153,7 +153,7 @@ def host_values(group: dict[str, Any], hp: MuonConfig, dtype: torch.dtype) -> di
     if hp.master_weights == "none" and dtype == torch.bfloat16:
         plain_lr = torch.tensor(lr, dtype=torch.bfloat16).item()
     coefficient = 0.0
-    if hp.normuon_form == "record_2025_11" and decay:
+    if hp.normuon_form == "o_dtype" and decay:
         coefficient = torch.tensor(decay * lr, dtype=dtype).item()  # update.decay_coefficient
     if hp.master_weights != "none":
         return {"lr": lr, "momentum": mu, "one_minus_momentum": 1 - mu, "decay_lr": decay * lr,
@@ -288,7 +288,7 @@ def _to_weights(w: Tensor, update: Tensor, layout: Layout, lr_mul: Tensor,
     dtype, wide = w.dtype, torch.promote_types(w.dtype, torch.float32)
     update = update.contiguous()
     if hp.weight_decay_form == "cautious" and hp.weight_decay:
-        if hp.normuon_form == "record_2025_11":
+        if hp.normuon_form == "o_dtype":
             u_wide = torch.promote_types(torch.promote_types(update.dtype, dtype), wide)
             agree = (update * w >= 0).to(u_wide)
             coefficient = scalars["coefficient"].to(u_wide)

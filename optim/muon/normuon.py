@@ -13,8 +13,8 @@ NorMuon (`normuon_beta2` > 0), per matrix O with second-moment buffer V and β�
     Ô = O/√max(V, 1e-10) · ‖O‖_F / max(‖O/√max(V, 1e-10)‖_F, 1e-10)
 
 `normuon_form` says in which precision (optim/config.py): fp32 computes it in V's dtype;
-record_2025_11 keeps O in its own (bf16) dtype through each step, as that record's script does
-in place on its bf16 O; record_2026_07 takes both norms from r in fp32 (‖O‖² = n·Σr,
+o_dtype keeps O in its own (bf16) dtype through each step, as the 2025-11 record's script does
+in place on its bf16 O; fp32_mean_squares takes both norms from r in fp32 (‖O‖² = n·Σr,
 ‖O/√V‖² = n·Σ r/V, n the length of `dim`) and rounds the factor ρ to O's dtype, Ô = O·ρ.
 """
 
@@ -94,7 +94,7 @@ def normalise(o: Tensor, second_moment: Tensor, beta2: float, dim: int, form: st
         o = o / second_moment.clamp_min(NORMUON_FLOOR).sqrt()
         return o * (norm / o.norm(dim=(-2, -1), keepdim=True).clamp_min(NORMUON_FLOOR))
     o = o.contiguous()
-    if form == "record_2025_11":
+    if form == "o_dtype":
         # Each step rounds to O's dtype, as the record's in-place ops on its bf16 O do.
         norm = o.norm(dim=(-2, -1), keepdim=True)
         second_moment.lerp_((o * o).mean(dim=dim, keepdim=True).to(second_moment.dtype), 1 - beta2)
@@ -102,7 +102,7 @@ def normalise(o: Tensor, second_moment: Tensor, beta2: float, dim: int, form: st
         return (o * (norm / o.norm(dim=(-2, -1), keepdim=True).clamp_min(NORMUON_FLOOR))).to(
             o.dtype
         )
-    # record_2026_07: the mean squares in fp32 (or wider), both norms from them.
+    # fp32_mean_squares: the mean squares in fp32 (or wider), both norms from them.
     wide = o.to(torch.promote_types(o.dtype, torch.float32))
     r = wide.square().mean(dim=dim, keepdim=True)
     sums = r * o.shape[dim]  # the squared norm of each row (column) of O

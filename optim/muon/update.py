@@ -11,7 +11,7 @@ and weight decay, and the settings `hp` (`MuonConfig`):
     apply_update:      W ← W·(1 − η·λ) − η·m·scale(shape)·O            (decoupled weight decay)
                        W ← W − η·m·scale(shape)·(O + λ·η·[O⊙W ≥ 0]⊙W)  (cautious)
                        with m the parameter's LR multiplier (`optim.lr_mul`, 1 by default)
-                       O ← bf16(O + bf16(λη)·[O⊙W ≥ 0]⊙W)  (normuon_form=record_2025_11)
+                       O ← bf16(O + bf16(λη)·[O⊙W ≥ 0]⊙W)  (normuon_form=o_dtype)
     apply_to_master:   W ← W − (W⊙[O⊙W ≥ 0])·λη·η' − O·η'   (fp32 master, η' = η·m·scale)
 
 The first two are elementwise, so a shard of buf and g gives that shard of the result; the
@@ -67,7 +67,7 @@ def normalise_columns(o: Tensor, second_moment: Tensor, beta2: float) -> Tensor:
 
 
 def decay_coefficient(decay: float, lr: float, dtype: torch.dtype) -> float:
-    """λ·η rounded once to `dtype` (normuon_form=record_2025_11): for the record's bf16 gates
+    """λ·η rounded once to `dtype` (normuon_form=o_dtype): for the 2025-11 record's bf16 gates
     bf16(1.2·η), where rounding η first, bf16(1.2·bf16(η)), differs in the last bit at 541 of
     its 2,160 steps."""
     return torch.tensor(decay * lr, dtype=dtype).item()
@@ -92,7 +92,7 @@ def apply_update(
     # memory column-wise, 2-3x slower on a CPU than transposing it first.
     update = update.contiguous()
     if hp.weight_decay_form == "cautious":
-        if decay and hp.normuon_form == "record_2025_11":
+        if decay and hp.normuon_form == "o_dtype":
             # The record adds the decay into its bf16 O in place (fp32 arithmetic, one
             # rounding to O's dtype), with the coefficient λ·η rounded once to W's dtype.
             coefficient = decay_coefficient(decay, group["lr"], p.dtype)

@@ -196,7 +196,7 @@ def test_unknown_exchange_is_rejected() -> None:
 
 
 RECORD_D = {**NORMUON, "normuon_beta2": 0.9, "normuon_axis": "shape", "weight_decay": 1.2,
-            "normuon_form": "record_2026_07", "qk_split": "head_pairs",
+            "normuon_form": "fp32_mean_squares", "qk_split": "head_pairs",
             "master_weights": "fp32_truncated"}  # fmt: skip
 
 

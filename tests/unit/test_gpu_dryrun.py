@@ -67,14 +67,14 @@ def old_forward(ctx, x, w, shifted, weights, cfg, scales, micro_steps, chunk):
 
 if OLD:
     RecordHeadLoss.forward = staticmethod(old_forward)
-cfg = HeadConfig(**{**RECORD_D.__dict__, "loss": "record_2026_07", "mtp": True})
+cfg = HeadConfig(**{**RECORD_D.__dict__, "loss": "sigmoid_e5m2_grad", "mtp": True})
 head = torch.nn.Linear(64, 256, bias=False).to(torch.bfloat16).to("cuda")
 x = torch.randn(2, 96, 64).to(torch.bfloat16).to("cuda").requires_grad_()
 y = torch.randint(0, 256, (2, 96)).to("cuda")
 
 class Loss(torch.nn.Module):
     def forward(self, xs):
-        return record_head_loss(head, xs, y, torch.tensor([1.0, 0.5]), cfg, "record_2026_07", 1, 64)
+        return record_head_loss(head, xs, y, torch.tensor([1.0, 0.5]), cfg, "fixed_over_448", 1, 64)
 
 compile_model(Loss())(x).backward()
 print("compiled", fake_gpu.COMPILES[0], "kernels")

@@ -120,7 +120,7 @@ def run_fp8(x, w, g, scales, k):
     return out, x.grad, w.grad
 
 
-def test_record_2025_01_as_divisors_gives_the_multiply_forms_bits() -> None:
+def test_pow2_divisors_give_the_multiply_forms_bits() -> None:
     """X·2, W·512, G·2¹⁹k with 1/2, 1/512, 1/(2¹⁹k) to dequantise (the 2025-01 form) and the
     divisors 1/2, 2⁻⁹, 2⁻¹⁹ give the same bits, for fp32 weights and any accumulation k."""
     gen = torch.Generator().manual_seed(0)
@@ -179,8 +179,8 @@ def test_fp8_head_is_the_formula_with_explicit_casts(scales, w_dtype, k) -> None
                 assert (a.double() == b).double().mean() > 0.99, name
 
 
-def test_head_logits_by_name_quantise_x_as_record_2025_11_does() -> None:
-    """`head_logits(..., "record_2025_11")` in training, read back through a unit weight:
+def test_head_logits_by_name_quantise_x_as_sqrt_d_over_448_says() -> None:
+    """`head_logits(..., "sqrt_d_over_448")` in training, read back through a unit weight:
     with W = w_s·I (so W₈ = I) the logits are X₈·x_s·w_s within a bf16 unit, and X₈ itself,
     recovered by rounding logits / (x_s·w_s) to e4m3, is the formula's e4m3(bf16(X / x_s))
     with the width's x_s = √16/448, not the record width's √768/448."""
@@ -191,25 +191,25 @@ def test_head_logits_by_name_quantise_x_as_record_2025_11_does() -> None:
     head = torch.nn.Linear(16, 16, bias=False).bfloat16()  # the record's bf16 head
     with torch.no_grad():
         head.weight.copy_(torch.eye(16) * w_s)
-    logits = head_logits(head, x[None], True, 1, "record_2025_11")[0]
+    logits = head_logits(head, x[None], True, 1, "sqrt_d_over_448")[0]
     x8 = (x.double() / x_s).bfloat16().to(torch.float8_e4m3fn).double()
     torch.testing.assert_close(logits.double(), x8 * x_s * w_s, rtol=2.0**-7, atol=0)
     recovered = (logits.double() / (x_s * w_s)).to(torch.float8_e4m3fn).double()
     assert torch.equal(recovered, x8)
     assert x8.abs().max() > 100  # the divisor scaled X up into e4m3's range
     head.eval()  # evaluation: the plain matmul
-    assert torch.equal(head_logits(head, x[None], True, 1, "record_2025_11"), head(x[None]))
+    assert torch.equal(head_logits(head, x[None], True, 1, "sqrt_d_over_448"), head(x[None]))
 
 
 def test_fp8_scales_are_validated() -> None:
     from model.config import ModelConfig as Config
     from trainer.config import check_choices
 
-    assert fp8_scales("record_2025_11", 768) == FP8Scales(*RECORD_2025_11)
-    assert fp8_scales("record_2025_11", 64) == FP8Scales(8 / 448, 2.0**-9, 1 / 448)  # √d/448
-    assert fp8_scales("record_2025_01", 64) == FP8Scales(*RECORD_2025_01)
-    assert fp8_scales("record_2026_07", 64) == FP8Scales(100 / 448, 1.6 / 448, 0.75 / 448)
-    assert Config().numerics.fp8_scales == "record_2025_01"
+    assert fp8_scales("sqrt_d_over_448", 768) == FP8Scales(*RECORD_2025_11)
+    assert fp8_scales("sqrt_d_over_448", 64) == FP8Scales(8 / 448, 2.0**-9, 1 / 448)  # √d/448
+    assert fp8_scales("pow2", 64) == FP8Scales(*RECORD_2025_01)
+    assert fp8_scales("fixed_over_448", 64) == FP8Scales(100 / 448, 1.6 / 448, 0.75 / 448)
+    assert Config().numerics.fp8_scales == "pow2"
     for name in FP8_SCALES:
         check_choices(update(Config(), {"numerics.fp8_scales": name}), "model.")
     with pytest.raises(ValueError, match=r"model\.numerics\.fp8_scales must be one of"):

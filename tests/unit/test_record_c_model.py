@@ -50,7 +50,7 @@ RECORD_C = update(
         "numerics.dtype": "bf16",
         "head.bf16": True,
         "head.fp8": True,
-        "numerics.fp8_scales": "record_2025_11",
+        "numerics.fp8_scales": "sqrt_d_over_448",
         "attention.yarn": True,
         "head.reduction": "sum",
         "head.loss_dtype": "bf16",

@@ -74,7 +74,7 @@ def test_the_record_loss_compiles_with_inductor_in_row_chunks() -> None:
     from model.record_loss import record_head_loss
     from trainer.launch.compile import compile_model
 
-    cfg = HeadConfig(**{**RECORD_D.__dict__, "loss": "record_2026_07", "mtp": True})
+    cfg = HeadConfig(**{**RECORD_D.__dict__, "loss": "sigmoid_e5m2_grad", "mtp": True})
     gen = torch.Generator().manual_seed(0)
     head = torch.nn.Linear(32, 64, bias=False).to(torch.bfloat16)
     with torch.no_grad():
@@ -85,7 +85,7 @@ def test_the_record_loss_compiles_with_inductor_in_row_chunks() -> None:
 
     class Loss(torch.nn.Module):
         def forward(self, xs: torch.Tensor) -> torch.Tensor:
-            return record_head_loss(head, xs, y, w, cfg, "record_2026_07", 1, 4)
+            return record_head_loss(head, xs, y, w, cfg, "fixed_over_448", 1, 4)
 
     def step(fn: torch.nn.Module) -> tuple[torch.Tensor, ...]:
         xs = x.clone().requires_grad_()

@@ -13,7 +13,7 @@ from model.config import update
 D_KEYS = {
     "attention.merged_qkvo": True, "attention.weight_lambdas": True,
     "attention.out_init": "uniform", "numerics.packed_scalars": True,
-    "numerics.scalars_layout": "record_2026_07", "embed.smear": True,
+    "numerics.scalars_layout": "weight_lambdas", "embed.smear": True,
     "residual.skip_from": 1, "residual.skip_to": 2, "residual.skip_per_token": True,
 }  # fmt: skip
 
@@ -44,7 +44,7 @@ def test_the_lambdas_multiply_the_weights_in_float64() -> None:
     off = GPT(
         update(
             record_d(),
-            {"attention.weight_lambdas": False, "numerics.scalars_layout": "record_2025_11"},
+            {"attention.weight_lambdas": False, "numerics.scalars_layout": "mixes"},
         )
     ).double()
     with torch.no_grad():
@@ -124,8 +124,8 @@ def test_the_records_inits_at_its_width() -> None:
 @pytest.mark.parametrize(
     ("changes", "match"),
     [
-        ({"numerics.packed_scalars": False}, r"record_2026_07 .*packed_scalars=true"),
-        ({"numerics.scalars_layout": "record_2025_11"}, r"weight_lambdas has no place"),
+        ({"numerics.packed_scalars": False}, r"layout=weight_lambdas .*packed_scalars=true"),
+        ({"numerics.scalars_layout": "mixes"}, r"weight_lambdas has no place"),
         ({"residual.x0_shortcut": True}, r"no place for model\.residual\.x0_shortcut"),
         ({"numerics.bf16_matrices": True}, r"bf16_matrices=true needs model\.numerics\.dtype"),
         ({"embed.tied_init": True, "embed.rows": 50257}, r"embed\.rows must be 0"),

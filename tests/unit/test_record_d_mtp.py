@@ -22,8 +22,8 @@ from trainer.step import filled
 
 CAP = {"softcap": 23.0, "softcap_form": "sigmoid", "softcap_shift": 5.0, "softcap_divisor": 7.5}
 PLAIN = HeadConfig(**CAP, loss="plain", reduction="sum", mtp=True)
-RECORD = HeadConfig(**CAP, loss="record_2026_07", reduction="sum", mtp=True)
-G_S, X_S, W_S = 0.75 / 448, 100 / 448, 1.6 / 448  # record_2026_07's divisors
+RECORD = HeadConfig(**CAP, loss="sigmoid_e5m2_grad", reduction="sum", mtp=True)
+G_S, X_S, W_S = 0.75 / 448, 100 / 448, 1.6 / 448  # fixed_over_448's divisors
 WEIGHTS = [1.0, 0.5, 0.2]
 B, T, V = 2, 6, 40
 # Seeds whose reference values all lie clear of rounding boundaries (`cast`)
@@ -223,25 +223,25 @@ def head_data(seed: int) -> tuple[torch.Tensor, torch.nn.Linear, torch.Tensor]:
 
 
 def test_the_whole_head_path_is_d1s_formula() -> None:
-    """FP8 head + record form (fp8_scales=record_2026_07) against `head_ref`; with k
+    """FP8 head + record form (fp8_scales=fixed_over_448) against `head_ref`; with k
     micro-steps G₈ is the same and dequantised at g_s/k; the incoming gradient is ignored."""
     x, head, y = head_data(HEAD_SEED)
     w = torch.tensor(WEIGHTS)
-    loss = record_head_loss(head, x, y, w, RECORD, "record_2026_07")
+    loss = record_head_loss(head, x, y, w, RECORD, "fixed_over_448")
     loss.backward()
     want_loss, dx, dw = head_ref(x.detach(), head.weight.detach(), y)
     torch.testing.assert_close(loss.double(), want_loss, rtol=1e-5, atol=0)
     assert torch.equal(x.grad.flatten(0, 1), dx) and torch.equal(head.weight.grad, dw)
     grads = x.grad.clone(), head.weight.grad.clone()
     x.grad = head.weight.grad = None
-    (record_head_loss(head, x, y, w, RECORD, "record_2026_07", micro_steps=2) * 7).backward()
+    (record_head_loss(head, x, y, w, RECORD, "fixed_over_448", micro_steps=2) * 7).backward()
     assert torch.equal(x.grad * 2, grads[0]) and torch.equal(head.weight.grad * 2, grads[1])
 
 
 GPT_CFG = update(ModelConfig(n_layer=1, n_head=2, n_embd=32), {
-    "numerics.dtype": "bf16", "numerics.fp8_scales": "record_2026_07", "head.fp8": True,
+    "numerics.dtype": "bf16", "numerics.fp8_scales": "fixed_over_448", "head.fp8": True,
     "head.mtp": True, **{f"head.{k}": v for k, v in CAP.items()}, "head.reduction": "sum",
-    "head.loss": "record_2026_07"})  # fmt: skip
+    "head.loss": "sigmoid_e5m2_grad"})  # fmt: skip
 
 
 def test_the_model_takes_the_weights_as_a_step_value() -> None:

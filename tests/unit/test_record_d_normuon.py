@@ -24,7 +24,7 @@ from tests.unit.test_normuon import polar_express
 D, ROWS, LR, MU, BETA2, DECAY = 96, 32, 0.023, 0.95, 0.9, 1.2  # head_dim 16: pairs of 32 rows
 RECORD_D = dict(
     lr=LR, momentum=MU, ns_coefficients="polar_express", eps=1e-6, normuon_beta2=BETA2,
-    normuon_axis="shape", normuon_form="record_2026_07", qk_split="head_pairs",
+    normuon_axis="shape", normuon_form="fp32_mean_squares", qk_split="head_pairs",
     weight_decay=DECAY, weight_decay_form="cautious", lr_scale="original",
 )  # fmt: skip
 SHAPES = {"qkvo": (4, D, D), "fc": (4 * D, D), "proj": (4 * D, D)}  # both MLP stored tall
@@ -116,14 +116,14 @@ def test_the_record_d_normalisation_takes_both_norms_from_r() -> None:
     o = torch.randn(2, ROWS, D, dtype=torch.float64) * spread
     v0 = torch.rand(2, 1, D, dtype=torch.float64)
     v = v0.clone()
-    got = normalise(o, v, BETA2, -2, "record_2026_07")
+    got = normalise(o, v, BETA2, -2, "fp32_mean_squares")
     want_v = BETA2 * v0 + (1 - BETA2) * (o * o).mean(-2, keepdim=True)
     scaled = o / want_v.sqrt()
     want = scaled * o.norm(dim=(-2, -1), keepdim=True) / scaled.norm(dim=(-2, -1), keepdim=True)
     torch.testing.assert_close(v, want_v, rtol=1e-14, atol=0)
     torch.testing.assert_close(got, want, rtol=1e-13, atol=0)
     ob = o.to(torch.bfloat16)
-    got_b = normalise(ob, v0.float(), BETA2, -2, "record_2026_07").double()
+    got_b = normalise(ob, v0.float(), BETA2, -2, "fp32_mean_squares").double()
     od = ob.double()
     scaled = od / (BETA2 * v0 + (1 - BETA2) * (od * od).mean(-2, keepdim=True)).sqrt()
     rho = (scaled * od.norm(dim=(-2, -1), keepdim=True) / scaled.norm(dim=(-2, -1), keepdim=True)
@@ -197,7 +197,7 @@ def test_record_c_fixes() -> None:
         assert decay_coefficient(DECAY, LR * f, bf16) == want
     o = (torch.randn(8, 24, dtype=torch.float64) * torch.linspace(0.1, 2, 24)).to(bf16)
     v = torch.rand(1, 24, dtype=torch.float32)
-    record = normalise(o, v.clone(), 0.95, -2, "record_2025_11")
+    record = normalise(o, v.clone(), 0.95, -2, "o_dtype")
     fp32 = normalise(o, v.clone(), 0.95, -2, "fp32")
     assert record.dtype == bf16 and fp32.dtype == torch.float32
     v2 = v.clone().lerp_((o * o).mean(-2, keepdim=True).float(), 0.05)
@@ -213,8 +213,8 @@ def test_refusals_name_their_key(monkeypatch: pytest.MonkeyPatch) -> None:
         Muon([torch.nn.Parameter(torch.zeros(4, 4))], MuonConfig(master_weights="fp32_truncated"))
     with pytest.raises(ValueError, match=r"qk_split=head_pairs runs in one process .*fsdp"):
         Muon([p], MuonConfig(qk_split="head_pairs"), sharded=True)
-    with pytest.raises(ValueError, match=r"normuon_form=record_2026_07 needs NorMuon"):
-        MuonConfig(normuon_form="record_2026_07").validate()
+    with pytest.raises(ValueError, match=r"normuon_form=fp32_mean_squares needs NorMuon"):
+        MuonConfig(normuon_form="fp32_mean_squares").validate()
     with pytest.raises(ValueError, match=r"qk_split=head_pairs needs the \(4, d, d\)"):
         mark_head_pairs(torch.nn.Linear(4, 4), [("weight", p)], "head_pairs")
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
@@ -269,14 +269,14 @@ def test_record_c_keeps_o_in_bf16_through_the_decay_term() -> None:
     group = {"lr": 1.0, "weight_decay": 0.3}
     keys = dict(normuon_beta2=0.95, weight_decay=0.3, weight_decay_form="cautious", lr_scale="none")
     got = {}
-    for form in ("record_2025_11", "fp32"):
+    for form in ("o_dtype", "fp32"):
         got[form] = w.clone()
         apply_update(got[form], o, group, MuonConfig(**keys, normuon_form=form), w.shape)
     o64, w64 = o.double(), w.double()
     coef = torch.tensor(0.3).item()  # λ·η in fp32
     summed = (o64 + (coef * (o64 * w64 >= 0).double() * w64).float().double()).float()
     want = w64 - summed.bfloat16().double()
-    torch.testing.assert_close(got["record_2025_11"].double(), want, rtol=0, atol=0)
+    torch.testing.assert_close(got["o_dtype"].double(), want, rtol=0, atol=0)
     assert not torch.equal(got["fp32"].double(), want)
 
 
@@ -285,7 +285,7 @@ def test_the_master_resumes_exactly() -> None:
     uninterrupted run's, bit for bit (torch's load_state_dict would cast the int16 low halves
     and the fp32 moments to bf16; they are put back as saved)."""
     cfg = MuonConfig(lr=0.02, normuon_beta2=0.9, normuon_axis="shape",
-                     normuon_form="record_2026_07", master_weights="fp32_truncated",
+                     normuon_form="fp32_mean_squares", master_weights="fp32_truncated",
                      weight_decay=1.2, weight_decay_form="cautious")  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     start = torch.randn(64, 32, generator=gen).bfloat16()

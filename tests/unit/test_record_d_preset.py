@@ -25,7 +25,7 @@ def test_normuon_and_the_tie_are_record_ds() -> None:
     muon, optim = conf.optim.muon, conf.optim
     assert (muon.lr, muon.normuon_beta2, muon.weight_decay) == (ETA, 0.9, 1.2)
     assert (muon.qk_split, muon.normuon_axis, muon.normuon_form, muon.master_weights) == (
-        "head_pairs", "shape", "record_2026_07", "fp32_truncated",
+        "head_pairs", "shape", "fp32_mean_squares", "fp32_truncated",
     )  # fmt: skip
     assert (muon.ns_coefficients, muon.eps, muon.weight_decay_form) == (
         "polar_express", 1e-6, "cautious",

@@ -5,8 +5,8 @@ checkpoint treats it (`resume_rule`): "must_match" (a resumed run must have the 
 it decides which tensors exist or what the loader position means), "operational" (how a run
 executes or reports, never its numbers: a change passes silently); every other change is
 allowed with a warning. A group's rule covers its fields unless a field says otherwise.
-Saved configs are read under today's key names (`upgrade_saved`) and compared key by key
-(`flatten`, trainer/config_checks.py) with the run's (`check_config`).
+Saved configs are read under today's key names and option values (`upgrade_saved`) and
+compared key by key (`flatten`, trainer/config_checks.py) with the run's (`check_config`).
 """
 
 import logging
@@ -19,7 +19,7 @@ from model.config.moved import MOVED
 from trainer.checkpoint import files
 from trainer.checkpoint.files import CheckpointError, Loaded
 from trainer.config import Config
-from trainer.config_checks import flatten
+from trainer.config_checks import RENAMED_VALUES, flatten
 
 log = logging.getLogger("train")
 
@@ -46,7 +46,8 @@ RENAMED = {
 
 
 def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
-    """A saved config (nested dict) with its keys under today's names (RENAMED)."""
+    """A saved config (nested dict) with its keys under today's names (RENAMED), then its
+    option values (an option value once named after a record: `RENAMED_VALUES`)."""
     out = OmegaConf.create(config)
     for old, new in RENAMED.items():
         value = OmegaConf.select(out, old)
@@ -56,6 +57,10 @@ def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
         node = OmegaConf.select(out, parent) if parent else out
         node.pop(leaf)
         OmegaConf.update(out, new, value, force_add=True)
+    for key, table in RENAMED_VALUES.items():
+        value = OmegaConf.select(out, key)
+        if isinstance(value, str) and value in table:
+            OmegaConf.update(out, key, table[value])
     return OmegaConf.to_container(out)
 
 
