@@ -29,7 +29,6 @@ COMMON = [
     "train.checkpoint_every=0", "train.checkpoint_at_end=true", "train.val_tokens=2048",
     "dist.timeout_s=120",
 ]  # fmt: skip
-# fmt: off
 SMALL = ["model.n_layer=4", "model.n_head=2", "model.n_embd=64", "train.batch_size=2",
          "train.micro_batch_size=1"]  # fmt: skip
 # Each case: the overrides of the other commit and of this tree (the same unless a key was
