@@ -67,7 +67,7 @@ class GPT(nn.Module):
         self.value_gates = ValueGates(cfg, plan) if ValueGates.wanted(cfg, plan) else None
         self.x0_injection = X0Injection(cfg) if res.x0_after_attention else None
         self.mudd = MUDD(cfg, plan) if res.mudd else None
-        self.bigram = BigramHash(cfg) if emb.bigram_rows else None
+        self.bigram = BigramHash(cfg) if cfg.bigram.rows else None
         att = cfg.attention
         windows = att.long_windows if att.yarn else None
         self.rotary = Rotary(
@@ -180,7 +180,7 @@ class GPT(nn.Module):
     def _embed(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """(x, x0, b): the stream's start, RMSNorm of the (smeared) token embeddings, with
         λ^bg_0·b added where the bigram part is on (model/bigram.py); x0, the same tensor
-        with model.residual.bigram_in_x0 (the record's in-place add), else without the term;
+        with model.bigram.in_x0 (the record's in-place add), else without the term;
         b, the bigram term (None when off)."""
         e = self.embed(idx)
         if self.smear_gate is not None:

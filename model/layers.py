@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import ModelConfig
+from model.config.param_optim import ParamOptim
 from model.mlp_fp8 import FP8Mlp
 
 
@@ -21,6 +22,15 @@ class CastedLinear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight.to(x.dtype))
+
+
+def declare(p: nn.Parameter, role: str, settings: ParamOptim | None = None) -> None:
+    """Set on parameter `p` what the optimizer needs to know of it: its `role` ("matrix",
+    "embed", "head" or "scalar": which group takes it, optim/partition.py) and, when its
+    part's section gives them, its own Adam settings (`optim_settings`, optim/adam_table.py)."""
+    p.role = role  # type: ignore[attr-defined]
+    if settings is not None:
+        p.optim_settings = settings  # type: ignore[attr-defined]
 
 
 def linear(cfg: ModelConfig, fan_in: int, fan_out: int) -> nn.Linear:

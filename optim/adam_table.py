@@ -10,6 +10,13 @@ order-dependent first match), and so are a pattern that matches a parameter of M
 to an Adam role with `optim.roles` first) and a parameter that `optim.lr_mul` also scales (its
 LR factor would be given in two places). Parameters no pattern matches keep the group's
 settings (factors 1, optim.adamw's betas).
+
+A parameter may carry its own row: its part declares `optim_settings` on it (lr_mul, beta1,
+beta2, wd_mul; model/config/param_optim.py, set from the part's config section, e.g.
+`model.bigram.optim`). Those settings travel with the parameter, so its row needs no
+pattern; a pattern of the table, or of `optim.lr_mul`, that also matches it is an error
+(its settings would be given in two places). Declared settings equal to the group's own
+(all defaults) are no row.
 """
 
 import fnmatch
@@ -33,9 +40,17 @@ def resolve_table(adam: Named, others: Named, cfg: OptimConfig) -> dict[str, Row
     """{parameter name: Row} for the Adam parameters `adam` that a pattern of
     `cfg.adamw.table` matches; `others`: the parameters of the other optimizers (Muon's),
     which no pattern may match. Raises ValueError naming the `optim.adamw.table` key."""
+    for name, p in others:
+        if _declared(name, p, cfg) is not None:
+            raise ValueError(
+                f"{name!r} declares its own Adam settings, but Muon steps it: route it to an "
+                "Adam role with optim.roles, or leave its section's optim settings at default"
+            )
     table = cfg.adamw.table
+    declared = {name: _declared(name, p, cfg) for name, p in adam}
+    rows = {name: row for name, row in declared.items() if row is not None}
     if not table:
-        return {}
+        return rows
     key = "optim.adamw.table"
     for name, _ in others:
         hits = [pat for pat in table if fnmatch.fnmatchcase(name, pat)]
@@ -44,10 +59,15 @@ def resolve_table(adam: Named, others: Named, cfg: OptimConfig) -> dict[str, Row
                 f"{key}[{hits[0]!r}] matches {name!r}, which Adam does not step: route it to an "
                 "Adam role with optim.roles, or narrow the pattern"
             )
-    rows, matched = {}, set()
+    matched = set()
     for name, _ in adam:
         hits = [pat for pat in table if fnmatch.fnmatchcase(name, pat)]
         matched.update(hits)
+        if hits and name in rows:
+            raise ValueError(
+                f"{key}[{hits[0]!r}] matches {name!r}, whose part declares its own Adam "
+                "settings (its section's `optim`, e.g. model.bigram.optim): set them there"
+            )
         if len(hits) > 1:
             raise ValueError(f"{key}: {name!r} matches {hits}; each parameter takes one row")
         if not hits:
@@ -63,6 +83,24 @@ def resolve_table(adam: Named, others: Named, cfg: OptimConfig) -> dict[str, Row
     if unmatched:
         raise ValueError(f"{key}: {unmatched} match no parameter that Adam steps")
     return rows
+
+
+def _declared(name: str, p: object, cfg: OptimConfig) -> Row | None:
+    """The row that parameter `name` declares itself (`optim_settings`), None when it
+    declares none or only the group's own settings."""
+    own = getattr(p, "optim_settings", None)
+    if own is None or (own.lr_mul, own.beta1, own.beta2, own.wd_mul) == (1.0, None, None, 1.0):
+        return None
+    scaled = [pat for pat in cfg.lr_mul if fnmatch.fnmatchcase(name, pat)]
+    if scaled:
+        raise ValueError(
+            f"optim.lr_mul[{scaled[0]!r}] matches {name!r}, whose part declares its own Adam "
+            "settings: give its LR factor there"
+        )
+    a = cfg.adamw
+    beta1 = a.beta1 if own.beta1 is None else own.beta1
+    beta2 = a.beta2 if own.beta2 is None else own.beta2
+    return Row(f"{name} (its own)", own.lr_mul, (beta1, beta2), own.wd_mul)
 
 
 def row_of(pattern: str, settings: AdamWConfig) -> Row:

@@ -90,7 +90,7 @@ def build_optimizer(
     rows = resolve_table(by_optimizer["adamw"], by_optimizer["muon"], cfg)
     if adamw_groups:
         a = cfg.adamw
-        if a.torch_equivalent and comm is None:  # torch's AdamW: one fused kernel on CUDA
+        if a.torch_equivalent and comm is None and not rows:  # torch's: one fused kernel on CUDA
             parts.append(
                 torch.optim.AdamW(
                     adamw_groups, betas=(a.beta1, a.beta2), eps=a.eps,

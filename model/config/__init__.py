@@ -10,6 +10,8 @@ builds exactly the same model, parameter for parameter and bit for bit:
     model.mlp         which layers have an MLP, C_fc's and C_proj's layout, FP8 projections
     model.head        softcap, loss form, reduction and dtype, MTP, FP8 and bf16 head
     model.numerics    the model's dtype, the FP8 head's scales, packed scalars
+    model.bigram      the bigram-hash embedding: a mechanism with its own section
+                      (model/config/bigram.py), its parameters' optimizer settings included
 
 Per-layer options (`attention.window`, `embed.value_embeds`, `attention.layers`,
 `mlp.layers`) are patterns over the layers of a reference depth, one character per layer,
@@ -24,8 +26,9 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from model.config.attention import AttentionConfig
+from model.config.bigram import BigramConfig
 from model.config.head import HeadConfig, NumericsConfig
-from model.config.moved import MOVED, moved_message
+from model.config.moved import MOVED, moved_key, moved_message
 from model.config.stream import EmbedConfig, MlpConfig, ResidualConfig
 from model.mtp_schedule import mtp_weights_at
 from model.window_schedule import window_at, window_schedule_at
@@ -34,6 +37,7 @@ OPERATIONAL = {"resume": "operational"}  # how a checkpoint treats a field (trai
 
 __all__ = [
     "AttentionConfig",
+    "BigramConfig",
     "EmbedConfig",
     "HeadConfig",
     "MlpConfig",
@@ -72,6 +76,7 @@ class ModelConfig:
     mlp: MlpConfig = field(default_factory=MlpConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
     numerics: NumericsConfig = field(default_factory=NumericsConfig)
+    bigram: BigramConfig = field(default_factory=BigramConfig)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names the config lacks: a key of the flat schema names its group.
@@ -170,19 +175,7 @@ class ModelConfig:
                     f"backend; use inductor, or eager / aot_eager to trace without kernels"
                 )
         self._validate_across_groups()
-        self._validate_bigram()
-
-    def _validate_bigram(self) -> None:
-        rows, dim = self.embed.bigram_rows, self.embed.bigram_dim
-        if rows and dim > self.n_embd:
-            raise ValueError(
-                f"model.embed.bigram_dim ({dim}) must be at most model.n_embd ({self.n_embd})"
-            )
-        if self.residual.bigram_in_x0 and not rows:
-            raise ValueError(
-                "model.residual.bigram_in_x0 puts the bigram term in x0: set "
-                "model.embed.bigram_rows"
-            )
+        self.bigram.validate(self.n_embd)
 
     def _validate_across_groups(self) -> None:
         att, head, num, res = self.attention, self.head, self.numerics, self.residual
@@ -282,7 +275,7 @@ def update(cfg: Any, changes: dict[str, Any]) -> Any:
         for part in parts[:-1]:
             node = getattr(node, part)
         if not (is_dataclass(node) and parts[-1] in {f.name for f in fields(node)}):
-            hint = moved_message(key) if key in MOVED else f"no key {key!r}"
+            hint = moved_message(key) if moved_key(key) else f"no key {key!r}"
             raise AttributeError(f"{type(cfg).__name__}: {hint}")
         setattr(node, parts[-1], value)
     return out

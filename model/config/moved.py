@@ -54,5 +54,23 @@ MOVED = {
 
 
 def moved_message(old: str) -> str:
-    """The one line for `model.<old>`, a key of the flat schema."""
-    return f"model.{old} is now model.{MOVED[old]} (the model's keys are grouped)"
+    """The one line for `model.<old>`, a key of the flat schema or a moved group key."""
+    if old in MOVED:
+        return f"model.{old} is now model.{MOVED[old]} (the model's keys are grouped)"
+    return f"model.{old} is now model.{TO_PARTS[old]} (each mechanism has its own section)"
+
+
+# Keys of a group that moved to their mechanism's own section, {old: new}, model-relative.
+TO_PARTS = {
+    "embed.bigram_rows": "bigram.rows",
+    "embed.bigram_dim": "bigram.dim",
+    "embed.bigram_signs": "bigram.signs",
+    "embed.bigram_position1": "bigram.position1",
+    "residual.bigram_lambda_init": "bigram.lambda_init",
+    "residual.bigram_in_x0": "bigram.in_x0",
+}
+
+
+def moved_key(old: str) -> str | None:
+    """Today's model-relative key of `old` (a flat key or a moved group key), else None."""
+    return MOVED.get(old) or TO_PARTS.get(old)

@@ -5,7 +5,6 @@ import math
 from dataclasses import dataclass, field
 
 MLP_FP8 = ("off", "up", "up_down")
-BIGRAM_POSITION1 = ("token", "reserved_row")  # what token 1 hashes as its predecessor
 
 
 @dataclass
@@ -28,20 +27,6 @@ class EmbedConfig:
     smear: bool = False
     """e'_t = e_t + λ·σ(e_t[:k]·wᵀ)·e_(t−1) on the token embeddings (w 1 × k zero, λ from 0,
     k = model.gate_channels)."""
-    bigram_rows: int = 0
-    """Rows of the bigram-hash table `bigram.embed` (record D, #62: 754,560); 0 = off. Token
-    t ≥ 1 of a row reads row ((36,313·x_t) XOR (27,191·x_(t−1))) mod (rows − 1), token 0 the
-    last row; the term b is added to the stream's first bigram_dim channels (model/bigram.py)."""
-    bigram_dim: int = 192
-    """Channels of the bigram table and of the stream it is added to (record D: 192); at most
-    model.n_embd."""
-    bigram_signs: int = 0
-    """Rows of the fixed ±1 sign table `bigram_signs` (#83, record D: 8,192): b_t = Bg[h_t] ⊙
-    S[(x_(t−1) XOR x_t) mod bigram_signs]; 0 = no sign table (the #62 form)."""
-    bigram_position1: str = "token"
-    """What token 1's hash reads as its predecessor: "token" = x_0, as every later token
-    reads its own; "reserved_row" = the reserved row (rows − 1), its product with 27,191
-    wrapped in int32, as record #89's code computes (model/bigram.py)."""
 
     def validate(self, vocab_size: int) -> None:
         if self.rows and not 50257 <= self.rows <= vocab_size:
@@ -60,33 +45,12 @@ class EmbedConfig:
             )
         if self.value_std <= 0:
             raise ValueError(f"model.embed.value_std must be positive, got {self.value_std}")
-        self._validate_bigram()
         bad = set(self.value_embeds) - set("0123456789.")
         if bad:
             raise ValueError(
                 f"model.embed.value_embeds={self.value_embeds!r}: each layer is a table's digit "
                 f"or '.', got {sorted(bad)}"
             )
-
-    def _validate_bigram(self) -> None:
-        if self.bigram_rows < 0 or self.bigram_rows == 1:
-            raise ValueError(
-                f"model.embed.bigram_rows must be 0 (off) or at least 2 (the last row is the "
-                f"first token's), got {self.bigram_rows}"
-            )
-        if self.bigram_signs < 0:
-            raise ValueError(f"model.embed.bigram_signs must be >= 0, got {self.bigram_signs}")
-        if self.bigram_signs and not self.bigram_rows:
-            raise ValueError(
-                "model.embed.bigram_signs signs the bigram table: set model.embed.bigram_rows"
-            )
-        if self.bigram_position1 not in BIGRAM_POSITION1:
-            raise ValueError(
-                f"model.embed.bigram_position1 must be one of {BIGRAM_POSITION1}, got "
-                f"{self.bigram_position1!r}"
-            )
-        if self.bigram_rows and self.bigram_dim <= 0:
-            raise ValueError(f"model.embed.bigram_dim must be positive, got {self.bigram_dim}")
 
 
 @dataclass
@@ -136,15 +100,6 @@ class ResidualConfig:
     network, of which the last layer reads 14 and the one after it 5."""
     mudd_hidden: int = 64
     """The MUDD coefficient networks' hidden width (record D: 64)."""
-    bigram_lambda_init: float = 0.05
-    """The initial λ^bg of every layer (record D, #74: 0.05): the model's (n_layer,) fp32
-    `bigram.lambdas` scale the bigram term added to x0 (λ^bg_0) and after the attention of
-    each later layer with attention (λ^bg_ℓ), cast to the stream's dtype
-    (model.embed.bigram_rows)."""
-    bigram_in_x0: bool = False
-    """The layer-0 bigram term is part of x0 itself, so every later read of x0 (the x0
-    injections and shortcut, the skip gate) sees it: record D's in-place add (#83). Off: only
-    the stream gets it and x0 stays RMSNorm(e′) (the #62/#74 form)."""
 
     def validate(self, n_layer: int) -> None:
         for key in ("skip_from", "skip_to", "backout_layer", "attn_input_layer"):
@@ -163,10 +118,6 @@ class ResidualConfig:
             raise ValueError(
                 "model.residual.skip_per_token gates the skip of model.residual.skip_from / "
                 "skip_to: set them"
-            )
-        if not math.isfinite(self.bigram_lambda_init):
-            raise ValueError(
-                f"model.residual.bigram_lambda_init must be finite, got {self.bigram_lambda_init}"
             )
         if self.skip_from >= 0 and self.unet:
             raise ValueError(

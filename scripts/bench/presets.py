@@ -38,8 +38,8 @@ TOY_EXTRA = {
     ],
     # The 2026-07 record with its own 11-layer table, 6 heads of 8 (paired heads need 6).
     "record_2026_07_17": [
-        "model.n_layer=11", "model.n_head=6", "model.n_embd=48", "model.embed.bigram_rows=256",
-        "model.embed.bigram_dim=8", "model.residual.mudd_hidden=8",
+        "model.n_layer=11", "model.n_head=6", "model.n_embd=48", "model.bigram.rows=256",
+        "model.bigram.dim=8", "model.residual.mudd_hidden=8",
         "train.seq_len_phases=[64,128,256]", "data.max_piece_len=128",
         "data.max_piece_len_phases=[32,128,128]", "optim.tie_embed_head_until=5",
     ],

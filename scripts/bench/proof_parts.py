@@ -73,8 +73,8 @@ REAL_RUN = [
     "optim.muon.momentum_cooldown_steps=3",
 ]  # fmt: skip
 REAL_TOY = [  # its own 11-layer table at width 48 (6 heads of 8), stages of 64 / 128 / 256
-    f"experiment={NEWEST}", "data=sample", "model.n_embd=48", "model.embed.bigram_rows=256",
-    "model.embed.bigram_dim=8", "model.residual.mudd_hidden=8", "model.attention.window_block=16",
+    f"experiment={NEWEST}", "data=sample", "model.n_embd=48", "model.bigram.rows=256",
+    "model.bigram.dim=8", "model.residual.mudd_hidden=8", "model.attention.window_block=16",
     "model.compile=false", "train.seq_len=256", "train.seq_len_phases=[64,128,256]",
     "train.batch_size=2", "train.steps=8", "train.extension_steps=2", "data.max_piece_len=128",
     "data.max_piece_len_phases=[32,128,128]", "optim.tie_embed_head_until=5",

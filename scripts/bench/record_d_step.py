@@ -61,8 +61,8 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    toy = {"n_embd": args.width, "compile": False, "embed.bigram_rows": 1024,
-           "embed.bigram_dim": 16, "residual.mudd_hidden": 8}  # fmt: skip
+    toy = {"n_embd": args.width, "compile": False, "bigram.rows": 1024,
+           "bigram.dim": 16, "residual.mudd_hidden": 8}  # fmt: skip
     preset = dotted(OmegaConf.to_container(OmegaConf.load(PRESET))) | toy
     rows = [("the preset (FP8 MLP, FP8 head, record loss)", preset),
             ("baseline: bf16, no FP8, autograd loss", preset | PLAIN)]  # fmt: skip

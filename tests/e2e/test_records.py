@@ -177,7 +177,7 @@ def test_gpu_benchmark_runs_at_toy_size_on_cpu() -> None:
 # record's 921), the FP8 down projection's delayed weight scale from step 3 (bootstrap 2).
 TOY_D = [
     *(x for x in TOY if not x.startswith(("model.n_", "train.seq_len="))),
-    "model.n_embd=48", "model.embed.bigram_rows=256", "model.embed.bigram_dim=8",
+    "model.n_embd=48", "model.bigram.rows=256", "model.bigram.dim=8",
     "model.residual.mudd_hidden=8", "model.attention.window_block=16",
     "model.mlp.fp8_bootstrap=2", "train.seq_len=256", "train.seq_len_phases=[64,128,256]",
     "train.extension_steps=2", "data.max_piece_len=128", "data.max_piece_len_phases=[32,128,128]",

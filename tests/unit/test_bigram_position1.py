@@ -116,7 +116,7 @@ def test_small_table_quirk() -> None:
 
 
 def test_record_preset_selects_the_reserved_row() -> None:
-    assert compose_config(["experiment=record_2026_07_17"]).model.embed.bigram_position1 == (
+    assert compose_config(["experiment=record_2026_07_17"]).model.bigram.position1 == (
         "reserved_row"
     )
-    assert compose_config([]).model.embed.bigram_position1 == "token"
+    assert compose_config([]).model.bigram.position1 == "token"

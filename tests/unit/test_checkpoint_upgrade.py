@@ -12,7 +12,7 @@ from trainer.checkpoint.upgrade import NAMES, saved_keys, upgrade_flat, upgrade_
 from trainer.config import to_config
 
 D = ["experiment=record_2026_07_17", "model.n_embd=48", "model.n_head=6",
-     "model.embed.bigram_rows=256", "model.embed.bigram_dim=8", "model.residual.mudd_hidden=4",
+     "model.bigram.rows=256", "model.bigram.dim=8", "model.residual.mudd_hidden=4",
      "model.attention.window_block=16"]  # fmt: skip
 C = ["experiment=record_2025_11_29", "model.n_layer=4", "model.n_head=2", "model.n_embd=64",
      "model.residual.skip_from=1", "model.residual.skip_to=2", "model.residual.backout_layer=2",

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from model.config import ModelConfig, update
-from model.config.moved import MOVED
+from model.config.moved import MOVED, TO_PARTS
 from trainer.checkpoint.resume_rules import upgrade_saved
 from trainer.cli.overrides import check_overrides, compose_and_validate
 from trainer.config import Config, to_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-GROUPS = ("attention", "embed", "residual", "mlp", "head", "numerics")
+GROUPS = ("attention", "embed", "residual", "mlp", "head", "numerics", "bigram")
 # The flat schema's fields that stayed at the top, and the fields added since.
 KEPT = {"n_layer", "n_head", "n_embd", "vocab_size", "init_std", "gate_channels", "compile",
         "compile_backend"}  # fmt: skip
@@ -28,8 +28,10 @@ ADDED = {"residual.sublayer_scales", "residual.resid_init", "residual.post_init"
          "mlp.proj_in_out",
          "residual.mudd", "residual.mudd_hidden",
          "attention.paired",
-         "embed.bigram_rows", "embed.bigram_dim", "embed.bigram_signs", "embed.bigram_position1",
-         "residual.bigram_lambda_init", "residual.bigram_in_x0",
+         "bigram.rows", "bigram.dim", "bigram.signs", "bigram.position1",
+         "bigram.lambda_init", "bigram.in_x0",
+         *(f"bigram.optim.{p}.{k}" for p in ("embed", "lambdas")
+           for k in ("lr_mul", "beta1", "beta2", "wd_mul")),
          "head.mtp", "head.mtp_weights",
          "mlp.fp8",
          "mlp.fp8_act_headroom", "mlp.fp8_weight_headroom", "mlp.fp8_bootstrap"}  # fmt: skip
@@ -109,3 +111,18 @@ def test_update_copies_and_leaves_the_original() -> None:
     assert (changed.attention.window, changed.n_layer, changed.head.softcap) == ("LS", 2, 15.0)
     assert (base.attention.window, base.n_layer, base.head.softcap) == ("", 4, 30.0)
     assert changed.embed is not base.embed  # a deep copy: no group is shared
+
+
+@pytest.mark.parametrize("old", sorted(TO_PARTS))
+def test_a_key_moved_to_its_mechanisms_section_names_the_new_one(old: str) -> None:
+    """The bigram's keys left model.embed / model.residual for model.bigram: the command line,
+    a Python caller and a saved config each meet the new key."""
+    new, value = TO_PARTS[old], {"bigram.position1": "token", "bigram.in_x0": "false"}
+    with pytest.raises(ValueError, match=rf"^model\.{old} is now model\.{new} \(each mechanism"):
+        check_overrides([f"model.{old}=1"], CONF, Config)
+    check_overrides([f"model.{new}={value.get(new, '2')}"], CONF, Config)  # the new key is taken
+    with pytest.raises(AttributeError, match=rf"model\.{old} is now model\.{new}"):
+        update(ModelConfig(), {old: 1})
+    group, leaf = old.split(".")
+    saved = upgrade_saved({"model": {group: {leaf: 7}}})["model"]
+    assert saved["bigram"] == {new.split(".")[1]: 7} and leaf not in saved[group]

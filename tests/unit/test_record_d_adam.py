@@ -13,6 +13,7 @@ from torch import nn
 
 from model import GPT, ModelConfig
 from model.config import update
+from model.config.param_optim import ParamOptim
 from optim import build_optimizer
 from optim.adam import Adam
 from optim.adam_table import resolve_table
@@ -47,15 +48,16 @@ adamw:
     lm_head.weight: {lr_mul: 1, beta1: 0.5, beta2: 0.95, wd_mul: 150}
     embed.weight: {lr_mul: 1, beta1: 0.5, beta2: 0.95, wd_mul: 150}
     "value_embeds.*": {lr_mul: 75, beta1: 0.75, beta2: 0.95, wd_mul: 5}
-    bigram.embed.weight: {lr_mul: 75, beta1: 0.75, beta2: 0.95, wd_mul: 5}
     sublayer_scales.post_lambdas: {lr_mul: 1, beta1: 0.9, beta2: 0.95, wd_mul: 0}
     x0_injection.lambdas: {lr_mul: 1, beta1: 0.9, beta2: 0.95, wd_mul: 0}
-    bigram.lambdas: {lr_mul: 1, beta1: 0.9, beta2: 0.95, wd_mul: 0}
     xsa.alphas: {lr_mul: 1, beta1: 0.9, beta2: 0.95, wd_mul: 0}
     sublayer_scales.resid_lambdas: {lr_mul: 5, beta1: 0.9, beta2: 0.95, wd_mul: 0}
     "mudd.w[12]": {lr_mul: 0.25, beta1: 0.9, beta2: 0.99, wd_mul: 1}
     mudd.b2: {lr_mul: 0.25, beta1: 0.9, beta2: 0.99, wd_mul: 0}
 """
+# D.3's rows of the bigram part: its section declares them on its parameters (model.bigram.optim)
+BIGRAM = {"embed": {"lr_mul": 75, "beta1": 0.75, "beta2": 0.95, "wd_mul": 5},
+          "lambdas": {"lr_mul": 1, "beta1": 0.9, "beta2": 0.95, "wd_mul": 0}}  # fmt: skip
 
 
 def optim_config(text: str = RECORD_D, **adamw: object) -> OptimConfig:
@@ -217,8 +219,9 @@ def test_fp32_moments_of_a_bf16_parameter_resume_exactly() -> None:
 @pytest.fixture(scope="module")
 def record_d() -> nn.Module:
     """Record D's model at toy width, on the meta device (names and shapes only)."""
-    toy = {"n_embd": 96, "compile": False, "embed.bigram_rows": 97, "embed.bigram_dim": 8,
-           "embed.bigram_signs": 16, "residual.mudd_hidden": 8}  # fmt: skip
+    toy = {"n_embd": 96, "compile": False, "bigram.rows": 97, "bigram.dim": 8,
+           "bigram.signs": 16, "residual.mudd_hidden": 8}  # fmt: skip
+    toy |= {f"bigram.optim.{p}": ParamOptim(**row) for p, row in BIGRAM.items()}
     cfg = update(ModelConfig(), dotted(OmegaConf.to_container(OmegaConf.load(PRESET))) | toy)
     with torch.device("meta"):
         return GPT(cfg)
@@ -331,3 +334,30 @@ def test_the_preset_holds_record_ds_adam() -> None:
     for key in ("roles", "adamw"):
         for name, value in want[key].items():
             assert got[key][name] == value, (key, name)
+    bigram = compose_config(["experiment=record_2026_07_17"]).model.bigram.optim
+    assert OmegaConf.to_container(bigram) == BIGRAM
+
+
+def test_a_parts_own_settings_are_its_row_and_only_there(record_d: nn.Module) -> None:
+    """The bigram part's parameters carry their D.3 rows (model.bigram.optim); a table
+    pattern or an optim.lr_mul pattern that also names them is an error, as is a Muon
+    parameter that declares Adam settings. Settings left at the group's own are no row."""
+    cfg = optim_config()
+    groups = partition_params(record_d, "muon_adamw", cfg.roles)
+    adam = [x for k in ("embed", "head", "scalar") for x in groups[k]]
+    rows = resolve_table(adam, groups["muon"], cfg)
+    assert rows["bigram.embed.weight"].pattern == "bigram.embed.weight (its own)"
+    twice = optim_config(RECORD_D.replace("  table:\n", "  table:\n    bigram.lambdas: {}\n"))
+    with pytest.raises(ValueError, match=r"table\['bigram.lambdas'\] matches 'bigram.lambdas', "
+                       r"whose part declares its own Adam settings"):  # fmt: skip
+        resolve_table(adam, groups["muon"], twice)
+    scaled = optim_config()
+    scaled.lr_mul = {"bigram.*": 2.0}
+    with pytest.raises(ValueError, match=r"optim.lr_mul\['bigram.\*'\] matches"):
+        resolve_table(adam, groups["muon"], scaled)
+    w = nn.Parameter(torch.zeros(4, 4))
+    w.optim_settings = ParamOptim(lr_mul=2.0)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="'w' declares its own Adam settings, but Muon steps it"):
+        resolve_table(adam, [("w", w)], cfg)
+    w.optim_settings = ParamOptim()  # type: ignore[attr-defined]  # the group's: no row, no error
+    assert resolve_table([("w", w)], [], OptimConfig()) == {}

@@ -1,6 +1,6 @@
 """Record D's bigram-hash embedding (docs/records.md, record #89's bigram-hash embedding: D.1
 forward steps 2, 3 and 5), against the spec written out in float64, with token 1 hashing x_0
-(embed.bigram_position1=token; the record's reserved-row form is test_bigram_position1.py):
+(bigram.position1=token; the record's reserved-row form is test_bigram_position1.py):
 
     h_0 = R − 1,  h_t = ((36,313·x_t) XOR (27,191·x_(t−1))) mod (R − 1),  per row of the batch
     σ_0 = 0,      σ_t = (x_(t−1) XOR x_t) mod N,      b_t = Bg[h_t] ⊙ S[σ_t]  (k channels)
@@ -34,8 +34,8 @@ BASE = update(
     {"attention.layers": "AA.A", "residual.x0_after_attention": True,
      "residual.skip_from": 0, "residual.skip_to": 3, "residual.skip_per_token": True},
 )  # fmt: skip
-ON = update(BASE, {"embed.bigram_rows": R, "embed.bigram_dim": K, "embed.bigram_signs": N})
-QUIRK = update(ON, {"residual.bigram_in_x0": True})
+ON = update(BASE, {"bigram.rows": R, "bigram.dim": K, "bigram.signs": N})
+QUIRK = update(ON, {"bigram.in_x0": True})
 ATTENTION = (0, 1, 3)  # layer 2 has no attention, so no injection
 WRONG = ("no reserved row", "no signs", "flip quirk", "inject everywhere")
 
@@ -90,7 +90,7 @@ def reference(model: GPT, idx: torch.Tensor, variant: str = "spec") -> torch.Ten
 
     x0 = norm(P["embed.weight"][idx])
     x = with_b(x0, 0)
-    quirk = cfg.residual.bigram_in_x0 != (variant == "flip quirk")
+    quirk = cfg.bigram.in_x0 != (variant == "flip quirk")
     if quirk:
         x0 = x
     causal = torch.ones(T, T, dtype=torch.bool).tril()
@@ -245,13 +245,13 @@ def test_the_sign_table_is_saved_and_restored(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("changes", "key"),
-    [({"embed.bigram_rows": 1}, "embed.bigram_rows"),
-     ({"embed.bigram_rows": 8, "embed.bigram_dim": 33}, "embed.bigram_dim"),
-     ({"embed.bigram_rows": 8, "embed.bigram_dim": 0}, "embed.bigram_dim"),
-     ({"embed.bigram_signs": 4}, "embed.bigram_signs"),
-     ({"embed.bigram_rows": 8, "embed.bigram_signs": -1}, "embed.bigram_signs"),
-     ({"residual.bigram_in_x0": True}, "residual.bigram_in_x0"),
-     ({"residual.bigram_lambda_init": math.nan}, "residual.bigram_lambda_init")],
+    [({"bigram.rows": 1}, "bigram.rows"),
+     ({"bigram.rows": 8, "bigram.dim": 33}, "bigram.dim"),
+     ({"bigram.rows": 8, "bigram.dim": 0}, "bigram.dim"),
+     ({"bigram.signs": 4}, "bigram.signs"),
+     ({"bigram.rows": 8, "bigram.signs": -1}, "bigram.signs"),
+     ({"bigram.in_x0": True}, "bigram.in_x0"),
+     ({"bigram.lambda_init": math.nan}, "bigram.lambda_init")],
 )  # fmt: skip
 def test_bad_values_name_their_key(changes: dict, key: str) -> None:
     with pytest.raises(ValueError, match=re.escape(f"model.{key}")):

@@ -42,7 +42,7 @@ TOY = {
     "n_embd": H * D, "compile": False, "attention.rope_bf16": False, "attention.scale": SCALE,
     "attention.window_phases": [1], "attention.window_after": 0,
     "attention.window_final_eval": 0, "attention.yarn": False,
-    "embed.bigram_rows": 97, "embed.bigram_dim": 8, "embed.bigram_signs": 16,
+    "bigram.rows": 97, "bigram.dim": 8, "bigram.signs": 16,
     "residual.mudd_hidden": 8, "mlp.fp8": "off", "head.fp8": False, "head.bf16": False,
     "head.loss": "plain", "head.loss_dtype": "fp32", "numerics.dtype": "fp32",
     "numerics.bf16_matrices": False,
@@ -198,8 +198,8 @@ def test_the_preset_takes_a_training_step_with_its_roundings() -> None:
     """The preset as it runs (bf16, the FP8 MLP and head, the record's loss form and MTP) at
     toy width: a training step gives a finite loss and reaches every parameter but the never
     read row of the MUDD layer's value gate; evaluation is next-token mean cross-entropy."""
-    toy = {"n_embd": H * D, "compile": False, "embed.bigram_rows": 97, "embed.bigram_dim": 8,
-           "embed.bigram_signs": 16, "residual.mudd_hidden": 8}  # fmt: skip
+    toy = {"n_embd": H * D, "compile": False, "bigram.rows": 97, "bigram.dim": 8,
+           "bigram.signs": 16, "residual.mudd_hidden": 8}  # fmt: skip
     torch.manual_seed(0)
     model = GPT(update(ModelConfig(), dotted(OmegaConf.to_container(OmegaConf.load(PRESET))) | toy))
     idx = tokens()

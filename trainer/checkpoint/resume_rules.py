@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from model.config.moved import MOVED
+from model.config.moved import MOVED, TO_PARTS
 from trainer.checkpoint import files
 from trainer.checkpoint.files import CheckpointError, Loaded
 from trainer.config import Config
@@ -42,6 +42,7 @@ def resume_rule(key: str, schema: Any = Config) -> str | None:
 RENAMED = {
     "optim.schedule.window_tokens": "model.attention.window_tokens",
     **{f"model.{old}": f"model.{new}" for old, new in MOVED.items()},
+    **{f"model.{old}": f"model.{new}" for old, new in TO_PARTS.items()},
 }
 
 

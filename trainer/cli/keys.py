@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from model.config.moved import MOVED, moved_message
+from model.config.moved import moved_key, moved_message
 
 
 def known_key(root: DictConfig, key: str, conf_dir: Path) -> bool:
@@ -23,8 +23,8 @@ def known_key(root: DictConfig, key: str, conf_dir: Path) -> bool:
     optim.lr_mul, where any key goes); ValueError naming its first unknown part and the keys
     meant."""
     parts = key.split(".")
-    if len(parts) == 2 and parts[0] == "model" and parts[1] in MOVED:
-        raise ValueError(moved_message(parts[1]))
+    if len(parts) >= 2 and parts[0] == "model" and moved_key(rest := ".".join(parts[1:])):
+        raise ValueError(moved_message(rest))
     node: Any = root
     for depth, part in enumerate(parts):
         if not isinstance(node, DictConfig):
