@@ -29,8 +29,13 @@ COMMON = [
     "train.checkpoint_every=0", "train.checkpoint_at_end=true", "train.val_tokens=2048",
     "dist.timeout_s=120",
 ]  # fmt: skip
-SMALL = ["model.n_layer=4", "model.n_head=2", "model.n_embd=64", "train.batch_size=2",
-         "train.micro_batch_size=1"]
+SMALL = [
+    "model.n_layer=4",
+    "model.n_head=2",
+    "model.n_embd=64",
+    "train.batch_size=2",
+    "train.micro_batch_size=1",
+]
 # Each case: the overrides of the other commit and of this tree (the same unless a key was
 # renamed in between; then this tree's spelling goes in `now`).
 CASES: dict[str, dict[str, list[str]]] = {
@@ -38,11 +43,11 @@ CASES: dict[str, dict[str, list[str]]] = {
     "A": {
         "base": ["experiment=record_2024_11_06", *SMALL, "train.seq_len=256", "train.steps=4",
                  "train.val_every=4"],
-    },  # fmt: skip
+    },
     "B": {
         "base": ["experiment=record_2025_01_26", *SMALL, "train.seq_len=512", "train.steps=4",
                  "train.val_every=4"],
-    },  # fmt: skip
+    },
     "C": {
         "base": ["experiment=record_2025_11_29", *SMALL, "model.residual.skip_from=1",
                  "model.residual.skip_to=2", "model.residual.backout_layer=2",
@@ -50,7 +55,7 @@ CASES: dict[str, dict[str, list[str]]] = {
                  "train.seq_len_phases=[128,256,512]", "train.steps=6",
                  "train.extension_steps=2", "optim.muon.momentum_warmup_steps=3",
                  "optim.muon.momentum_cooldown_steps=2", "train.val_every=8"],
-    },  # fmt: skip
+    },
     "D": {
         "base": ["experiment=record_2026_07_17", "model.n_embd=48", "model.n_head=6",
                  "model.embed.bigram_rows=256", "model.embed.bigram_dim=8",
@@ -61,9 +66,30 @@ CASES: dict[str, dict[str, list[str]]] = {
                  "train.val_every=9", "data.max_piece_len=64",
                  "data.max_piece_len_phases=[32,64,64]", "optim.tie_embed_head_until=5",
                  "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2"],
-    },  # fmt: skip
-}
-NOW: dict[str, list[str]] = {}  # case -> this tree's overrides where they differ from base's
+    },
+}  # fmt: skip
+
+
+def respelled(base: list[str], changes: dict[str, list[str]]) -> list[str]:
+    """`base` with each override whose key is in `changes` replaced by that list."""
+    out = []
+    for word in base:
+        out += changes.get(word.split("=")[0], [word])
+    return out
+
+
+# case -> this tree's overrides where they differ from base's: the stage lists became rows of
+# the stage table (train.stages.rows.N.<column>)
+NOW: dict[str, list[str]] = {
+    "C": respelled(CASES["C"]["base"], {"train.seq_len_phases": [
+        "train.stages.rows.0.seq_len=128", "train.stages.rows.1.seq_len=256",
+        "train.stages.rows.2.seq_len=512"]}),
+    "D": respelled(CASES["D"]["base"], {"train.seq_len_phases": [
+        "train.stages.rows.0={seq_len:64,max_piece_len:32}",
+        "train.stages.rows.1={seq_len:128,max_piece_len:64}",
+        "train.stages.rows.2={seq_len:256,max_piece_len:64}"],
+        "data.max_piece_len_phases": []}),
+}  # fmt: skip
 
 
 def overrides(case: str, side: str, ranks: int) -> list[str]:
