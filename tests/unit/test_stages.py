@@ -236,6 +236,8 @@ def test_the_lists_of_a_flat_model_config_and_their_constants() -> None:
     table = saved["train"]["stages"]
     assert [(r["window"], r["max_pieces"]) for r in table["rows"]] == [(3, 5), (7, 5)]
     assert table["window_after"] == 9 and "window_phases" not in saved["model"]
+    with pytest.raises(CheckpointError, match=r"stage lists make no stage table: .* of 2 and 3"):
+        upgrade_saved({"train": {"seq_len_phases": [8, 16, 24]}, "data": {"max_pieces": [3, 4]}})
     plain = upgrade_saved({"model": {"head": {"mtp": False, "mtp_weights": [1.0, 0.5]}}})
     assert plain["train"]["stages"] == asdict(StageTable())
     assert "mtp_weights" not in plain["model"]["head"]

@@ -66,7 +66,10 @@ def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
     lists = {k: v for k in [*COLUMN_OF, *ENTRY_OF] if (v := _pop(out, k)) is not None}
     if lists:
         mtp = bool(OmegaConf.select(out, "model.head.mtp", default=False))
-        table = table_from_lists(lists, mtp)
+        try:
+            table = table_from_lists(lists, mtp)
+        except ValueError as e:
+            raise CheckpointError(f"the saved config's stage lists make no stage table: {e}") from e
         OmegaConf.update(out, "train.stages", table, force_add=True)
     return OmegaConf.to_container(out)
 
