@@ -6,10 +6,13 @@ operational).
 
 from dataclasses import dataclass, field
 
+from stages.moved import refuse_moved
+
 SOURCES = ("sample", "synthetic", "shards")
 ALIGNS = ("stream", "bos", "pieces")
 
 
+@refuse_moved("data")
 @dataclass
 class DataConfig:
     """The `data` group."""
@@ -34,18 +37,8 @@ class DataConfig:
     stream."""
     max_piece_len: int = 0
     """align=pieces: the most tokens kept of one document (its first ones); 0 = unset, and it
-    must be set exactly when align=pieces. With max_piece_len_phases: their largest."""
-    max_piece_len_phases: list[int] = field(default_factory=list)
-    """align=pieces: max_piece_len in each of P equal phases of the scheduled steps (step s in
-    phase min(⌊P·s / S⌋, P − 1), extension steps in the last, as train.seq_len_phases); the
-    loader switches it on the first batch of a phase (record D: [896, 2048, 2048], #72).
-    [] = max_piece_len throughout."""
-    max_pieces: list[int] = field(default_factory=list, metadata={"resume": "operational"})
-    """align=pieces: the most document pieces one packed sequence (a row, one rank's sequence)
-    may hold, in each of P equal phases as max_piece_len_phases; the piece that fills the row
-    counts, however short. A batch that needs more fails with an error naming this key,
-    never truncates (record D: [63, 95, 127]: its cu_seqlens of 64 / 96 / 128 entries, #78,
-    would crash). [] = no limit."""
+    must be set exactly when align=pieces. With a cap by stage (train.stages.rows.N.
+    max_piece_len, which the loader switches on the first batch of a stage): their largest."""
     val_tokens: int = 49152
     """The validation budget this data's curves are usually reported on (train.val_tokens
     takes it unless set itself)."""
@@ -87,22 +80,4 @@ class DataConfig:
             raise ValueError(
                 f"data.max_piece_len={self.max_piece_len} only applies to data.align=pieces "
                 f"(data.align={self.align}); leave it 0"
-            )
-        self._validate_piece_phases()
-
-    def _validate_piece_phases(self) -> None:
-        for key in ("max_piece_len_phases", "max_pieces"):
-            values = list(getattr(self, key))
-            if values and self.align != "pieces":
-                raise ValueError(
-                    f"data.{key}={values} only applies to data.align=pieces "
-                    f"(data.align={self.align}); leave it []"
-                )
-            if not all(isinstance(v, int) and v >= 1 for v in values):
-                raise ValueError(f"data.{key} must all be integers >= 1, got {values}")
-        phases = list(self.max_piece_len_phases)
-        if phases and self.max_piece_len != max(phases):
-            raise ValueError(
-                f"data.max_piece_len ({self.max_piece_len}) must equal the largest of "
-                f"data.max_piece_len_phases ({max(phases)})"
             )

@@ -204,10 +204,11 @@ class PieceLoader:
         """This rank's (inputs, targets), int64 tensors of shape (batch_size // world, L).
 
         L is this step's per-rank length, `seq_len`, or train.seq_len when None;
-        `max_piece_len`: this step's piece cap (data.max_piece_len_phases), else the last one
-        asked for (initially data.max_piece_len); `max_pieces`: the most pieces a buffer may
-        hold (data.max_pieces), 0 = no limit. The limit is checked on the whole global batch,
-        so every rank fails at the same step, before the batch is consumed.
+        `max_piece_len`: this step's piece cap (its stage's, train.stages.rows.N.max_piece_len),
+        else the last one asked for (initially data.max_piece_len); `max_pieces`: the most
+        pieces a buffer may hold (train.stages.rows.N.max_pieces), 0 = no limit; the trainer
+        reads both from the step's row of the stage table. The limit is checked on the whole
+        global batch, so every rank fails at the same step, before the batch is consumed.
         """
         tokens, pieces, cursors, row_len = self._cut(seq_len, max_piece_len, max_pieces)
         lo = self.rank * self.local_batch_size
@@ -246,8 +247,8 @@ class PieceLoader:
         if max_pieces and (most := int(np.diff(cursors).max())) > max_pieces:
             raise ValueError(
                 f"a packed sequence of this step ({seq_len} tokens + 1) needs {most} document "
-                f"pieces, more than data.max_pieces allows in this phase ({max_pieces}; the "
-                "record's cu_seqlens would overflow): raise data.max_pieces (nothing is "
+                f"pieces, more than this stage's train.stages.rows.N.max_pieces allows "
+                f"({max_pieces}; the record's cu_seqlens would overflow): raise it (nothing is "
                 "truncated)"
             )
         self._k = int(cursors[-1])

@@ -9,11 +9,12 @@ ahead. The targets are taken along the packed row without document masking, and 
 i + k ≥ T fall away at the row's end. The training loss is Σ_i ℓ_i over every row (or its
 mean over positions); evaluation stays next-token cross-entropy (model/loss.py).
 
-The weights are a step value (model.head.mtp_weights, model/mtp_schedule.py): the schedule hands
-them to the forward as a 1-D tensor, as it hands over the windows, so a compiled model does not
-recompile as they change. Its length is fixed at K_max = len(model.head.mtp_weights) and the
-weights a phase drops are zeros. A zero weight adds nothing to the loss, the gradient or the
-record form's S_w = Σ_k w_k, so the padded tensor computes what the record's K(s)-long one does.
+The weights are a step value, a column of the stage table (train.stages.rows.N.mtp_weights,
+model/mtp_schedule.py): the schedule hands them to the forward as a 1-D tensor, as it hands over
+the windows, so a compiled model does not recompile as they change. Its length is fixed at
+K_max, the longest row's, and the weights a stage drops are zeros. A zero weight adds nothing
+to the loss, the gradient or the record form's S_w = Σ_k w_k, so the padded tensor computes
+what the record's K(s)-long one does.
 
 Here: the targets shifted along each row, and the loss in its autograd form
 (head.loss=plain or auto). The record's own form, with its e5m2 logit gradient, is

@@ -8,7 +8,6 @@ must have the saved value), "operational" (how a run executes, never its numbers
 is silent); unmarked fields may change on resume, with a warning.
 """
 
-import itertools
 from dataclasses import dataclass, field
 
 from optim.muon_config import (  # noqa: F401  (re-exported: the optim group's vocabulary)
@@ -29,6 +28,7 @@ from optim.muon_config import (  # noqa: F401  (re-exported: the optim group's v
     MuonConfig,
     check_choices,
 )
+from stages.moved import refuse_moved
 
 # `optim.name` -> the group that takes the hidden matrices.
 MATRIX_GROUP = {"muon_adamw": "muon", "adamw": "hidden"}
@@ -127,9 +127,11 @@ class AdamWConfig:
                     raise ValueError(f"{key}.{beta} must be in [0, 1), got {value}")
 
 
+@refuse_moved("optim.schedule")
 @dataclass
 class ScheduleConfig:
-    """The LR multiplier every param group shares (`optim.schedule`): warmup, constant,
+    """The LR multiplier every param group shares (`optim.schedule`): warmup, constant (or a
+    plateau per stage, the stage table's lr_peak column: train.stages.rows.N.lr_peak),
     cooldown to a floor, over the scheduled steps (train.steps − train.extension_steps;
     extension steps run at the floor)."""
 
@@ -143,16 +145,8 @@ class ScheduleConfig:
     """steps: over round(cooldown_frac · steps) whole steps | fraction: continuously in the
     fraction of training left (the 2025-01 record's formula) | from_step: from the whole step
     c = ⌊S·(1 − cooldown_frac)⌋ of the S scheduled steps, τ = min(1, (s − c)/(S − c)),
-    factor p·(1 − τ) + min_lr_frac·τ with p the current peak (record D's)."""
-    peaks: list[float] = field(default_factory=list)
-    """The multiplier's plateau in each phase, the cooldown falling from the current one (the
-    2025-11 record, whose batch grows by phase: [1.0, 1.51, 1.93]; record D: [1.0, 1.52,
-    1.73]); [] = 1 throughout. Needs cooldown_form=fraction or from_step."""
-    peak_edges: list[float] = field(default_factory=list)
-    """Where the plateau steps up, in the fraction x = step / scheduled steps: peak i + 1
-    from x > edge i on (the 2025-11 record: [0.33, 0.66]); one fewer than `peaks`. [] with
-    several peaks: the P = len(peaks) equal phases of the scheduled steps, by the batch and
-    window phases' rule min(⌊P·s / S⌋, P − 1) (record D: switches at exactly 460 and 920)."""
+    factor p·(1 − τ) + min_lr_frac·τ with p the current peak (record D's). Plateaus by stage
+    (train.stages.rows.N.lr_peak) need fraction or from_step."""
 
     def validate(self, total_steps: int) -> None:
         """Raise ValueError naming the `optim.schedule.*` key that is wrong; `total_steps` is
@@ -170,33 +164,6 @@ class ScheduleConfig:
                 f"optim.schedule.warmup_steps ({self.warmup_steps}) + cooldown "
                 f"({cooldown} = cooldown_frac * scheduled steps) exceed the scheduled steps "
                 f"({total_steps} = train.steps - train.extension_steps)"
-            )
-        self._validate_peaks()
-
-    def _validate_peaks(self) -> None:
-        peaks, edges = list(self.peaks), list(self.peak_edges)
-        if not peaks:
-            if edges:
-                raise ValueError(
-                    f"optim.schedule.peak_edges ({edges}) needs optim.schedule.peaks (empty)"
-                )
-            return
-        if not all(p > 0 for p in peaks):
-            raise ValueError(f"optim.schedule.peaks must all be > 0, got {peaks}")
-        if edges and len(edges) != len(peaks) - 1:
-            raise ValueError(
-                f"optim.schedule.peak_edges needs one edge fewer than optim.schedule.peaks "
-                f"({len(peaks)}), or none (equal phases), got {len(edges)}: {edges}"
-            )
-        bounds = [0.0, *edges, 1.0]
-        if not all(a < b for a, b in itertools.pairwise(bounds)):
-            raise ValueError(
-                f"optim.schedule.peak_edges must rise strictly inside (0, 1), got {edges}"
-            )
-        if self.cooldown_form not in ("fraction", "from_step"):
-            raise ValueError(
-                "optim.schedule.peaks needs optim.schedule.cooldown_form=fraction or from_step "
-                f"(the cooldown falls from a phase's peak), got {self.cooldown_form!r}"
             )
 
 

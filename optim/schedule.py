@@ -8,9 +8,11 @@ may fall again over the last steps (the 2025-11 record).
 
 The 2025-11 record adds two things: extension steps after the schedule's end (its span is
 the scheduled steps, train.steps − train.extension_steps; after it the LR holds its floor),
-and a plateau ("peak") per batch phase that the cooldown falls from (`peak_lr_multiplier`).
-Record D (2026-07) switches its peaks exactly at the stage boundaries (equal phases, as the
-batch and the windows) and draws the cooldown from a whole step (cooldown_form=from_step).
+and a plateau ("peak") per stage that the cooldown falls from (`peak_lr_multiplier`), the
+stage table's lr_peak column (train.stages, stages/table.py), switched at fractions of the
+steps of its own (the table's peak_edges, `lr_peak_at`). Record D (2026-07) switches its peaks
+with the stages, by the table's one rule, and draws the cooldown from a whole step
+(cooldown_form=from_step).
 
 `optim_values` gives both for a step; the run's schedule (trainer/schedule.py) asks for them
 once per step, with the model's own step values, and hands them to the optimizer object
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from optim.config import COOLDOWN_FORMS, OptimConfig
+from stages import StageTable
 
 
 @dataclass(frozen=True)
@@ -32,10 +35,15 @@ class OptimValues:
 
 
 def optim_values(
-    cfg: OptimConfig, step: int, total_steps: int, scheduled_steps: int | None = None
+    cfg: OptimConfig,
+    step: int,
+    total_steps: int,
+    scheduled_steps: int | None = None,
+    stages: StageTable | None = None,
 ) -> OptimValues:
     """The values for update `step` (0-based) of `total_steps`; the LR schedule spans the
-    first `scheduled_steps` (default all) and holds its floor after them."""
+    first `scheduled_steps` (default all) and holds its floor after them. `stages`: the run's
+    stage table, whose lr_peak column gives the plateaus (`lr_peak_at`)."""
     s, m = cfg.schedule, cfg.muon
     scheduled = total_steps if scheduled_steps is None else scheduled_steps
     if not 0 < scheduled <= total_steps:
@@ -44,11 +52,11 @@ def optim_values(
         raise ValueError(f"step must be in [0, {total_steps}), got {step}")
     if step >= scheduled:  # an extension step: past the schedule's end, at its floor
         lr = s.min_lr_frac
-    elif s.peaks:
+    elif stages is not None and stages.column("lr_peak"):
+        peak = lr_peak_at(stages, step, scheduled)
         lr = peak_lr_multiplier(
-            step, scheduled, s.peaks, s.peak_edges, s.warmup_steps, s.cooldown_frac,
-            s.min_lr_frac, s.cooldown_form,
-        )  # fmt: skip
+            step, scheduled, peak, s.warmup_steps, s.cooldown_frac, s.min_lr_frac, s.cooldown_form
+        )
     else:
         lr = lr_multiplier(
             step, scheduled, s.warmup_steps, s.cooldown_frac, s.min_lr_frac, s.cooldown_form
@@ -142,32 +150,35 @@ def from_step_cooldown(
     return peak * (1 - tau) + min_lr_frac * tau
 
 
-def peak_index(step: int, scheduled_steps: int, edges: Sequence[float], n_peaks: int = 0) -> int:
-    """Which plateau `step` is on: the number of edges below x = step / scheduled_steps
-    (x > edge: the record's peak steps up at s = 700 and 1400 of 2120 for edges 0.33, 0.66).
-    Without edges, the plateaus are the P = `n_peaks` equal phases of the scheduled steps,
-    min(⌊P·step / S⌋, P − 1) in integers: the rule of the batch and window phases
-    (model/window_schedule.py `phase_index`), so record D's peaks switch with its stages at
-    exactly 460 and 920 of 1,380."""
-    if not edges:
-        return min(n_peaks * step // scheduled_steps, max(n_peaks - 1, 0))
+def peak_index(step: int, scheduled_steps: int, edges: Sequence[float]) -> int:
+    """Which plateau `step` is on where the plateaus have edges of their own: the number of
+    edges below x = step / scheduled_steps (x > edge: record C's peak steps up at s = 700 and
+    1400 of 2120 for edges 0.33, 0.66, before its batch does at 707 and 1414)."""
     x = step / scheduled_steps
     return sum(x > edge for edge in edges)
+
+
+def lr_peak_at(stages: StageTable, step: int, scheduled_steps: int) -> float:
+    """The plateau at `step`: the lr_peak of row `peak_index` where the table has peak_edges
+    (record C), else of the step's own stage (`StageTable.index`, the rule every stage
+    column follows: record D's peaks switch with its batch at exactly 460 and 920 of 1,380)."""
+    if stages.peak_edges:
+        return stages.rows[peak_index(step, scheduled_steps, stages.peak_edges)].lr_peak
+    return stages.row(step, scheduled_steps).lr_peak
 
 
 def peak_lr_multiplier(
     step: int,
     scheduled_steps: int,
-    peaks: Sequence[float],
-    edges: Sequence[float],
+    peak: float,
     warmup_steps: int,
     cooldown_frac: float,
     min_lr_frac: float,
     cooldown_form: str = "fraction",
 ) -> float:
-    """The 2025-11 record's LR multiplier at `step` of S = `scheduled_steps`: a plateau p per
-    phase (`peak_index`), and from x = step / S >= 1 − cooldown_frac on the line from p down
-    to the floor at S,
+    """The 2025-11 record's LR multiplier at `step` of S = `scheduled_steps` on the plateau
+    p = `peak` (`lr_peak_at`): p, and from x = step / S >= 1 − cooldown_frac on the line from
+    p down to the floor at S,
 
         f = min_lr_frac + (p − min_lr_frac) · (S − step) / (cooldown_frac · S),
 
@@ -185,12 +196,11 @@ def peak_lr_multiplier(
         return min_lr_frac
     if step < warmup_steps:
         return (step + 1) / warmup_steps
-    p = peaks[peak_index(step, scheduled_steps, edges, len(peaks))]
     if cooldown_form == "from_step":
-        return from_step_cooldown(step, scheduled_steps, p, cooldown_frac, min_lr_frac)
+        return from_step_cooldown(step, scheduled_steps, peak, cooldown_frac, min_lr_frac)
     if step / scheduled_steps < 1 - cooldown_frac:
-        return p
-    return min_lr_frac + (p - min_lr_frac) * (scheduled_steps - step) / (
+        return peak
+    return min_lr_frac + (peak - min_lr_frac) * (scheduled_steps - step) / (
         cooldown_frac * scheduled_steps
     )
 

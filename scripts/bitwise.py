@@ -65,10 +65,33 @@ CASES: dict[str, dict[str, list[str]]] = {
     },
 }
 # fmt: on
-# case -> this tree's overrides where they differ from base's (a key renamed since)
+
+
+def respelled(base: list[str], changes: dict[str, list[str]]) -> list[str]:
+    """`base` with each override whose key is in `changes` replaced by that list."""
+    out = []
+    for word in base:
+        out += changes.get(word.split("=")[0], [word])
+    return out
+
+
+# case -> this tree's overrides where they differ from base's: the stage lists became rows of
+# the stage table (train.stages.rows.N.<column>), the bigram's keys its own section
+# fmt: off
 NOW: dict[str, list[str]] = {
-    "D": [o.replace("model.embed.bigram_", "model.bigram.") for o in CASES["D"]["base"]],
+    "C": respelled(CASES["C"]["base"], {"train.seq_len_phases": [
+        "train.stages.rows.0.seq_len=128", "train.stages.rows.1.seq_len=256",
+        "train.stages.rows.2.seq_len=512"]}),
+    "D": respelled(CASES["D"]["base"], {
+        "model.embed.bigram_rows": ["model.bigram.rows=256"],
+        "model.embed.bigram_dim": ["model.bigram.dim=8"],
+        "train.seq_len_phases": [
+            "train.stages.rows.0={seq_len:64,max_piece_len:32}",
+            "train.stages.rows.1={seq_len:128,max_piece_len:64}",
+            "train.stages.rows.2={seq_len:256,max_piece_len:64}"],
+        "data.max_piece_len_phases": []}),
 }
+# fmt: on
 
 
 def overrides(case: str, side: str, ranks: int) -> list[str]:

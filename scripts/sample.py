@@ -39,6 +39,7 @@ from torch import Tensor
 from data.tokenizer import GPT2_VOCAB_SIZE, encode_document, gpt2_encoding
 from model import GPT, ModelConfig
 from optim.config import OptimConfig
+from stages import StageTable
 from trainer.checkpoint import files
 from trainer.checkpoint.dcp_state import read_whole
 from trainer.checkpoint.resume_rules import upgrade_saved
@@ -90,6 +91,12 @@ def model_config(saved: dict[str, Any], path: Path) -> ModelConfig:
     return OmegaConf.to_object(merged)
 
 
+def stage_table(saved: dict[str, Any]) -> StageTable:
+    """The checkpoint's stage table (its saved train.stages; none: no stages), which the model
+    reads its windows by stage from."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(StageTable), saved))
+
+
 def read_state(path: Path, layout: str) -> dict[str, Tensor]:
     """The model's state_dict from a checkpoint directory (whole CPU tensors)."""
     # torch_save: model.pt only, as the optimizer state is larger than the model and unused
@@ -109,7 +116,9 @@ def load_model(path: Path, device: torch.device) -> tuple[GPT, dict[str, Any]]:
     config in today's key names)."""
     meta = files.validate(path)
     meta["config"] = upgrade_saved(meta.get("config", {}))
-    model = GPT(model_config(meta["config"].get("model", {}), path))
+    cfg = model_config(meta["config"].get("model", {}), path)
+    cfg.set_stages(stage_table(meta["config"].get("train", {}).get("stages", {})))
+    model = GPT(cfg)
     try:
         model.load_state_dict(read_state(path, meta.get("layout", "torch_save")))
     except RuntimeError as e:

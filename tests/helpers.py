@@ -1,5 +1,7 @@
-"""Shared test helpers: compose the real Hydra config with small CPU overrides."""
+"""Shared test helpers: compose the real Hydra config with small CPU overrides; hand a model
+config a stage table."""
 
+import copy
 import signal
 import subprocess
 import time
@@ -8,6 +10,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from model.config import ModelConfig
+from stages import Stage, StageTable
 from trainer.config import register_configs
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -34,6 +38,15 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides or []))
+
+
+def staged(cfg: ModelConfig, windows: list[int], **table: object) -> ModelConfig:
+    """A copy of the model config `cfg` handed a stage table (as the root config hands it
+    train.stages) of these long windows by stage and the table's entries `table`
+    (window_after=13, ...)."""
+    out = copy.deepcopy(cfg)
+    out.set_stages(StageTable(rows=[Stage(window=w) for w in windows], **table))
+    return out
 
 
 def sigterm_after(cmd: list[str], cwd: Path, run_dir: Path | None, records: int) -> tuple[int, str]:

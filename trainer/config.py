@@ -18,8 +18,9 @@ from omegaconf import II, DictConfig, OmegaConf
 
 from data.config import DataConfig
 from model.config import ModelConfig
-from model.window_schedule import phase_index, phase_start
 from optim.config import OptimConfig
+from stages import StageTable
+from stages.moved import refuse_moved
 from trainer.config_across import check_across, check_finite
 from trainer.config_checks import check_choices, check_known
 from trainer.reference import ReferenceConfig
@@ -66,6 +67,7 @@ class FaultConfig:
                 raise ValueError(f"train.fault.{f.name} must be >= 0, got {getattr(self, f.name)}")
 
 
+@refuse_moved("train")
 @dataclass
 class TrainConfig:
     """The `train` group: steps, batch shape, evaluation, precision, checkpoints."""
@@ -81,14 +83,13 @@ class TrainConfig:
     val_seq_len: int = 0
     """Tokens per validation sequence; 0 = seq_len."""
     extension_steps: int = 0
-    """The last this many steps run past the schedules' end: the schedules (LR, batch and
-    window phases) span the scheduled steps, steps − extension_steps, and then hold their
-    final values (the 2025-11 record: 40 of 2,160)."""
-    seq_len_phases: list[int] = field(default_factory=list)
-    """Tokens per sequence in each of P equal phases of the scheduled steps, a batch that
-    grows with the phase (the 2025-11 record: [16384, 32768, 49152]); step s is in phase
-    min(⌊P·s / scheduled steps⌋, P − 1), extension steps in the last. train.seq_len must be
-    the largest (it sizes the buffers). [] = seq_len throughout."""
+    """The last this many steps run past the schedules' end: the schedules (LR, stages)
+    span the scheduled steps, steps − extension_steps, and then hold their final values (the
+    2025-11 record: 40 of 2,160)."""
+    stages: StageTable = field(default_factory=StageTable)
+    """The stage table: one row per equal stage of the scheduled steps, each what the run
+    does in it (sequence length, long window, piece cap and limit, LR plateau, MTP weights),
+    and what follows the stages (stages/table.py; docs/config.md). Rows [] = one stage."""
     val_every: int = field(default=50, metadata=OPERATIONAL)
     """Evaluate every this many steps (and always at the end); 0 = at the end only."""
     val_tokens: int = II("data.val_tokens")
@@ -153,26 +154,27 @@ class TrainConfig:
         return self.steps - self.extension_steps
 
     def seq_len_at(self, step: int) -> int:
-        """Tokens per sequence at update `step` (0-based): its phase's, or seq_len."""
-        if not self.seq_len_phases:
+        """Tokens per sequence at update `step` (0-based): its stage's, or seq_len."""
+        if not self.stages.column("seq_len"):
             return self.seq_len
-        return self.seq_len_phases[phase_index(step, self.scheduled_steps, self.seq_len_phases)]
+        return self.stages.row(step, self.scheduled_steps).seq_len
 
     def step_tokens(self, step: int) -> int:
         """Training tokens of update `step` over all ranks: batch_size sequences."""
         return self.batch_size * self.seq_len_at(step)
 
     def tokens_after(self, steps: int) -> int:
-        """Training tokens of the first `steps` updates (0 ... train.steps), summed phase by
-        phase: for the 2025-11 record 707 × 131,072 + 707 × 262,144 + 746 × 393,216."""
+        """Training tokens of the first `steps` updates (0 ... train.steps), summed stage by
+        stage: for the 2025-11 record 707 × 131,072 + 707 × 262,144 + 746 × 393,216."""
         if not 0 <= steps <= self.steps:
             raise ValueError(f"steps must be in [0, {self.steps}], got {steps}")
-        if not self.seq_len_phases:
+        lengths = self.stages.column("seq_len")
+        if not lengths:
             return steps * self.batch_size * self.seq_len
-        total, n = 0, len(self.seq_len_phases)
-        for i, length in enumerate(self.seq_len_phases):
-            first = phase_start(i, self.scheduled_steps, n)
-            end = self.steps if i == n - 1 else phase_start(i + 1, self.scheduled_steps, n)
+        total, n = 0, len(lengths)
+        for i, length in enumerate(lengths):
+            first = self.stages.start(i, self.scheduled_steps)
+            end = self.steps if i == n - 1 else self.stages.start(i + 1, self.scheduled_steps)
             total += max(0, min(steps, end) - first) * self.batch_size * length
         return total
 
@@ -198,28 +200,18 @@ class TrainConfig:
                 f"train.extension_steps must be in [0, train.steps = {self.steps}), got "
                 f"{self.extension_steps}"
             )
-        self._validate_seq_len_phases()
+        self.stages.validate(self.scheduled_steps)
+        lengths = self.stages.column("seq_len")
+        if lengths and self.seq_len != max(lengths):
+            raise ValueError(
+                f"train.seq_len ({self.seq_len}) must equal the largest of the stages' seq_len "
+                f"(train.stages.rows.N.seq_len: {max(lengths)}): it sizes the batch buffers and "
+                "the validation rows"
+            )
         if not self.resume:
             raise ValueError("train.resume must be auto, never or a checkpoint path")
         self.fault.validate()
         self.reference.validate()
-
-    def _validate_seq_len_phases(self) -> None:
-        phases = list(self.seq_len_phases)
-        if not phases:
-            return
-        if not all(length > 0 for length in phases):
-            raise ValueError(f"train.seq_len_phases must all be positive, got {phases}")
-        if len(phases) > self.scheduled_steps:
-            raise ValueError(
-                f"train.seq_len_phases has {len(phases)} phases, more than the "
-                f"{self.scheduled_steps} scheduled steps (train.steps - train.extension_steps)"
-            )
-        if self.seq_len != max(phases):
-            raise ValueError(
-                f"train.seq_len ({self.seq_len}) must equal the largest of train.seq_len_phases "
-                f"({max(phases)}): it sizes the batch buffers and the validation rows"
-            )
 
 
 @dataclass
@@ -293,15 +285,19 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig, metadata=OPERATIONAL)
     logging: LoggingConfig = field(default_factory=LoggingConfig, metadata=OPERATIONAL)
 
+    def __post_init__(self) -> None:
+        self.model.set_stages(self.train.stages)  # the model reads its windows by stage there
+
     def validate(self) -> None:
         """Check every value once, before any work; raise ValueError naming the key."""
+        self.model.set_stages(self.train.stages)  # again: either may have been replaced since
         check_choices(self)
         check_finite(self)  # first: a NaN passes the groups' range checks
         if not 0 <= self.seed < 2**32:  # numpy's seed range (runtime.seed_everything)
             raise ValueError(f"seed must be in [0, 4294967295] (0 to 2**32 - 1), got {self.seed}")
+        self.train.validate()  # first: the stage table, which the model's check reads
         self.model.validate()
         self.data.validate()
-        self.train.validate()
         self.optim.validate(self.train.steps, self.train.scheduled_steps, self.dist.strategy)
         self.dist.validate(self.train)
         self.logging.validate()

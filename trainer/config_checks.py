@@ -4,11 +4,15 @@ unknown `+train.step=3` would otherwise be accepted and ignored); and a config t
 keys, the form in which ranks and checkpoints compare configs (`flatten`)."""
 
 import difflib
+import typing
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Any
 
 from model.config import renamed as model_renamed
+from model.config.moved import MOVED, moved_message
 from optim import renamed as optim_renamed
+from stages.moved import moved_message as stage_moved_message
+from stages.moved import moved_within
 
 # The packages' tables of renamed option values (model/config/renamed.py, optim/renamed.py)
 # by their top-level group, and all of them as dotted key -> {old value: today's}.
@@ -47,12 +51,21 @@ def check_known(values: dict[str, Any], schema: Any, prefix: str = "") -> None:
     known = {f.name: f for f in fields(schema)}
     for key, value in values.items():
         if key not in known:
+            if old := moved_within(f"{prefix}{key}"):
+                raise ValueError(stage_moved_message(old))
+            if prefix == "model." and key in MOVED:
+                raise ValueError(moved_message(key))
             near = difflib.get_close_matches(str(key), list(known), n=1)
             hint = f"; did you mean {prefix}{near[0]}?" if near else ""
             raise ValueError(f"unknown config key {prefix}{key}{hint}")
         group = known[key].default_factory  # a nested group's dataclass
         if isinstance(value, dict) and group is not MISSING and is_dataclass(group):
             check_known(value, group, f"{prefix}{key}.")
+        row = next(iter(typing.get_args(known[key].type)), None)  # a list of rows' dataclass
+        if isinstance(value, list) and is_dataclass(row):
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    check_known(item, row, f"{prefix}{key}.{i}.")
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -6,10 +6,11 @@ evaluation after `step` updates asks `model_args(step)`. Each package declares i
 step-dependent values as pure functions of (step, total steps) beside the settings that drive
 them: the optimizer's in optim/schedule.py (LR multiplier, Muon momentum), the model's in
 `ModelConfig.step_args` (the attention window, the MTP weights), the data's in
-`TrainConfig.seq_len_at` (the sequence length by phase) and `data_args` here (the piece cap
-and the piece limit by phase, data.max_piece_len_phases / data.max_pieces, which the loader
-takes as keyword arguments). A new one is a function there and its use; this object and the
-loop pass it through unchanged. `scripts/sample.py` uses the same object.
+`TrainConfig.seq_len_at` (the sequence length by stage) and `data_args` here (the piece cap
+and the piece limit by stage, which the loader takes as keyword arguments). What changes by
+stage is a row of the one stage table, train.stages, and every one of them reads the step's
+row through its one rule (`StageTable.index`). A new one is a function there and its use;
+this object and the loop pass it through unchanged. `scripts/sample.py` uses the same object.
 
 The schedules span the scheduled steps, train.steps − train.extension_steps, and hold their
 final values over the extension steps after them (the 2025-11 record's 40 of 2,160).
@@ -19,9 +20,9 @@ from dataclasses import dataclass, field
 
 from data.config import DataConfig
 from model.config import ModelConfig
-from model.window_schedule import phase_index
 from optim.config import OptimConfig
 from optim.schedule import OptimValues, optim_values
+from stages import StageTable
 from trainer.config import TrainConfig
 
 
@@ -32,16 +33,17 @@ class StepValues:
     optim: OptimValues
     model_args: dict[str, float | tuple[float, ...]]  # keyword arguments of the model's forward
     seq_len: int  # tokens per sequence (train.seq_len_at); 0 when built without `train`
-    # The loader's keyword arguments (`Schedule.data_args`); {} unless data phases are set
+    # The loader's keyword arguments (`Schedule.data_args`); {} unless the stages set them
     data_args: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """The run's step-dependent values. `train` gives the extension steps and the sequence
-    length by phase; without it (tools that want only the optimizer's or the model's values)
-    every step is scheduled and StepValues.seq_len is 0. `data` gives the piece cap and
-    limit by phase; without it StepValues.data_args is {}."""
+    """The run's step-dependent values. `train` gives the extension steps and the stage table
+    (train.stages), which the model config must have been handed (`ModelConfig.set_stages`, as
+    the root config does); without it (tools that want only the optimizer's or the model's
+    values) every step is scheduled, the table is the model config's and StepValues.seq_len is
+    0. `data` gives the loader's arguments; without it StepValues.data_args is {}."""
 
     total_steps: int
     optim: OptimConfig
@@ -53,6 +55,11 @@ class Schedule:
         if self.train is not None and self.train.steps != self.total_steps:
             raise ValueError(
                 f"total_steps ({self.total_steps}) must be train.steps ({self.train.steps})"
+            )
+        if self.train is not None and (self.model.stages or StageTable()) != self.train.stages:
+            raise ValueError(
+                "the model config reads another stage table than train.stages: hand it "
+                "ModelConfig.set_stages(train.stages) (the root config does)"
             )
 
     @classmethod
@@ -71,29 +78,29 @@ class Schedule:
         """The steps the schedules span (all but train.extension_steps)."""
         return self.total_steps if self.train is None else self.train.scheduled_steps
 
+    @property
+    def stages(self) -> StageTable:
+        """The run's stage table: train.stages, which is also the model config's."""
+        return self.model.stages or StageTable()
+
     def at(self, step: int) -> StepValues:
         """The values for update `step` (0-based)."""
         return StepValues(
-            optim_values(self.optim, step, self.total_steps, self.scheduled_steps),
+            optim_values(self.optim, step, self.total_steps, self.scheduled_steps, self.stages),
             self.model_args(step),
             0 if self.train is None else self.train.seq_len_at(step),
             self.data_args(step),
         )
 
     def data_args(self, step: int) -> dict[str, int]:
-        """The loader's keyword arguments at update `step`: {"max_piece_len": its phase's
-        cap} with data.max_piece_len_phases, {"max_pieces": its phase's limit} with
-        data.max_pieces (the phases of `phase_index`, as the batch's); {} without either."""
-        args: dict[str, int] = {}
-        if self.data is None:
-            return args
-        for key, phases in (
-            ("max_piece_len", self.data.max_piece_len_phases),
-            ("max_pieces", self.data.max_pieces),
-        ):
-            if phases:
-                args[key] = phases[phase_index(step, self.scheduled_steps, phases)]
-        return args
+        """The loader's keyword arguments at update `step`: {"max_piece_len": its stage's
+        cap, "max_pieces": its stage's limit}, each where the stage table sets it; {} without
+        `data` or either."""
+        if self.data is None or not self.stages.rows:
+            return {}
+        row = self.stages.row(step, self.scheduled_steps)
+        caps = {"max_piece_len": row.max_piece_len, "max_pieces": row.max_pieces}
+        return {key: value for key, value in caps.items() if value}
 
     def model_args(self, step: int) -> dict[str, float | tuple[float, ...]]:
         """The model's forward arguments at `step` (0 ... total_steps: an update, or an

@@ -76,9 +76,9 @@ class TrainStep:
         t0 = time.perf_counter()
         values = self.schedule.at(step - 1)
         self.optimizer.set_step(values.optim)
-        # The step's sequence length (train.seq_len_phases), when the schedule varies it
+        # The step's sequence length (its stage's, train.stages), when the schedule varies it
         seq = (values.seq_len,) if values.seq_len and values.seq_len != self.seq_len else ()
-        # The step's piece cap and limit (data.max_piece_len_phases, data.max_pieces), if set
+        # The step's piece cap and limit (its stage's), where the stage table sets them
         host = self.next_batch(*seq, **values.data_args)
         batch = tuple(t.to(self.rt.device, non_blocking=True) for t in host)
         args = self.on_device(values.model_args)

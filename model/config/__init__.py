@@ -19,11 +19,16 @@ resampled to `n_layer` (`model/plan.py`). A key of the former flat schema (`mode
 fails with one line naming its group (`model/config/moved.py`), and an option value once named
 after a record (`model.head.loss=record_2026_07`) with one line naming today's value
 (`model/config/renamed.py`).
+
+What changes by stage (the long window, the MTP weights) is no model key: it is a column of
+the run's stage table, train.stages (stages/table.py), which the root config hands the model
+config (`set_stages`). The model builds its YaRN tables for the table's windows and reads each
+step's row from it (`step_args`).
 """
 
 import copy
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from model.config.attention import AttentionConfig
 from model.config.bigram import BigramConfig
@@ -32,6 +37,9 @@ from model.config.moved import MOVED, moved_key, moved_message
 from model.config.stream import EmbedConfig, MlpConfig, ResidualConfig
 from model.mtp_schedule import mtp_weights_at
 from model.window_schedule import window_at, window_schedule_at
+from stages import StageTable
+from stages.moved import moved_message as stage_moved_message
+from stages.moved import moved_within
 
 OPERATIONAL = {"resume": "operational"}  # how a checkpoint treats a field (trainer/config.py)
 
@@ -77,12 +85,23 @@ class ModelConfig:
     head: HeadConfig = field(default_factory=HeadConfig)
     numerics: NumericsConfig = field(default_factory=NumericsConfig)
     bigram: BigramConfig = field(default_factory=BigramConfig)
+    # Not a key: the run's stage table (train.stages), set by `set_stages`. None = no stages.
+    stages: ClassVar[StageTable | None] = None
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names the config lacks: a key of the flat schema names its group.
+        if moved_within(f"model.{name}"):
+            raise AttributeError(stage_moved_message(f"model.{name}"))
         if name in MOVED:
             raise AttributeError(moved_message(name))
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def set_stages(self, stages: StageTable | None) -> None:
+        """Hand the config the run's stage table (train.stages; the root config does, before
+        any model is built): the model's YaRN stages are its windows (`attention.long_windows`)
+        and `step_args` reads each step's row from it."""
+        self.stages = stages
+        self.attention.stages = stages
 
     def step_args(
         self,
@@ -95,26 +114,28 @@ class ModelConfig:
         update `step`, or an evaluation after `step` updates); the run's schedule
         (trainer/schedule.py) asks for them once per step. The schedules span the first
         `scheduled_steps` (default all) and hold their final values after; `final_eval`: the
-        evaluation after the last update (`attention.window_final_eval`).
+        evaluation after the last update (the stage table's window_final_eval).
 
-        With window_phases: {"window_tokens": the long window, "short_window_tokens": the
-        short one (both whole blocks, in tokens), and with yarn "yarn_stage": the index into
+        With a window by stage (the stage table's window column, `set_stages`):
+        {"window_tokens": the long window, "short_window_tokens": the short one (both whole
+        blocks, in tokens), and with yarn "yarn_stage": the index into
         `attention.long_windows` (`window_schedule_at`)}. Otherwise {"window_tokens":
-        window_at(...)} with window_tokens, or {}. With head.mtp also "mtp_weights": the
-        multi-token weights, a tuple of len(head.mtp_weights) floats (`mtp_weights_at`)."""
+        window_at(...)} with window_tokens, or {}. With head.mtp and the table's mtp_weights
+        also "mtp_weights": the multi-token weights, a tuple of the longest row's length
+        (`mtp_weights_at`)."""
         scheduled = total_steps if scheduled_steps is None else scheduled_steps
         args = self._window_args(step, total_steps, scheduled, final_eval)
-        if self.head.mtp:
-            args["mtp_weights"] = mtp_weights_at(self.head.mtp_weights, step, scheduled)
+        if self.head.mtp and self.stages is not None and self.stages.column("mtp_weights"):
+            args["mtp_weights"] = mtp_weights_at(self.stages, step, scheduled)
         return args
 
     def _window_args(
         self, step: int, total_steps: int, scheduled: int, final_eval: bool
     ) -> dict[str, float | tuple[float, ...]]:
         """`step_args`' window part."""
-        att = self.attention
-        if att.window_phases:
-            long, short, stage = window_schedule_at(att, step, scheduled, final_eval)
+        att, stages = self.attention, self.stages
+        if stages is not None and stages.column("window"):
+            long, short, stage = window_schedule_at(stages, step, scheduled, final_eval)
             args = {
                 "window_tokens": long * att.window_block,
                 "short_window_tokens": short * att.window_block,
@@ -276,6 +297,8 @@ def update(cfg: Any, changes: dict[str, Any]) -> Any:
             node = getattr(node, part)
         if not (is_dataclass(node) and parts[-1] in {f.name for f in fields(node)}):
             hint = moved_message(key) if moved_key(key) else f"no key {key!r}"
+            if moved_within(f"model.{key}"):
+                hint = stage_moved_message(f"model.{key}")
             raise AttributeError(f"{type(cfg).__name__}: {hint}")
         setattr(node, parts[-1], value)
     return out

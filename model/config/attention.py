@@ -2,12 +2,15 @@
 
 Per-layer options (`layers`, `window`) are patterns over the layers of a reference depth, one
 character per layer, resampled to `model.n_layer` (`model/plan.py`). The window's schedules
-(by phase, or linear) are `model/window_schedule.py`'s.
+(by stage, or linear) are `model/window_schedule.py`'s; the windows by stage are the run's
+stage table's (train.stages), which the model config is handed (`ModelConfig.set_stages`).
 """
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from model.window_schedule import validate_window_schedule
+from stages import StageTable
+from stages.moved import refuse_moved
 
 ROPES = ("full", "half_truncated", "interleaved_half")
 VALUE_RESIDUALS = ("off", "fixed", "learned")
@@ -16,9 +19,14 @@ WINDOW_GRANULARITIES = ("block", "token")
 OUT_INITS = ("zero", "uniform")
 
 
+@refuse_moved("model.attention")
 @dataclass
 class AttentionConfig:
     """The `model.attention` group."""
+
+    # Not a key: the run's stage table (train.stages), set by `ModelConfig.set_stages`; the
+    # long window of each stage and the YaRN stages are read from it. None = no stages.
+    stages: ClassVar[StageTable | None] = None
 
     layers: str = ""
     """Per-layer pattern: "A" attention, "." MLP only; "" = all attention."""
@@ -75,8 +83,9 @@ class AttentionConfig:
     rope_reciprocal: bool = False
     """rope=full frequencies as 1 / base^(2i/d), the records' rounding, not base^(−2i/d)."""
     yarn: bool = False
-    """YaRN: at every change of the long window the rotary frequencies are rescaled and the
-    attention scale raised (model/yarn.py); the forward takes the stage (`step_args`)."""
+    """YaRN: at every change of the long window by stage (train.stages.rows.N.window) the
+    rotary frequencies are rescaled and the attention scale raised (model/yarn.py); the
+    forward takes the stage (`step_args`)."""
     # --- sliding windows ------------------------------------------------------------------
     window: str = ""
     """Sliding-window attention, per-layer pattern: "L" long window, "S" short (half);
@@ -88,23 +97,15 @@ class AttentionConfig:
     with i − j ≤ W tokens (W + 1 keys), long W = window_tokens, short W = short_window_tokens."""
     window_tokens: int = 0
     """The long window at the last step, in tokens, growing linearly from 1 token with the
-    step (`step_args`), rounded up to whole blocks; 0 = no window."""
-    window_phases: list[int] = field(default_factory=list)
-    """The long window in each of P equal phases of the scheduled steps (train.steps −
-    train.extension_steps), in blocks of window_block tokens (the 2025-11 record: [3, 7, 11]);
-    the short window is half of it, rounded down. [] = off (window_tokens's linear growth)."""
-    window_after: int = 0
-    """The long window from the end of the scheduled steps on, in blocks (the record: 13);
-    0 = the last phase's."""
-    window_final_eval: int = 0
-    """The long window of the final validation only, in blocks (the record: 20); the short
-    one keeps the last step's. 0 = the last step's windows."""
+    step (`step_args`), rounded up to whole blocks; 0 = no window, or the window by stage
+    (train.stages.rows.N.window)."""
 
     @property
     def long_windows(self) -> list[int]:
-        """The long windows in blocks, in order: each phase's, then window_after if set. The
-        YaRN stages follow it: stage k = after k changes (model/yarn.py)."""
-        return [*self.window_phases, *([self.window_after] if self.window_after else [])]
+        """The long windows in blocks, in order: each stage's, then the extension steps' if
+        set (`StageTable.long_windows`). The YaRN stages follow it: stage k = after k changes
+        (model/yarn.py)."""
+        return self.stages.long_windows if self.stages is not None else []
 
     def validate(self, head_dim: int) -> None:
         """Raise ValueError naming the `model.attention.*` key that is wrong."""
@@ -147,18 +148,26 @@ class AttentionConfig:
             )
 
     def _validate_windows(self) -> None:
-        if self.window_phases:
-            validate_window_schedule(self)
-        elif bool(self.window) != bool(self.window_tokens):
+        by_stage = self.stages is not None and bool(self.stages.column("window"))
+        if by_stage and self.window_tokens:
             raise ValueError(
-                "model.attention.window (which layers have sliding windows) and "
-                "model.attention.window_tokens (how wide the window grows) go together: set "
-                f"both or neither (got {self.window!r} and {self.window_tokens})"
+                "model.attention.window_tokens (a window growing linearly) and "
+                "train.stages.rows.N.window (a window by stage) exclude each other: set one"
             )
-        else:
-            for key in ("window_after", "window_final_eval", "yarn"):
-                if getattr(self, key):
-                    raise ValueError(
-                        f"model.attention.{key} needs model.attention.window_phases (the window "
-                        "by phase)"
-                    )
+        if by_stage and not self.window:
+            raise ValueError(
+                "train.stages.rows.N.window needs model.attention.window (which layers have the "
+                "long window and which the short one)"
+            )
+        if not by_stage and bool(self.window) != bool(self.window_tokens):
+            raise ValueError(
+                "model.attention.window (which layers have sliding windows) and their width go "
+                "together: a width by stage (train.stages.rows.N.window) or growing linearly "
+                "(model.attention.window_tokens), or neither; got window="
+                f"{self.window!r}, window_tokens={self.window_tokens} and no window by stage"
+            )
+        if self.yarn and not by_stage:
+            raise ValueError(
+                "model.attention.yarn needs the window by stage (train.stages.rows.N.window): it "
+                "rescales the rotary at each change"
+            )

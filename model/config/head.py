@@ -1,10 +1,10 @@
 """`model.head` and `model.numerics`: the LM head and its loss, and the model's number
 formats."""
 
-import math
 from dataclasses import dataclass, field
 
 from model.config.renamed import check_renamed
+from stages.moved import refuse_moved
 
 DTYPES = ("fp32", "bf16")
 SOFTCAP_FORMS = ("tanh", "sigmoid")
@@ -15,6 +15,7 @@ SCALAR_LAYOUTS = ("mixes", "weight_lambdas")
 FP8_SCALES = ("pow2", "sqrt_d_over_448", "fixed_over_448")
 
 
+@refuse_moved("model.head")
 @dataclass
 class HeadConfig:
     """The `model.head` group: logits, their softcap and the training loss."""
@@ -51,11 +52,8 @@ class HeadConfig:
     mtp: bool = False
     """Multi-token prediction in training (record D, model/mtp.py): position i's logits are
     also scored against the targets of i+1 … i+K−1 of its row, weighted by the step's
-    `mtp_weights`; evaluation stays next-token. Needs head.loss≠fused."""
-    mtp_weights: list[float] = field(default_factory=lambda: [1.0, 0.5, 0.25])
-    """With mtp: the weights w_0 … w_{P−1} of P equal phases of the scheduled steps; phase p
-    keeps w_0 … w_{P−1−p}, its last one falling linearly to 0 over the phase, and the last
-    phase keeps w_0 (`mtp_weights_at`; record D: [1, 0.5, 0.25])."""
+    weights, a column of the stage table (train.stages.rows.N.mtp_weights; `mtp_weights_at`);
+    evaluation stays next-token. Needs head.loss≠fused."""
 
     @property
     def tanh_expressible(self) -> bool:
@@ -96,11 +94,6 @@ class HeadConfig:
 
     def _validate_loss_forms(self) -> None:
         """MTP and the record's loss form (the FP8 head they need: ModelConfig)."""
-        w = list(self.mtp_weights)
-        if not w or not all(0 <= v < math.inf for v in w):
-            raise ValueError(
-                f"model.head.mtp_weights must be one or more finite weights >= 0, got {w}"
-            )
         if self.mtp and self.loss == "fused":
             raise ValueError(
                 "model.head.mtp needs model.head.loss=plain, auto or sigmoid_e5m2_grad: the fused "

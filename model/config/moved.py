@@ -2,7 +2,8 @@
 
 A saved config (a checkpoint's) is read under today's names through this table
 (trainer/checkpoint's resume rules); a command line or a Python caller that names an old key
-gets one line naming the new one.
+gets one line naming the new one. The window's keys by phase (`model.window_phases`,
+`window_after`, `window_final_eval`) went into the stage table: stages/moved.py.
 """
 
 MOVED = {
@@ -25,9 +26,6 @@ MOVED = {
     "window": "attention.window",
     "window_block": "attention.window_block",
     "window_tokens": "attention.window_tokens",
-    "window_phases": "attention.window_phases",
-    "window_after": "attention.window_after",
-    "window_final_eval": "attention.window_final_eval",
     "yarn": "attention.yarn",
     "document_mask": "attention.document_mask",
     "attention_impl": "attention.impl",

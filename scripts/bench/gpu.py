@@ -58,7 +58,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 
 from model import GPT
 from model.masks import EOT
-from model.window_schedule import phase_index, phase_start
 from optim import CombinedOptimizer, build_optimizer
 from optim.shards import LocalView
 from scripts.bench.head import bench_head, print_head, timed
@@ -73,6 +72,7 @@ from scripts.bench.presets import (  # noqa: F401  (re-exported: the benchmarks'
     hydra_config,
 )
 from scripts.bench.step_times import profile_steps, time_steps
+from stages import stage_index
 from trainer.config import Config
 from trainer.forward import evaluate, forward_backward
 from trainer.launch.compile import CompileCounts, compile_model, reset_compile_state
@@ -129,27 +129,26 @@ def random_batch(rows: int, seq_len: int, rng: np.random.Generator) -> Batch:
 
 
 def window_steps(b: Bench) -> list[int]:
-    """The steps that stand for the schedule: the first of each batch phase
-    (train.seq_len_phases), else the first, middle and last window (or just one step)."""
+    """The steps that stand for the schedule: the first of each stage (train.stages), else
+    the first, middle and last window (or just one step)."""
     t = b.conf.train
-    if t.seq_len_phases:
-        n = len(t.seq_len_phases)
-        return [phase_start(i, t.scheduled_steps, n) for i in range(n)]
+    if t.stages.rows:
+        return [t.stages.start(i, t.scheduled_steps) for i in range(len(t.stages.rows))]
     if not b.schedule.model_args(0):
         return [0]
     return sorted({0, t.steps // 2, t.steps - 1})
 
 
 def seq_len(b: Bench, step: int) -> int:
-    """The per-GPU sequence length of `step` (its batch phase's)."""
+    """The per-GPU sequence length of `step` (its stage's)."""
     return b.conf.train.seq_len_at(step)
 
 
 def record_ms(name: str, b: Bench, step: int) -> float | None:
-    """The record's own ms per step at `step` (its batch phase's, where it has phases)."""
+    """The record's own ms per step at `step` (its stage's, where it has stages)."""
     ms = RECORD_STEP_MS.get(name)
     if isinstance(ms, tuple):
-        return ms[phase_index(step, b.conf.train.scheduled_steps, ms)]
+        return ms[stage_index(step, b.conf.train.scheduled_steps, len(ms))]
     return ms
 
 

@@ -34,14 +34,17 @@ TOY_EXTRA = {
     "record_2025_11_29": [
         "model.n_layer=4", "model.n_head=2", "model.residual.skip_from=1",
         "model.residual.skip_to=2",
-        "model.residual.backout_layer=2", "train.seq_len_phases=[64,128,256]",
+        "model.residual.backout_layer=2", "train.stages.rows.0.seq_len=64",
+        "train.stages.rows.1.seq_len=128", "train.stages.rows.2.seq_len=256",
     ],
     # The 2026-07 record with its own 11-layer table, 6 heads of 8 (paired heads need 6).
     "record_2026_07_17": [
         "model.n_layer=11", "model.n_head=6", "model.n_embd=48", "model.bigram.rows=256",
         "model.bigram.dim=8", "model.residual.mudd_hidden=8",
-        "train.seq_len_phases=[64,128,256]", "data.max_piece_len=128",
-        "data.max_piece_len_phases=[32,128,128]", "optim.tie_embed_head_until=5",
+        "train.stages.rows.0={seq_len:64,max_piece_len:32}",
+        "train.stages.rows.1={seq_len:128,max_piece_len:128}",
+        "train.stages.rows.2={seq_len:256,max_piece_len:128}", "data.max_piece_len=128",
+        "optim.tie_embed_head_until=5",
     ],
 }  # fmt: skip
 # On a CPU: trace (graph breaks and recompiles are counted) without inductor's kernel builds.
@@ -56,7 +59,7 @@ def compose(name: str, device: str, toy: bool, sets: list[str]) -> Config:
     if toy:
         overrides += [*TOY, *(TOY_CPU if device == "cpu" else []), *TOY_EXTRA.get(name, [])]
         model = hydra_config([*overrides, *sets]).model
-        if model.attention.window and not model.attention.window_phases:
+        if model.attention.window and not model.attention.long_windows:
             overrides.append(TOY_WINDOW)
     return hydra_config([*overrides, *sets])
 

@@ -66,8 +66,10 @@ UNTIMED = 2  # the strategy runs' first steps, left out of the median (warm-up)
 # sequence (the sample corpus holds ~50k validation tokens).
 REAL_RUN = [
     f"experiment={NEWEST}", "data=sample", "train.steps=100", "train.batch_size=1",
-    "train.seq_len=3072", "train.seq_len_phases=[1024,2048,3072]", "data.max_piece_len=65536",
-    "data.max_piece_len_phases=[]",
+    "train.seq_len=3072", "data.max_piece_len=65536",
+    "train.stages.rows.0={seq_len:1024,max_piece_len:65536}",
+    "train.stages.rows.1={seq_len:2048,max_piece_len:65536}",
+    "train.stages.rows.2={seq_len:3072,max_piece_len:65536}",
     "train.val_every=50", "train.val_tokens=49152", "train.log_every=10",
     "optim.tie_embed_head_until=61", "optim.muon.momentum_warmup_steps=20",
     "optim.muon.momentum_cooldown_steps=3",
@@ -75,9 +77,11 @@ REAL_RUN = [
 REAL_TOY = [  # its own 11-layer table at width 48 (6 heads of 8), stages of 64 / 128 / 256
     f"experiment={NEWEST}", "data=sample", "model.n_embd=48", "model.bigram.rows=256",
     "model.bigram.dim=8", "model.residual.mudd_hidden=8", "model.attention.window_block=16",
-    "model.compile=false", "train.seq_len=256", "train.seq_len_phases=[64,128,256]",
+    "model.compile=false", "train.seq_len=256", "train.stages.rows.0={seq_len:64,max_piece_len:32}",
+    "train.stages.rows.1={seq_len:128,max_piece_len:128}",
+    "train.stages.rows.2={seq_len:256,max_piece_len:128}",
     "train.batch_size=2", "train.steps=8", "train.extension_steps=2", "data.max_piece_len=128",
-    "data.max_piece_len_phases=[32,128,128]", "optim.tie_embed_head_until=5",
+    "optim.tie_embed_head_until=5",
     "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2",
     "train.val_every=4", "train.val_tokens=1024",
 ]  # fmt: skip

@@ -23,9 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 
 from model import GPT, ModelConfig
 from model.config import update
+from stages import Stage, StageTable
 
 PRESET = Path(__file__).resolve().parents[2] / "conf" / "model" / "record_2026_07.yaml"
 PLAIN = {"mlp.fp8": "off", "head.fp8": False, "head.loss": "plain", "head.loss_dtype": "fp32"}
+# The experiment's windows by stage (its train.stages), which the model's YaRN stages follow;
+# the step runs in the first stage (window 3, weights [1, 0.5, 0.25])
+STAGES = StageTable(rows=[Stage(window=w) for w in (3, 7, 11)], window_after=13)
 
 
 def dotted(node: dict, prefix: str = "") -> dict:
@@ -39,7 +43,9 @@ def dotted(node: dict, prefix: str = "") -> dict:
 def step_ms(changes: dict, tokens: int, repeats: int) -> float:
     """Median ms of one forward + backward over 2 rows of tokens/2."""
     torch.manual_seed(0)
-    model = GPT(update(ModelConfig(), changes)).train()
+    cfg = update(ModelConfig(), changes)
+    cfg.set_stages(STAGES)
+    model = GPT(cfg).train()
     idx = torch.randint(0, 50257, (2, tokens // 2))
     args = {"window_tokens": torch.tensor(384.0), "short_window_tokens": torch.tensor(128.0),
             "mtp_weights": torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)}  # fmt: skip

@@ -36,7 +36,8 @@ log = logging.getLogger("gpu_dryrun")
 GPU_TOY = {
     "record_2026_07_17": [
         "model.n_embd=96", "model.attention.window_block=128", "train.seq_len=3072",
-        "train.seq_len_phases=[1024,2048,3072]", "train.val_seq_len=4096",
+        "train.stages.rows.0.seq_len=1024", "train.stages.rows.1.seq_len=2048",
+        "train.stages.rows.2.seq_len=3072", "train.val_seq_len=4096",
     ],
 }  # fmt: skip
 

@@ -22,13 +22,13 @@ TOY = [
 ]  # fmt: skip
 RECORDS = ["record_2024_11_06", "record_2025_01_26"]  # the 2025-11 record: its own test below
 # The 2025-11 record at 4 layers, as docs/speedruns.md's toy command: record layers 0, 4, 7,
-# 11 (skip 4 -> 7 is 1 -> 2, backout of record layer 8 from the nearest, 7 = 2), three batch
-# phases of 128 / 256 / 512 tokens over 6 scheduled steps and 2 extension steps, windows in
+# 11 (skip 4 -> 7 is 1 -> 2, backout of record layer 8 from the nearest, 7 = 2), three
+# stages of 128 / 256 / 512 tokens over 6 scheduled steps and 2 extension steps, windows in
 # blocks of 16.
 TOY_C = [
     "model.residual.skip_from=1", "model.residual.skip_to=2", "model.residual.backout_layer=2",
-    "model.attention.window_block=16",
-    "train.seq_len_phases=[128,256,512]", "train.extension_steps=2",
+    "model.attention.window_block=16", "train.stages.rows.0.seq_len=128",
+    "train.stages.rows.1.seq_len=256", "train.stages.rows.2.seq_len=512", "train.extension_steps=2",
     "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2",
 ]  # fmt: skip
 # Record A has no windows to exercise: half the length halves its bf16 head, which dominates a
@@ -179,8 +179,11 @@ TOY_D = [
     *(x for x in TOY if not x.startswith(("model.n_", "train.seq_len="))),
     "model.n_embd=48", "model.bigram.rows=256", "model.bigram.dim=8",
     "model.residual.mudd_hidden=8", "model.attention.window_block=16",
-    "model.mlp.fp8_bootstrap=2", "train.seq_len=256", "train.seq_len_phases=[64,128,256]",
-    "train.extension_steps=2", "data.max_piece_len=128", "data.max_piece_len_phases=[32,128,128]",
+    "model.mlp.fp8_bootstrap=2", "train.seq_len=256",
+    "train.stages.rows.0={seq_len:64,max_piece_len:32}",
+    "train.stages.rows.1={seq_len:128,max_piece_len:128}",
+    "train.stages.rows.2={seq_len:256,max_piece_len:128}",
+    "train.extension_steps=2", "data.max_piece_len=128",
     "optim.tie_embed_head_until=5", "optim.muon.momentum_warmup_steps=3",
     "optim.muon.momentum_cooldown_steps=2",
 ]  # fmt: skip

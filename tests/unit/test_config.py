@@ -27,11 +27,17 @@ def test_every_group_has_presets() -> None:
     assert presets("experiment")
 
 
+# What a preset needs from the command line to run alone: a directory; record D's model its
+# windows and MTP weights by stage, columns of the stage table its experiment gives.
+NEEDS = {("model", "record_2026_07"): ["train.stages.rows=[{window:3,mtp_weights:[1.0]}]"]}
+
+
 # Composing a preset resolves its settings, some by the CPU's bf16: CI reruns this emulated.
 @pytest.mark.cpu_bf16
 @pytest.mark.parametrize(("group", "name"), [(g, n) for g in GROUPS for n in presets(g)])
 def test_every_preset_composes_and_validates(group: str, name: str, tmp_path: Path) -> None:
     needs = [f"data.dir={tmp_path}"] if (group, name) == ("data", "local") else []
+    needs += NEEDS.get((group, name), [])
     cfg = compose_config([f"{group}={name}", f"run_dir={tmp_path}", *needs])
     conf = to_config(cfg)
     assert isinstance(conf, Config)

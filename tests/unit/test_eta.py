@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from stages import Stage, StageTable
 from tests.helpers import TINY, compose_config
 from train import train
 from trainer.config import TrainConfig
@@ -29,12 +30,12 @@ def test_the_eta_counts_the_tokens_left_by_stage() -> None:
     """30 steps in three stages of 64, 128 and 192 tokens per sequence (2 sequences a step):
     10 s for the first 10 steps (1,280 tokens) leaves 2·(10·128 + 10·192) = 6,400 tokens,
     50 s at that rate, where the mean step would say 20 s."""
-    t = TrainConfig(steps=30, batch_size=2, seq_len=192, seq_len_phases=[64, 128, 192])
+    stages = StageTable(rows=[Stage(seq_len=n) for n in (64, 128, 192)])
+    t = TrainConfig(steps=30, batch_size=2, seq_len=192, stages=stages)
     p = Progress(step=10, tokens=1_280, train_time_s=10.0)
     rates = step_rates(p, t, init_runtime("cpu", "none"), 1.0, None, None)
     assert rates["eta_s"] == pytest.approx(50.0)
-    warm = TrainConfig(steps=30, batch_size=2, seq_len=192, seq_len_phases=[64, 128, 192],
-                       untimed_steps=2)  # fmt: skip
+    warm = TrainConfig(steps=30, batch_size=2, seq_len=192, stages=stages, untimed_steps=2)
     # The first 2 steps (256 tokens) are not in the train time: 10 s for 1,024 tokens.
     assert step_rates(p, warm, init_runtime("cpu", "none"), 1.0, None, None)[
         "eta_s"

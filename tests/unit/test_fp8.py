@@ -132,7 +132,8 @@ def test_a_cpu_training_step_never_calls_the_fp8_kernel(experiment: str) -> None
     if experiment == "record_2025_11_29":  # docs/speedruns.md's toy: skip and backout at 4 layers
         toy += ["model.residual.skip_from=1", "model.residual.skip_to=2",
                 "model.residual.backout_layer=2",
-                "train.seq_len_phases=[128,128,128]"]  # fmt: skip
+                "train.stages.rows.0.seq_len=128", "train.stages.rows.1.seq_len=128",
+                "train.stages.rows.2.seq_len=128"]  # fmt: skip
     conf = to_config(compose_config([f"experiment={experiment}", *toy]))
     assert conf.model.head.fp8
     torch.manual_seed(0)

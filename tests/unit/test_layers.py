@@ -1,5 +1,6 @@
 """The house's layers, read from the source: which package may import which, no import cycle,
-small modules, a thin entry point."""
+small modules, a thin entry point. `stages` (the stage table and its rule) is the bottom layer:
+it imports nothing of the project, and every package may import it."""
 
 import ast
 import re
@@ -8,7 +9,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("model", "optim", "data", "trainer")
+PACKAGES = ("model", "optim", "data", "trainer", "stages")
+BOTTOM = "stages"
 
 
 def modules() -> dict[str, Path]:
@@ -47,22 +49,30 @@ def test_optim_imports_nothing_from_model_or_trainer() -> None:
     assert not bad, bad
 
 
-def test_model_and_data_import_only_themselves() -> None:
+def test_model_and_data_import_only_themselves_and_the_bottom() -> None:
     for top in ("model", "data"):
         bad = {m: d for m, deps in GRAPH.items() if m.split(".")[0] == top for d in deps
-               if d.split(".")[0] != top}  # fmt: skip
+               if d.split(".")[0] not in (top, BOTTOM)}  # fmt: skip
         assert not bad, bad
 
 
-# The model's config: its schema, and the pure window schedule the schema's step arguments
-# and the trainer's sequence length by phase share.
+def test_the_stage_table_imports_nothing_of_the_project() -> None:
+    """stages/ is the bottom layer every package may import: it imports only itself."""
+    bad = {m: d for m, deps in GRAPH.items() if m.split(".")[0] == BOTTOM for d in deps
+           if d.split(".")[0] != BOTTOM}  # fmt: skip
+    assert not bad, bad
+    assert "stages.table" in GRAPH and GRAPH["stages"] >= {"stages.table"}
+
+
+# The model's config: its schema, and the pure window and MTP-weight schedules its step
+# arguments read from the stage table.
 CONFIG_LAYER = {"model.config", "model.window_schedule", "model.mtp_schedule"}
 
 
 def in_config_layer(name: str) -> bool:
-    """`name` is the config schema (model.config or one of its group modules) or the window
-    or MTP-weight schedule (torch-free functions of the config)."""
-    return name in CONFIG_LAYER or name.startswith("model.config.")
+    """`name` is the config schema (model.config or one of its group modules), the window or
+    MTP-weight schedule (torch-free functions of the config), or the stage table below all."""
+    return name in CONFIG_LAYER or name.startswith("model.config.") or name.split(".")[0] == BOTTOM
 
 
 def test_trainer_imports_from_model_only_config_schemas() -> None:
@@ -72,8 +82,9 @@ def test_trainer_imports_from_model_only_config_schemas() -> None:
 
 
 def test_the_model_config_is_a_schema_only() -> None:
-    """model/config/ imports nothing of the model's parts (only itself and the window and
-    MTP-weight schedules): reading or checking a config never builds, or imports, a model."""
+    """model/config/ imports nothing of the model's parts (only itself, the window and
+    MTP-weight schedules and the stage table): reading or checking a config never builds, or
+    imports, a model."""
     bad = {m: d for m, deps in GRAPH.items() if in_config_layer(m) for d in deps
            if not in_config_layer(d)}  # fmt: skip
     assert not bad, bad

@@ -12,13 +12,13 @@ from trainer.config import Config
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
 BAD = [
-    ("train.step=10", r"unknown config key train\.step; did you mean train\.steps\?"),
+    ("train.step=10", r"unknown config key train\.step; did you mean train\.steps or train\.stag"),
     ("optim.muon.lrr=0.1", r"unknown config key optim\.muon\.lrr; did you mean optim\.muon\.lr\?"),
     ("model=tiny2", r"unknown option model=tiny2; did you mean model=tiny\? .*gpt2_124m, .*tiny"),
     ("train.steps=abc", r"train\.steps=abc: .*'abc'.*Integer"),
     ("trian.steps=3", r"unknown config key trian\.steps; did you mean train\.steps\?"),
     ("modle=tiny", r"unknown config key modle; did you mean model\?"),
-    ("+train.step=3", r"unknown config key train\.step; did you mean train\.steps\?"),
+    ("+train.step=3", r"unknown config key train\.step; did you mean train\.steps or train\.st"),
     ("train.steps", r"cannot read the override 'train\.steps'.*key=value"),
     ("experiment=record_2025_1_26", r"did you mean experiment=record_2025_01_26\?"),
     ("model=tiny,tiny3", r"unknown option model=tiny3"),  # every value of a sweep
@@ -34,6 +34,11 @@ BAD = [
     ("data.fault.rank=1", r"data\.fault\.rank; did you mean train\.fault\.rank\?"),
     ("logging.mode=offline", r"logging\.mode; did you mean logging\.wandb\.mode\? .*: wandb\)$"),
     ("launcher.foo=1", r"launcher is a config group with no keys, chosen as launcher=NAME"),
+    # A row of the stage table, by index: its columns are Stage's
+    ("train.stages.rows.0.sequence=3", r"rows\.0\.sequence; did you mean train\.stages\.rows"),
+    ("train.stages.rows.x=3", r"train\.stages\.rows is a list of rows, named by index"),
+    ("train.stages.rows.0.seq_len=abc", r"rows\.0\.seq_len=abc: .*'abc'.*Integer"),
+    ("train.stages.rows.1={window:3,junk:1}", r"Key 'junk' not in 'Stage'"),
 ]  # fmt: skip
 
 

@@ -288,10 +288,10 @@ def test_build_data_makes_a_piece_loader(tmp_path):
     assert len(gx) == 5 and torch.equal(gx, wx) and torch.equal(gy, wy)
 
 
-def test_phases_with_a_loader_of_one_length_are_refused_before_work() -> None:
+def test_stage_lengths_with_a_loader_of_one_length_are_refused_before_work() -> None:
     from tests.helpers import compose_config
     from trainer.config import to_config
 
-    with pytest.raises(ValueError, match=r"train\.seq_len_phases .* data\.align=bos"):
-        to_config(compose_config(["data.align=bos", "train.seq_len=256",
-                                  "train.seq_len_phases=[128,256]", "run_dir=."]))  # fmt: skip
+    with pytest.raises(ValueError, match=r"train\.stages\.rows\.N\.seq_len .* data\.align=bos"):
+        to_config(compose_config(["data.align=bos", "train.seq_len=256", "run_dir=.",
+                                  "train.stages.rows=[{seq_len:128},{seq_len:256}]"]))  # fmt: skip

@@ -18,11 +18,17 @@ import torch.nn.functional as F
 from model import GPT, ModelConfig
 from model.config import update
 from model.plan import layer_plan
+from tests.helpers import staged
 
 EOT = 50256
 BASE = ModelConfig(n_layer=4, n_head=2, n_embd=32)
 RECORD_C = update(
-    ModelConfig(n_layer=12, n_head=6, n_embd=768, init_std=0.5),
+    staged(
+        ModelConfig(n_layer=12, n_head=6, n_embd=768, init_std=0.5),
+        [3, 7, 11],
+        window_after=13,
+        window_final_eval=20,
+    ),
     {
         "attention.rope": "half_truncated",
         "attention.rope_bf16": True,
@@ -33,9 +39,6 @@ RECORD_C = update(
         "attention.layers": ".AAAAAA.AAAA",
         "mlp.layers": ".MMMMMMMMMMM",
         "attention.window": "SSSSLSSSSSSL",
-        "attention.window_phases": [3, 7, 11],
-        "attention.window_after": 13,
-        "attention.window_final_eval": 20,
         "attention.window_granularity": "token",
         "attention.document_mask": True,
         "head.softcap_form": "sigmoid",
@@ -259,8 +262,6 @@ YARN = {
     "attention.yarn": True,
     "attention.window": "LLLL",
     "attention.window_granularity": "token",
-    "attention.window_phases": [4, 9],
-    "attention.window_after": 16,
     "attention.window_block": 1,
 }
 CASES = {  # (model config, window tokens (long, short), YaRN stage)
@@ -278,7 +279,7 @@ CASES = {  # (model config, window tokens (long, short), YaRN stage)
     "backout": (update(BASE, {"residual.backout_layer": 1}),),
     "packed scalars": (update(BASE, PACKED),),
     "token windows": (update(BASE, {"attention.document_mask": True, **TOKENS}), (3, 1)),
-    "yarn": (update(BASE, YARN), (16, 0), 1),
+    "yarn": (update(staged(BASE, [4, 9], window_after=16), YARN), (16, 0), 1),
 }
 
 

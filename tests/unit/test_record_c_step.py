@@ -21,7 +21,8 @@ TOY_C = [
     "experiment=record_2025_11_29", "run_dir=.", "model.compile=false", "model.n_layer=4",
     "model.n_head=2", "model.n_embd=32", "model.residual.skip_from=1", "model.residual.skip_to=2",
     "model.residual.backout_layer=2", "model.attention.window_block=16", "train.seq_len=512",
-    "train.seq_len_phases=[128,256,512]", "train.steps=8", "train.extension_steps=2",
+    "train.stages.rows.0.seq_len=128", "train.stages.rows.1.seq_len=256",
+    "train.stages.rows.2.seq_len=512", "train.steps=8", "train.extension_steps=2",
     "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2",
 ]  # fmt: skip
 LR_MUON, BETA2, DECAY, EPS_NS = 0.023, 0.95, 1.2, 1e-6

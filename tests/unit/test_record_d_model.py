@@ -15,7 +15,7 @@ from model import GPT, ModelConfig
 from model.config import update
 from model.mlp_fp8 import delayed_states
 from tests import record_d_reference as ref
-from tests.helpers import CONF_DIR
+from tests.helpers import CONF_DIR, staged
 from trainer.checkpoint.upgrade import rename_key
 
 H, D, BOS, T = 6, 16, 50256, 24
@@ -40,8 +40,7 @@ def dotted(node: dict, prefix: str = "") -> dict:
 # fixed attention scale and token windows given to the forward.
 TOY = {
     "n_embd": H * D, "compile": False, "attention.rope_bf16": False, "attention.scale": SCALE,
-    "attention.window_phases": [1], "attention.window_after": 0,
-    "attention.window_final_eval": 0, "attention.yarn": False,
+    "attention.yarn": False,
     "bigram.rows": 97, "bigram.dim": 8, "bigram.signs": 16,
     "residual.mudd_hidden": 8, "mlp.fp8": "off", "head.fp8": False, "head.bf16": False,
     "head.loss": "plain", "head.loss_dtype": "fp32", "numerics.dtype": "fp32",
@@ -63,7 +62,12 @@ SHAPES = {
 
 def config(n_layer: int) -> ModelConfig:
     changes = RECORD_D if n_layer == 11 else {**RECORD_D, **EIGHT}
-    return update(ModelConfig(), changes)
+    return staged(update(ModelConfig(), changes), [1])  # windows by stage; the forward's rule
+
+
+def with_record_windows(cfg: ModelConfig) -> ModelConfig:
+    """`cfg` handed the experiment's windows by stage (its train.stages), which YaRN needs."""
+    return staged(cfg, [3, 7, 11], window_after=13, window_final_eval=20)
 
 
 def shape(n_layer: int) -> ref.RecordDShape:
@@ -173,7 +177,7 @@ def test_the_records_shape_has_its_parameter_count_and_dtypes() -> None:
     the record's 498,773,000 less its 7,864,320 padding entries (qk_bank[60:64], vo_bank[20:24],
     mlp_bank[11]), which only divide its banks over 8 ranks; bf16 but the fp32 lambdas."""
     preset = dotted(OmegaConf.to_container(OmegaConf.load(PRESET)))
-    cfg = update(ModelConfig(), preset | {"compile": False})
+    cfg = with_record_windows(update(ModelConfig(), preset | {"compile": False}))
     with torch.device("meta"):
         model = GPT(cfg)
     params = dict(model.named_parameters())
@@ -201,7 +205,8 @@ def test_the_preset_takes_a_training_step_with_its_roundings() -> None:
     toy = {"n_embd": H * D, "compile": False, "bigram.rows": 97, "bigram.dim": 8,
            "bigram.signs": 16, "residual.mudd_hidden": 8}  # fmt: skip
     torch.manual_seed(0)
-    model = GPT(update(ModelConfig(), dotted(OmegaConf.to_container(OmegaConf.load(PRESET))) | toy))
+    preset = dotted(OmegaConf.to_container(OmegaConf.load(PRESET)))
+    model = GPT(with_record_windows(update(ModelConfig(), preset | toy)))
     idx = tokens()
     windows = {"window_tokens": torch.tensor(384.0), "short_window_tokens": torch.tensor(128.0)}
     mtp = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)

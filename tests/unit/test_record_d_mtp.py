@@ -15,6 +15,7 @@ from model.loss import model_loss
 from model.mtp_schedule import mtp_weights_at
 from model.record_loss import e5m2_satfinite, record_head_loss, record_loss_rows
 from optim.config import OptimConfig
+from stages import Stage, StageTable
 from trainer.forward import forward_backward
 from trainer.runtime import init_runtime
 from trainer.schedule import Schedule
@@ -98,10 +99,17 @@ def shifted(y: torch.Tensor) -> torch.Tensor:
     return out
 
 
+# Record D's MTP column (D.4): the weights of each stage, the last falling over it
+STAGES_D = StageTable(
+    rows=[Stage(mtp_weights=w) for w in ([1.0, 0.5, 0.25], [1.0, 0.5], [1.0])], mtp_decay=True
+)
+
+
 def test_the_weights_follow_the_records_stages() -> None:
     """D.4: [1, 0.5, 0.25·(1 − s/460)] → [1, 0.5·(1 − (s − 460)/460)] → [1], zeros padding
-    the dropped k, at the record's 1,380 scheduled steps; the values are the record's bits."""
-    w = [1.0, 0.5, 0.25]
+    the dropped k, at the record's 1,380 scheduled steps; the values are the record's bits,
+    its 0.25·(1 − 3x) with x = s/1,380 in stage 0 and 0.5·(1 − (3x − 1)) in stage 1."""
+    w = STAGES_D
     for s in (0, 300, 459):
         assert mtp_weights_at(w, s, 1380) == (1.0, 0.5, 0.25 * (1 - 3 * (s / 1380)))
         assert mtp_weights_at(w, s, 1380)[2] == pytest.approx(0.25 * (1 - s / 460), abs=1e-15)
@@ -111,11 +119,17 @@ def test_the_weights_follow_the_records_stages() -> None:
     for s in (920, 1379, 1380, 1389):  # the extension keeps [1]
         assert mtp_weights_at(w, s, 1380) == (1.0, 0.0, 0.0)
     assert mtp_weights_at(w, 0, 1380) != (1.0, 0.5, 0.0)  # the third weight starts at 0.25
+    held = StageTable(rows=w.rows)  # without mtp_decay each row's weights hold
+    assert mtp_weights_at(held, 459, 1380) == (1.0, 0.5, 0.25)
+    assert mtp_weights_at(held, 919, 1380) == (1.0, 0.5, 0.0)
     # the step-argument route: only with head.mtp, a 1-D tensor on the device
     on = update(ModelConfig(), {"head.mtp": True})
+    on.set_stages(w)
     schedule = Schedule(1390, OptimConfig(), on)
     assert schedule.model_args(500)["mtp_weights"] == mtp_weights_at(w, 500, 1390)
-    assert "mtp_weights" not in ModelConfig().step_args(500, 1390)
+    off = ModelConfig()
+    off.set_stages(w)
+    assert "mtp_weights" not in off.step_args(500, 1390)
     tensor = filled(mtp_weights_at(w, 10, 1380), torch.device("cpu"))
     assert tensor.shape == (3,) and tensor.tolist() == list(mtp_weights_at(w, 10, 1380))
 
@@ -249,7 +263,8 @@ def test_the_model_takes_the_weights_as_a_step_value() -> None:
     model = GPT(GPT_CFG)
     idx = torch.randint(0, 50257, (1, 16), generator=torch.Generator().manual_seed(4))
     y = idx.roll(-1, 1)
-    args = {"mtp_weights": filled(mtp_weights_at(WEIGHTS, 0, 100), torch.device("cpu"))}
+    table = StageTable(rows=[Stage(mtp_weights=WEIGHTS)], mtp_decay=True)
+    args = {"mtp_weights": filled(mtp_weights_at(table, 0, 100), torch.device("cpu"))}
     loss = forward_backward(model, (idx, y), init_runtime("cpu", "none"), model_args=args)
     assert torch.isfinite(loss) and model.lm_head.weight.grad.abs().sum() > 0
     assert model.count_flops(idx, **args) > 0
@@ -279,8 +294,6 @@ def test_off_builds_nothing_and_wrong_settings_name_their_key() -> None:
     for base, changes, key in (
         (ModelConfig(), {"head.mtp": True, "head.loss": "fused"}, r"model\.head\.mtp"),
         (ModelConfig(), {"head.mtp": True, "head.loss_dtype": "bf16"}, r"model\.head\.loss_dtype"),
-        (GPT_CFG, {"head.mtp_weights": [1.0, -0.5]}, r"model\.head\.mtp_weights"),
-        (GPT_CFG, {"head.mtp_weights": []}, r"model\.head\.mtp_weights"),
         (GPT_CFG, {"head.fp8": False}, r"model\.head\.fp8"),
         (GPT_CFG, {"head.reduction": "mean"}, r"model\.head\.reduction"),
         (GPT_CFG, {"head.softcap_form": "tanh", "head.softcap_shift": 0.0,
@@ -289,3 +302,7 @@ def test_off_builds_nothing_and_wrong_settings_name_their_key() -> None:
         with pytest.raises(ValueError, match=key):
             update(base, changes).validate()
     GPT_CFG.validate()
+    for weights, said in (([1.0, -0.5], "must be finite weights >= 0"),
+                          ([1.0, float("nan")], "must be finite weights >= 0")):  # fmt: skip
+        with pytest.raises(ValueError, match=rf"train\.stages\.rows\.0\.mtp_weights {said}"):
+            StageTable(rows=[Stage(mtp_weights=weights)]).validate(10)

@@ -235,6 +235,7 @@ def test_record_ds_model_at_toy_size_takes_it() -> None:
     keys = {**RECORD_D, "master_weights": "fp32_truncated"}
     cfg = to_config(compose_config([
         "model=record_2026_07", "run_dir=.", "model.n_embd=96", "model.bigram.rows=97",
+        "train.stages.rows=[{window:3,mtp_weights:[1.0]}]",
         "model.bigram.dim=8", "model.bigram.signs=16", "model.residual.mudd_hidden=8",
         "model.compile=false", *(f"optim.muon.{k}={v}" for k, v in keys.items()),
     ]))  # fmt: skip

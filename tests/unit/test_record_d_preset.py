@@ -3,6 +3,7 @@ it composes): what the preset resolves to, key by key. Its Adam table, schedules
 are held by test_record_d_adam.py and test_record_d_schedule.py; the model by
 test_record_d_model.py."""
 
+import shlex
 from fnmatch import fnmatch
 
 import torch
@@ -71,6 +72,6 @@ def test_the_readmes_toy_command_composes() -> None:
     record D toy, a smaller one)."""
     line = next(x for x in (CONF_DIR.parent / "README.md").read_text().splitlines()
                 if x.startswith("python train.py experiment=record_2026_07_17"))  # fmt: skip
-    conf = to_config(compose_config([*line.split()[2:], "run_dir=."]))
+    conf = to_config(compose_config([*shlex.split(line)[2:], "run_dir=."]))  # as a shell reads it
     assert conf.optim.tie_embed_head_until < conf.train.steps - conf.train.extension_steps
     assert conf.data.source == "sample"

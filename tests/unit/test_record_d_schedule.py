@@ -1,7 +1,6 @@
 """Record D's schedules and batches (docs/records.md D.4, D.5, D.10 item 9), through
 the objects a run calls (`Schedule.for_run`, `yarn_table`, `PieceLoader`), from record D's keys:
-its model preset's window keys (conf/model/record_2026_07.yaml) and RECORD_D below, the
-schedule and data part the experiment preset takes.
+RECORD_D below, the schedule, stage table and data part the experiment preset takes.
 
 The expected numbers are D.4's table of boundary steps, to its printed digits, and references
 written here in float64 from D.4's formulas (no project module inside them). Negative controls:
@@ -19,27 +18,43 @@ from omegaconf import OmegaConf
 from data.pieces import PieceLoader
 from data.shards import write_shard
 from model.rotary import Rotary
-from model.window_schedule import phase_index
 from model.yarn import yarn_table
 from optim.config import OptimConfig, ScheduleConfig
-from optim.schedule import optim_values, peak_index
+from optim.schedule import optim_values
+from stages import StageTable
 from tests.helpers import compose_config
 from trainer.config import Config, to_config
 from trainer.schedule import Schedule
 
 STEPS, SCHEDULED = 1390, 1380  # D.4: 1,380 scheduled + 10 extension steps
 ROOT = Path(__file__).resolve().parents[2]
+# Record D's stage table by column (D.4, D.5): three equal stages of the 1,380 scheduled steps
+COLUMNS = {
+    "seq_len": [16384, 32768, 49152], "window": [3, 7, 11], "max_piece_len": [896, 2048, 2048],
+    "max_pieces": [63, 95, 127], "lr_peak": [1.0, 1.52, 1.73],
+    "mtp_weights": [[1.0, 0.5, 0.25], [1.0, 0.5], [1.0]],
+}  # fmt: skip
+
+
+def rows(**changes: list) -> list[dict]:
+    """Record D's rows with `changes` ({column: a value per row}) in place of its columns."""
+    columns = COLUMNS | changes
+    per_row = zip(*columns.values(), strict=True)
+    return [dict(zip(columns, values, strict=True)) for values in per_row]
+
+
 RECORD_D = {
     "train": {"steps": 1390, "extension_steps": 10, "batch_size": 8, "micro_batch_size": 1,
-              "seq_len": 49152, "seq_len_phases": [16384, 32768, 49152], "val_seq_len": 262144},
-    "data": {"align": "pieces", "max_piece_len": 2048, "max_piece_len_phases": [896, 2048, 2048],
-             "max_pieces": [63, 95, 127], "val_tokens": 10_485_760},
+              "seq_len": 49152, "val_seq_len": 262144,
+              "stages": {"rows": rows(), "window_after": 13, "window_final_eval": 20,
+                         "mtp_decay": True, "peak_edges": []}},
+    "data": {"align": "pieces", "max_piece_len": 2048, "val_tokens": 10_485_760},
     "optim": {
         "muon": {"lr": 0.023, "momentum": 0.95, "momentum_warmup_start": 0.85,
                  "momentum_warmup_steps": 300, "momentum_cooldown_steps": 50,
                  "momentum_cooldown_end": 0.85},
         "schedule": {"warmup_steps": 0, "cooldown_frac": 0.6, "min_lr_frac": 0.15,
-                     "cooldown_form": "from_step", "peaks": [1.0, 1.52, 1.73], "peak_edges": []},
+                     "cooldown_form": "from_step"},
     },
 }  # fmt: skip
 
@@ -160,8 +175,8 @@ def test_final_validation_row(run) -> None:
 @pytest.mark.parametrize(
     "misreading",
     [
-        {"optim": {"schedule": {"peak_edges": [0.33, 0.66]}}},  # record C's edges: 456, 911
-        {"optim": {"schedule": {"peaks": [1.0, 1.51, 1.93]}}},  # record C's peaks
+        {"train": {"stages": {"peak_edges": [0.33, 0.66]}}},  # record C's edges: 456, 911
+        {"train": {"stages": {"rows": rows(lr_peak=[1.0, 1.51, 1.93])}}},  # record C's peaks
         {"optim": {"schedule": {"min_lr_frac": 0.1}}},  # record C's floor
         {"optim": {"schedule": {"cooldown_frac": 0.55}}},  # record C's cooldown
         {"optim": {"muon": {"momentum_cooldown_steps": 40}}},  # cooldown over the extension
@@ -193,13 +208,6 @@ def test_every_step_is_the_reference(run) -> None:
     assert f"{sched.at(919).optim.lr_mult:.3f} {sched.at(920).optim.lr_mult:.3f}" == "0.913 1.028"
     assert c.train.tokens_after(STEPS) == 460 * 131_072 + 460 * 262_144 + 470 * 393_216
     assert c.train.tokens_after(STEPS) == 365_690_880
-
-
-def test_peaks_without_edges_are_the_phases_of_the_batch() -> None:
-    for n in (1, 2, 3, 4):
-        for total in (1, 5, 7, 1380, 2120):
-            for s in range(0, total + 3, max(1, total // 97)):
-                assert peak_index(s, total, [], n) == phase_index(s, total, range(n))
 
 
 # --- the data: piece cap 896 → 2048 by stage, the pieces limit as an error --------------------
@@ -240,11 +248,13 @@ def reference_buffers(tokens: np.ndarray, steps: list[tuple[int, int]], rows: in
 def toy_run(tmp_path: Path, caps: list[int], limits: list[int], lengths: list[int]):
     """Record D's data keys at toy size: 6 scheduled steps + 1 extension, L = 8/16/24."""
     write_shard(tmp_path / "train_000000.bin", docs(lengths))
+    table = [{"seq_len": n, "max_piece_len": cap} for n, cap in zip((8, 16, 24), caps, strict=True)]
+    for row, limit in zip(table, limits, strict=False):
+        row["max_pieces"] = limit
     c = to_config({
         "train": {"steps": 7, "extension_steps": 1, "batch_size": 2, "seq_len": 24,
-                  "seq_len_phases": [8, 16, 24], "val_tokens": 24},
-        "data": {"align": "pieces", "max_piece_len": max(caps), "max_piece_len_phases": caps,
-                 "max_pieces": limits},
+                  "stages": {"rows": table}, "val_tokens": 24},
+        "data": {"align": "pieces", "max_piece_len": max(caps)},
     })  # fmt: skip
     sched = Schedule.for_run(c.train, c.optim, c.model, c.data)
     loaders = [PieceLoader([tmp_path / "train_000000.bin"], 2, 24, 12, r, 2) for r in (0, 1)]
@@ -270,7 +280,7 @@ def test_piece_cap_switches_with_the_stage(tmp_path: Path) -> None:
 def test_more_pieces_than_the_limit_is_an_error_naming_the_key(tmp_path: Path) -> None:
     """Documents of 2 tokens: a buffer of L + 1 = 9 tokens packs 5 pieces (4 whole and a
     1-token one, which counts). A limit of 5 serves it, 4 fails on every rank, naming
-    data.max_pieces, before the batch is consumed; nothing is truncated."""
+    train.stages.rows.N.max_pieces, before the batch is consumed; nothing is truncated."""
     sched, loaders = toy_run(tmp_path, [12, 12, 12], [5, 8, 12], [2] * 200)
     v = sched.at(0)
     assert v.data_args == {"max_piece_len": 12, "max_pieces": 5}
@@ -280,37 +290,46 @@ def test_more_pieces_than_the_limit_is_an_error_naming_the_key(tmp_path: Path) -
     state = loaders[0].state_dict()
     for ld in loaders:
         with pytest.raises(
-            ValueError, match=r"needs 5 document pieces, more than data\.max_pieces"
+            ValueError, match=r"5 document pieces, more than this stage's train\.stages\.rows"
         ):
             ld.next_batch(8, max_pieces=4)
         assert ld.state_dict() == state
 
 
+STREAM = {"align": "stream", "max_piece_len": 0}
+
+
 @pytest.mark.parametrize(
     ("changes", "key"),
     [
-        ({"align": "stream", "max_piece_len": 0}, r"data\.max_piece_len_phases=\[896"),
-        ({"max_piece_len_phases": [896, 0, 2048]}, r"data\.max_piece_len_phases must all"),
-        ({"max_piece_len": 4096}, r"data\.max_piece_len \(4096\) must equal the largest"),
-        ({"max_pieces": [63, 0, 127]}, r"data\.max_pieces must all"),
-        ({"align": "stream", "max_piece_len": 0, "max_piece_len_phases": []}, r"data\.max_pieces="),
+        ({"data": STREAM}, r"train\.stages\.rows\.N\.max_piece_len only applies to data\.align=p"),
+        (
+            {"train": {"stages": {"rows": rows(max_piece_len=[896, 0, 2048])}}},
+            r"train\.stages\.rows\.1\.max_piece_len is unset \(0\)",
+        ),
+        ({"data": {"max_piece_len": 4096}}, r"data\.max_piece_len \(4096\) must equal the largest"),
+        (
+            {"train": {"stages": {"rows": rows(max_pieces=[63, 0, 127])}}},
+            r"train\.stages\.rows\.1\.max_pieces is unset",
+        ),
+        (
+            {"data": STREAM, "train": {"stages": {"rows": rows(max_piece_len=[0, 0, 0])}}},
+            r"train\.stages\.rows\.N\.max_pieces only applies",
+        ),
+        ({"optim": {"schedule": {"cooldown_form": "steps"}}}, r"lr_peak needs .*from_step"),
+        ({"train": {"stages": {"peak_edges": [0.5]}}}, r"train\.stages\.peak_edges needs one"),
     ],
 )
-def test_bad_data_values_name_their_key(changes: dict, key: str) -> None:
+def test_bad_values_name_their_key(changes: dict, key: str) -> None:
     with pytest.raises(ValueError, match=key):
-        record_d(data=changes)
+        record_d(**changes)
 
 
-def test_schedule_keys_validate_and_default_off() -> None:
-    with pytest.raises(ValueError, match=r"optim\.schedule\.peaks needs .*from_step"):
-        ScheduleConfig(peaks=[1.0, 1.5], cooldown_form="steps").validate(10)
-    with pytest.raises(ValueError, match=r"optim\.schedule\.peak_edges needs one edge fewer"):
-        ScheduleConfig(peaks=[1.0, 1.5, 2.0], peak_edges=[0.5], cooldown_form="fraction").validate(
-            9
-        )
-    d = to_config({})  # the default run: no data phases, no loader arguments
-    assert (d.data.max_piece_len_phases, d.data.max_pieces) == ([], [])
-    assert Schedule.for_run(d.train, d.optim, d.model, d.data).at(0).data_args == {}
+def test_stage_keys_default_off() -> None:
+    d = to_config({})  # the default run: no stages, no loader arguments, no plateaus
+    assert d.train.stages == StageTable() and d.model.attention.long_windows == []
+    sched = Schedule.for_run(d.train, d.optim, d.model, d.data)
+    assert sched.at(0).data_args == {} and sched.at(0).model_args == {}
     # from_step without peaks: 1 before ⌊S·(1 − frac)⌋, then the line to the floor
     s = OptimConfig(schedule=ScheduleConfig(cooldown_frac=0.5, min_lr_frac=0.1,
                                             cooldown_form="from_step"))  # fmt: skip

@@ -1,6 +1,6 @@
-"""The 2025-11 record's schedules (docs/records.md, record C (C.4)): LR peaks by batch phase,
-the Muon momentum cooldown, the sequence length and the windows by phase, the extension steps
-and the YaRN table, through the objects a run calls (`Schedule.for_run`, `yarn_table`).
+"""The 2025-11 record's schedules (docs/records.md, record C (C.4)): LR peaks by their own
+edges, the Muon momentum cooldown, the sequence length and the windows by stage, the extension
+steps and the YaRN table, through the objects a run calls (`Schedule.for_run`, `yarn_table`).
 
 The expected numbers are C.4's table, copied to its printed digits, and a reference written
 from C.4's formulas below (no project module inside it). With the new keys at their defaults,
@@ -11,12 +11,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from model.config import ModelConfig, update
+from model.config import ModelConfig
 from model.rotary import Rotary
-from model.window_schedule import phase_index, window_at
+from model.window_schedule import window_at
 from model.yarn import yarn_table
-from optim.config import MuonConfig, ScheduleConfig
+from optim.config import MuonConfig
 from optim.schedule import lr_multiplier, muon_momentum, optim_values
+from stages import StageTable, stage_index
 from tests.helpers import compose_config
 from trainer.config import Config, TrainConfig, to_config
 from trainer.schedule import Schedule
@@ -24,39 +25,41 @@ from trainer.schedule import Schedule
 STEPS, SCHEDULED = 2160, 2120  # C.4: 2,120 scheduled + 40 extension steps
 
 # Record C's settings as a run's config would hold them (the keys this file tests).
-ATTENTION = {"window": "LSSSLSSLSSSL", "window_block": 128, "window_phases": [3, 7, 11],
-             "window_after": 13, "window_final_eval": 20, "yarn": True, "scale": 0.1,
+ATTENTION = {"window": "LSSSLSSLSSSL", "window_block": 128, "yarn": True, "scale": 0.1,
              "rope": "half_truncated"}  # fmt: skip
+# Its stage table: three equal stages of the 2,120 scheduled steps, the peaks by their own edges
+ROWS = {"seq_len": [16384, 32768, 49152], "window": [3, 7, 11], "lr_peak": [1.0, 1.51, 1.93]}
+
+
+def rows(**changes: list) -> list[dict]:
+    """Record C's rows with `changes` ({column: a value per row}) in place of its columns."""
+    columns = ROWS | changes
+    per_row = zip(*columns.values(), strict=True)
+    return [dict(zip(columns, values, strict=True)) for values in per_row]
+
+
 RECORD_C = {
     "model": {"attention": ATTENTION},
     "optim": {
-        "muon": {
-            "lr": 0.023,
-            "momentum": 0.95,
-            "momentum_warmup_start": 0.85,
-            "momentum_warmup_steps": 300,
-            "momentum_cooldown_steps": 50,
-            "momentum_cooldown_end": 0.85,
-        },
-        "schedule": {
-            "warmup_steps": 0,
-            "cooldown_frac": 0.55,
-            "min_lr_frac": 0.1,
-            "cooldown_form": "fraction",
-            "peaks": [1.0, 1.51, 1.93],
-            "peak_edges": [0.33, 0.66],
-        },
+        "muon": {"lr": 0.023, "momentum": 0.95, "momentum_warmup_start": 0.85,
+                 "momentum_warmup_steps": 300, "momentum_cooldown_steps": 50,
+                 "momentum_cooldown_end": 0.85},
+        "schedule": {"warmup_steps": 0, "cooldown_frac": 0.55, "min_lr_frac": 0.1,
+                     "cooldown_form": "fraction"},
     },
     "train": {
-        "steps": STEPS,
-        "extension_steps": 40,
-        "batch_size": 8,
-        "seq_len": 49152,
-        "seq_len_phases": [16384, 32768, 49152],
+        "steps": STEPS, "extension_steps": 40, "batch_size": 8, "seq_len": 49152,
+        "stages": {"rows": rows(), "window_after": 13, "window_final_eval": 20,
+                   "peak_edges": [0.33, 0.66]},
         "val_seq_len": 262144,
     },
     "data": {"val_tokens": 10_485_760},
-}
+}  # fmt: skip
+
+
+def stages(**changes: object) -> dict:
+    """The changes that set record C's stage-table entries `changes`."""
+    return {"train": {"stages": changes}}
 
 
 def record_c(**changes: dict) -> Config:
@@ -191,7 +194,7 @@ def test_tokens_per_step_and_in_total(run) -> None:
         assert t.tokens_after(s) == running, s
         if s < STEPS:
             running += ref_tokens(s)
-    assert [phase_index(s, SCHEDULED, "abc") for s in (706, 707, 1413, 1414, 2159)] == [
+    assert [stage_index(s, SCHEDULED, 3) for s in (706, 707, 1413, 1414, 2159)] == [
         0, 1, 1, 2, 2,
     ]  # fmt: skip
 
@@ -252,12 +255,9 @@ def test_defaults_leave_record_b_bitwise() -> None:
         compose_config(["experiment=record_2025_01_26", "run_dir=.", "model.compile=false"])
     )
     t, s, m = c.train, c.optim.schedule, c.optim.muon
-    assert (t.extension_steps, t.seq_len_phases, s.peaks, s.peak_edges) == (0, [], [], [])
-    assert (
-        m.momentum_cooldown_steps == 0
-        and c.model.attention.window_phases == []
-        and not c.model.attention.yarn
-    )
+    assert (t.extension_steps, t.stages, c.model.attention.long_windows) == (0, StageTable(), [])
+    assert s.cooldown_form == "fraction"
+    assert m.momentum_cooldown_steps == 0 and not c.model.attention.yarn
     run, bare = Schedule.for_run(t, c.optim, c.model), Schedule(t.steps, c.optim, c.model)
     assert run.scheduled_steps == t.steps == 1770
     for step in range(t.steps):
@@ -304,23 +304,25 @@ def test_extension_steps_hold_the_floor_and_the_final_window() -> None:
         ({"train": {"extension_steps": 2160}}, "train.extension_steps"),
         ({"train": {"extension_steps": -1}}, "train.extension_steps"),
         ({"train": {"seq_len": 32768}}, "train.seq_len"),
-        ({"train": {"seq_len_phases": [0, 49152]}}, "train.seq_len_phases"),
-        ({"optim": {"schedule": {"peak_edges": [0.33]}}}, "optim.schedule.peak_edges"),
-        ({"optim": {"schedule": {"peak_edges": [0.66, 0.33]}}}, "optim.schedule.peak_edges"),
-        ({"optim": {"schedule": {"peak_edges": [0.0, 0.66]}}}, "optim.schedule.peak_edges"),
-        ({"optim": {"schedule": {"peaks": [1.0, 0.0, 1.9]}}}, "optim.schedule.peaks"),
+        (stages(rows=rows(seq_len=[0, 32768, 49152])), "train.stages.rows.0.seq_len"),
+        (stages(rows=rows(seq_len=[-1, 32768, 49152])), "train.stages.rows.0.seq_len"),
+        (stages(peak_edges=[0.33]), "train.stages.peak_edges"),
+        (stages(peak_edges=[0.66, 0.33]), "train.stages.peak_edges"),
+        (stages(peak_edges=[0.0, 0.66]), "train.stages.peak_edges"),
+        (stages(rows=rows(lr_peak=[1.0, 0.0, 1.9])), "train.stages.rows.1.lr_peak"),
+        (stages(rows=rows(lr_peak=[1.0, -1.0, 1.9])), "train.stages.rows.1.lr_peak"),
         ({"optim": {"schedule": {"cooldown_form": "steps"}}}, "optim.schedule.cooldown_form"),
-        ({"optim": {"schedule": {"peaks": [], "peak_edges": [0.5]}}}, "optim.schedule.peak_edges"),
+        (stages(rows=rows(lr_peak=[0.0] * 3)), "train.stages.peak_edges needs the rows' lr_peak"),
         ({"optim": {"muon": {"momentum_cooldown_steps": -1}}}, "optim.muon.momentum_cooldown"),
         ({"optim": {"muon": {"momentum_cooldown_end": 1.0}}}, "optim.muon.momentum_cooldown_end"),
-        ({"model": {"attention": {"window_phases": [3, 0, 11]}}}, "model.attention.window_phases"),
+        (stages(rows=rows(window=[3, 0, 11])), "train.stages.rows.1.window"),
         ({"model": {"attention": {"window_tokens": 1728}}}, "model.attention.window_tokens"),
         (
             {"model": {"attention": {"window": ""}}},
-            "model.attention.window_phases needs model.attention.window",
+            "train.stages.rows.N.window needs model.attention.window",
         ),
-        ({"model": {"attention": {"window_after": -1}}}, "model.attention.window_after"),
-        ({"model": {"attention": {"window_final_eval": -2}}}, "model.attention.window_final_eval"),
+        (stages(window_after=-1), "train.stages.window_after"),
+        (stages(window_final_eval=-2), "train.stages.window_final_eval"),
     ],
 )
 def test_bad_values_name_their_key(changes: dict, key: str) -> None:
@@ -328,19 +330,10 @@ def test_bad_values_name_their_key(changes: dict, key: str) -> None:
         record_c(**changes)
 
 
-def test_keys_that_need_the_window_phases() -> None:
-    for key, value in (("window_after", 13), ("window_final_eval", 20), ("yarn", True)):
-        with pytest.raises(
-            ValueError, match=rf"model\.attention\.{key} needs model\.attention\.window_phases"
-        ):
-            update(ModelConfig(), {f"attention.{key}": value}).validate()
-    with pytest.raises(ValueError, match=r"train\.extension_steps"):
-        TrainConfig(steps=10, extension_steps=10, val_tokens=256).validate()
-    with pytest.raises(ValueError, match=r"train\.seq_len_phases has 3 phases"):
-        TrainConfig(steps=3, extension_steps=1, seq_len=4, seq_len_phases=[2, 3, 4],
-                    val_tokens=256).validate()  # fmt: skip
+def test_overlapping_warmup_and_cooldown_are_allowed_and_steps_must_agree() -> None:
     # An overlapping warmup and cooldown is allowed: the warmup wins (test_record_d_schedule.py)
     MuonConfig(momentum_cooldown_steps=20, momentum_warmup_steps=10).validate(25)
-    ScheduleConfig(peaks=[2.0], cooldown_form="fraction").validate(10)  # one peak, no edges
+    with pytest.raises(ValueError, match=r"train\.extension_steps"):
+        TrainConfig(steps=10, extension_steps=10, val_tokens=256).validate()
     with pytest.raises(ValueError, match="total_steps"):
         Schedule(10, record_c().optim, ModelConfig(), record_c().train)

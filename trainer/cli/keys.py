@@ -4,18 +4,23 @@ A key typed in the wrong group (`train.lr`) has no near spelling there, so the n
 alone would say nothing: the error names the keys of that name elsewhere in the schema
 (optim.muon.lr, optim.adamw.head_lr, ...) and lists the group's own keys. The schema is the
 OmegaConf tree of the config dataclasses (`OmegaConf.structured`), so a free-form mapping such
-as optim.lr_mul takes any key, as Hydra lets it.
+as optim.lr_mul takes any key, as Hydra lets it. A list of rows (train.stages.rows) is keyed
+by index: train.stages.rows.0.seq_len names a column of its first row, checked against the
+row's dataclass (the schema's list is empty; which rows exist is the preset's).
 """
 
 import difflib
+import typing
 from collections.abc import Iterator
-from dataclasses import is_dataclass
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from model.config.moved import moved_key, moved_message
+from stages.moved import moved_message as stage_moved_message
+from stages.moved import moved_within
 
 
 def known_key(root: DictConfig, key: str, conf_dir: Path) -> bool:
@@ -23,26 +28,59 @@ def known_key(root: DictConfig, key: str, conf_dir: Path) -> bool:
     optim.lr_mul, where any key goes); ValueError naming its first unknown part and the keys
     meant."""
     parts = key.split(".")
+    if old := moved_within(key):
+        raise ValueError(stage_moved_message(old))
     if len(parts) >= 2 and parts[0] == "model" and moved_key(rest := ".".join(parts[1:])):
         raise ValueError(moved_message(rest))
     node: Any = root
     for depth, part in enumerate(parts):
+        is_list = isinstance(node, ListConfig) and depth > 0
+        if is_list and (row := row_type(root, parts[: depth - 1], parts[depth - 1])):
+            if not part.isdigit():
+                raise ValueError(
+                    f"unknown config key {key}: {'.'.join(parts[:depth])} is a list of rows, "
+                    f"named by index ({'.'.join(parts[:depth])}.0.<column>)"
+                )
+            node = OmegaConf.structured(row)
+            continue
         if not isinstance(node, DictConfig):
             raise ValueError(f"unknown config key {key}: {'.'.join(parts[:depth])} has no keys")
         if depth > 0 and OmegaConf.get_type(node) is dict:
             return False
         if part not in node:
-            raise ValueError(_unknown(root, parts, depth, conf_dir))
+            raise ValueError(_unknown(root, parts, depth, conf_dir, node))
         if depth < len(parts) - 1:  # a value left unset (???) has no keys, and reading it raises
             node = None if OmegaConf.is_missing(node, part) else node[part]
     return True
 
 
-def _unknown(root: DictConfig, parts: list[str], depth: int, conf_dir: Path) -> str:
-    """The error for `parts[depth]`, a name the config at `parts[:depth]` lacks: the nearest
-    of its names, else the keys of that name in other groups and all of its names."""
-    key, part, above, rest = ".".join(parts), parts[depth], parts[:depth], parts[depth + 1 :]
+def row_type(root: DictConfig, above: list[str], name: str) -> type | None:
+    """The dataclass of the rows of list field `name` under dotted `above` (train.stages'
+    rows: Stage), or None where it is not a list of dataclasses."""
     node = OmegaConf.select(root, ".".join(above)) if above else root
+    group = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    found = {f.name: f for f in fields(group)}.get(name) if is_dataclass(group) else None
+    args = typing.get_args(found.type) if found is not None else ()
+    return args[0] if args and is_dataclass(args[0]) else None
+
+
+def row_key(root: DictConfig, key: str) -> tuple[type, str] | None:
+    """(the row dataclass, the rest of the key) where dotted `key` names a row of a list of
+    rows by index (train.stages.rows.0.seq_len: (Stage, "seq_len"); a whole row: ""); None
+    otherwise."""
+    parts = key.split(".")
+    for depth in range(1, len(parts) - 1):
+        if parts[depth + 1].isdigit() and (row := row_type(root, parts[:depth], parts[depth])):
+            return row, ".".join(parts[depth + 2 :])
+    return None
+
+
+def _unknown(
+    root: DictConfig, parts: list[str], depth: int, conf_dir: Path, node: DictConfig
+) -> str:
+    """The error for `parts[depth]`, a name `node`, the config at `parts[:depth]`, lacks: the
+    nearest of its names, else the keys of that name in other groups and all of its names."""
+    key, part, above, rest = ".".join(parts), parts[depth], parts[:depth], parts[depth + 1 :]
     names = [str(name) for name in node]
     if depth == 0:  # a top-level name may be a group as well as a key
         groups = sorted(p.name for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra")

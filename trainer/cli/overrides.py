@@ -22,7 +22,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from trainer.cli.keys import known_key, listed
+from trainer.cli.keys import known_key, listed, row_key
 
 # Hydra's command-line flags that point it at other configs: their overrides mean something
 # this module cannot see.
@@ -154,6 +154,13 @@ def _composition_error(e: Exception, root: DictConfig, conf_dir: Path) -> str:
         except ValueError as unknown:
             where = f"the config file {path}" if path and path.is_file() else "a config file"
             return f"{unknown}, in {where}"
+    override = re.match(r"Error merging override (\S+)", str(e))
+    row = re.search(r"full_key: (\S+)\[(\d+)\]", str(cause))
+    if override and row and row_key(root, f"{row.group(1)}.{row.group(2)}"):
+        return (
+            f"cannot set {override.group(1)}: {row.group(1)} has no row {row.group(2)} (rows "
+            f"count from 0; more rows take the whole list, {row.group(1)}=[{{...}}, ...])"
+        )
     return _one_line(e)
 
 
@@ -263,8 +270,13 @@ def _check_option(conf_dir: Path, group: str, values: list[Any]) -> None:
 
 def _check_value(root: DictConfig, key: str, value: Any, shown: str) -> None:
     trial = root.copy()
+    if row := row_key(root, key):  # a row of a list (train.stages.rows.0...): its dataclass's
+        trial, key = OmegaConf.structured(row[0]), row[1]
     try:
-        OmegaConf.update(trial, key, value, merge=True)
+        if not key:
+            trial = OmegaConf.merge(trial, value)
+        else:
+            OmegaConf.update(trial, key, value, merge=True)
     except OmegaConfBaseException as e:
         reason = str(e).splitlines()[0]
         raise ValueError(f"bad value in {shown}: {reason}") from None

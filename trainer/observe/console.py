@@ -124,8 +124,8 @@ def describe_run(
             f"x {micro} x {t.seq_len}"
         )
         + (
-            f" at the most; by phase {', '.join(str(t.batch_size * n) for n in t.seq_len_phases)}"
-            if t.seq_len_phases
+            f" at the most; by stage {', '.join(str(t.batch_size * n) for n in lengths)}"
+            if (lengths := t.stages.column("seq_len"))
             else ""
         )
         + (f"\nlayers: {plan}" if (plan := model.plan_summary()) else "")
