@@ -1,6 +1,6 @@
 """The `optim` config group: which optimizers, their settings, and the LR schedule.
 
-Every schema of `optim.*` is here (Muon's in optim/muon_config.py, re-exported), with the
+Every schema of `optim.*` is here (Muon's in optim/muon/config.py, re-exported), with the
 vocabulary of its choices, so that this module imports nothing else of `optim/` but that, and
 every implementation imports its settings from it.
 A field's `resume` metadata says how a checkpoint treats it: "must_match" (the resumed run
@@ -10,7 +10,7 @@ is silent); unmarked fields may change on resume, with a warning.
 
 from dataclasses import dataclass, field
 
-from optim.muon_config import (  # noqa: F401  (re-exported: the optim group's vocabulary)
+from optim.muon.config import (  # noqa: F401  (re-exported: the optim group's vocabulary)
     EXCHANGES,
     LR_SCALES,
     MASTER_WEIGHTS,
