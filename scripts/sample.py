@@ -43,6 +43,7 @@ from stages import StageTable
 from trainer.checkpoint import files
 from trainer.checkpoint.dcp_state import read_whole
 from trainer.checkpoint.resume_rules import upgrade_saved
+from trainer.checkpoint.upgrade import upgrade_config, upgrade_parts
 from trainer.config import TrainConfig
 from trainer.schedule import Schedule
 
@@ -115,12 +116,13 @@ def load_model(path: Path, device: torch.device) -> tuple[GPT, dict[str, Any]]:
     """The checkpoint's model in eval mode on `device`, and the checkpoint's metadata (its
     config in today's key names)."""
     meta = files.validate(path)
-    meta["config"] = upgrade_saved(meta.get("config", {}))
+    meta["config"] = upgrade_saved(upgrade_config(meta.get("config", {}), meta))
     cfg = model_config(meta["config"].get("model", {}), path)
     cfg.set_stages(stage_table(meta["config"].get("train", {}).get("stages", {})))
     model = GPT(cfg)
     try:
-        model.load_state_dict(read_state(path, meta.get("layout", "torch_save")))
+        state = read_state(path, meta.get("layout", "torch_save"))
+        model.load_state_dict(upgrade_parts({"model": state}, meta)["model"])  # today's names
     except RuntimeError as e:
         last = str(e).splitlines()[-1].strip()
         raise files.CheckpointError(

@@ -8,7 +8,13 @@ import torch
 
 from model.gpt import GPT
 from tests.helpers import compose_config
-from trainer.checkpoint.upgrade import NAMES, saved_keys, upgrade_flat, upgrade_parts
+from trainer.checkpoint.upgrade import (
+    NAMES,
+    saved_keys,
+    upgrade_config,
+    upgrade_flat,
+    upgrade_parts,
+)
 from trainer.config import to_config
 
 D = ["experiment=record_2026_07_17", "model.n_embd=48", "model.n_head=6",
@@ -102,3 +108,35 @@ def test_the_optimizers_param_names_and_a_sharded_saves_keys() -> None:
         "model/scalars": 0, "optim/adam/value_gates/exp_avg": 1, "x": 2
     }  # fmt: skip
     assert saved_keys(target, {"names": NAMES}, "model/", "optim/") == target  # today's: as is
+
+
+def test_a_naming_1_config_names_todays_parameters() -> None:
+    """Record D's saved optimizer tables of naming 1 (as its preset wrote them) read under
+    today's names, its two bigram rows moved to the part's section; a naming-2 save as is."""
+    old = {
+        "optim": {
+            "roles": {"skip_token_gate.weight": "scalar", "smear_gate.weight": "scalar"},
+            "lr_mul": {"*mlp.proj*": 2.0},
+            "adamw": {"table": {
+                "scalars": {"lr_mul": 5}, "bigram_embed.weight": {"lr_mul": 75, "wd_mul": 5},
+                "bigram_lambdas": {"wd_mul": 0}, "mudd_w[12]": {"lr_mul": 0.25},
+                "xsa_alphas": {"wd_mul": 0}, "value_embeds.*": {"lr_mul": 75}}},
+        },
+        "model": {"embed": {"bigram_rows": 754560}},
+    }  # fmt: skip
+    new = upgrade_config(old, {})
+    assert new["optim"]["roles"] == {
+        "skips.token_gate.weight": "scalar",
+        "smear_gate.weight": "scalar",
+    }
+    assert new["optim"]["lr_mul"] == {"*mlp.proj*": 2.0}
+    assert new["optim"]["adamw"]["table"] == {
+        "scalars.packed": {"lr_mul": 5}, "mudd.w[12]": {"lr_mul": 0.25},
+        "xsa.alphas": {"wd_mul": 0}, "value_embeds.*": {"lr_mul": 75}}  # fmt: skip
+    assert new["model"]["bigram"]["optim"] == {"embed": {"lr_mul": 75, "wd_mul": 5},
+                                               "lambdas": {"wd_mul": 0}}  # fmt: skip
+    assert old["optim"]["roles"] == {
+        "skip_token_gate.weight": "scalar",
+        "smear_gate.weight": "scalar",
+    }
+    assert upgrade_config(old, {"names": NAMES}) is old  # today's naming: as saved

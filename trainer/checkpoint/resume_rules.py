@@ -24,6 +24,7 @@ from stages.moved import COLUMN_OF, ENTRY_OF, FLAT, table_from_lists
 from stages.table import COLUMNS, Stage
 from trainer.checkpoint import files
 from trainer.checkpoint.files import CheckpointError, Loaded
+from trainer.checkpoint.upgrade import upgrade_config
 from trainer.config import Config
 from trainer.config_checks import RENAMED_VALUES, flatten
 
@@ -108,7 +109,8 @@ def by_column(config: dict[str, Any]) -> dict[str, Any]:
 def check_config(loaded: Loaded, conf: Config, warn: bool) -> None:
     """Raise `CheckpointError` if `conf` differs from the config `loaded` was saved with in a
     key that must match; with `warn`, log the keys that differ and may."""
-    saved = flatten(by_column(_with_train(upgrade_saved(loaded.meta.get("config", {})))))
+    config = upgrade_config(loaded.meta.get("config", {}), loaded.meta)  # parameter names
+    saved = flatten(by_column(_with_train(upgrade_saved(config))))
     current = flatten(by_column(asdict(conf)))
     # A key the saved config lacks is a setting added since that save: the code that wrote
     # it behaved as the setting's default does (every new option is off by default).

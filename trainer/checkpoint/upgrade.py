@@ -10,6 +10,7 @@ place that knows old names, so a resume of an earlier save and `scripts/bitwise.
 old saves alike.
 """
 
+import copy
 from typing import Any
 
 NAMES = 2  # the naming this code writes
@@ -35,6 +36,13 @@ RENAMED = {
     "bigram_lambdas": "bigram.lambdas",
 }
 _OLD = {new: old for old, new in RENAMED.items()}
+# Name patterns of a saved optim.roles / optim.adamw.table / optim.lr_mul that no name maps
+PATTERNS = {"mudd_w[12]": "mudd.w[12]"}
+# Record D's table rows that naming 2 made its parts' own settings: {old row: where they went}
+TO_PART_SETTINGS = {
+    "bigram_embed.weight": ("model", "bigram", "optim", "embed"),
+    "bigram_lambdas": ("model", "bigram", "optim", "lambdas"),
+}
 
 
 def _map(name: str, table: dict[str, str]) -> str:
@@ -69,6 +77,35 @@ def rename_flat(key: str, rename: Any) -> str:
     if len(parts) < 3:
         return key
     return "/".join([parts[0], rename("/".join(parts[1:-1])), parts[-1]])
+
+
+def upgrade_config(config: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """A saved config (a checkpoint's, nested) whose optimizer tables name parameters, under
+    today's names: the patterns of optim.roles, optim.lr_mul and optim.adamw.table renamed,
+    and the table rows that became a part's own settings moved to its section."""
+    if not is_old(meta):
+        return config
+    out = copy.deepcopy(config)
+    optim = out.get("optim") or {}
+    for key in ("roles", "lr_mul"):
+        if isinstance(optim.get(key), dict):
+            optim[key] = {_pattern(k): v for k, v in optim[key].items()}
+    adamw = optim.get("adamw") or {}
+    table = adamw.get("table")
+    if isinstance(table, dict):
+        for old, where in TO_PART_SETTINGS.items():
+            if old in table:
+                node = out
+                for part in where[:-1]:
+                    node = node.setdefault(part, {})
+                node[where[-1]] = table.pop(old)
+        adamw["table"] = {_pattern(k): v for k, v in table.items()}
+    return out
+
+
+def _pattern(pattern: str) -> str:
+    """A name pattern of naming 1 under today's names."""
+    return PATTERNS.get(pattern) or rename_key(pattern)
 
 
 def upgrade_parts(parts: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
