@@ -64,7 +64,8 @@ def assert_one_line_under_torchrun(out: subprocess.CompletedProcess, named: str)
 @pytest.mark.timeout(120)
 def test_a_typo_under_torchrun_is_one_line(tmp_path: Path) -> None:
     out = launch([*TORCHRUN, str(REPO / "train.py"), *QUICK, "train.step=3"], tmp_path)
-    assert_one_line_under_torchrun(out, "unknown config key train.step; did you mean train.steps or train.stages?")
+    want = "unknown config key train.step; did you mean train.steps or train.stages?"
+    assert_one_line_under_torchrun(out, want)
 
 
 @pytest.mark.timeout(120)

@@ -25,7 +25,8 @@ BAD = [
     (["model.n_embd=99"], "model.n_embd"),
     (["train.autocast=fp16"], "train.autocast must be one of"),
     (["+train.step=3"], "did you mean train.steps or train.stages?"),
-    (["train.step=3"], "did you mean train.steps or train.stages?"),  # Hydra's own error, without the check
+    # Hydra's own error, without the check
+    (["train.step=3"], "did you mean train.steps or train.stages?"),
     (["optim.muon.lrr=0.1"], "did you mean optim.muon.lr?"),
     (["model=tiny2"], "did you mean model=tiny?"),
     (["train.steps=abc"], "train.steps=abc"),
