@@ -29,7 +29,7 @@ train: $(STAMP)
 	$(BIN)/python train.py $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=15
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 tests/unit
