@@ -24,6 +24,7 @@ QK-clip (`optim/qk_clip.py`) needs each head's largest logit scale·q·kᵀ over
 """
 
 import functools
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import torch
@@ -94,7 +95,7 @@ def _flex(q: Tensor) -> Callable:
     return flex_attention
 
 
-class CausalSelfAttention(nn.Module):
+class CausalSelfAttention(nn.Module, ABC):
     """The attention core: project, mix the values, QK-norm, place the heads, the kernel, XSA,
     the gate, project out. Where its weights live is the subclass's (`build_attention`): q,
     k, v, o as four linears, one (3, d, d) W_qkv beside o, or one (4, d, d) W_qkvo; every
@@ -133,34 +134,41 @@ class CausalSelfAttention(nn.Module):
         if att.gate:  # (heads × k), an nn.Linear as the record's (bf16 in a bf16 model)
             self.gate = linear(cfg, cfg.gate_channels, cfg.n_head)
 
-    # The weight layout's part (the subclasses below).
+    # The weight layout's part: each subclass below implements all six (an ABC, so a layout
+    # that forgets one fails when it is built, not when it is first called).
+    @abstractmethod
     def project(self, x: Tensor, lam: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v (B, T, d) each: x·W_qkvᵀ, or x·(λ⁰·W_qkv)ᵀ with the 0-d fp32 λ⁰ times the
         weight in x's dtype (a 0-d tensor does not promote, so the product is rounded once
         to it, as the record's)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def project_out(self, y: Tensor, lam: Tensor | None) -> Tensor:
         """y·W_oᵀ, or y·(λ¹·W_o)ᵀ rounded to the weight's dtype as λ⁰·W_qkv is."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def qk_rows(self) -> list[tuple[Tensor, int]]:
         """(tensor, slices) whose rows are W_q's and W_k's: QK-clip scales them."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def qkv_weights(self) -> list[Tensor]:
         """The hidden matrices drawn uniformly at initialisation: merged, one tensor that is
         drawn at once (with qkvo its first three slices, so W_o draws nothing, unless
         attention.out_init=uniform draws all four)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def out_weight(self) -> Tensor:
         """W_o."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def matrices(self) -> list[nn.Parameter]:
         """The hidden matrices as parameters (the bf16 cast of record D's)."""
-        raise NotImplementedError
+        ...
 
     def reset_max_logit(self) -> None:
         """Forget the tracked maxima (QK-clip's interface, optim/qk_clip.py)."""
