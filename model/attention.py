@@ -8,7 +8,8 @@ For input u (already RMS-normalised), per head of size D:
     v <- mixes(v)                          value residual, value embeddings (model/values.py)
     v <- v + aux                           the MUDD layer, instead of the mixes (model/mudd.py)
     q, k <- rotary(RMSNorm(q)), rotary(RMSNorm(k))   QK-norm (unless attention.qk_norm=false)
-    k_t[D/2:] <- k_(t−1)[D/2:]             key offset, long-window layers (attention.key_offset)
+    k_t[c] <- k_(t−1)[c]                   key offset, long-window layers (attention.key_offset),
+                                           c the channels the rotary leaves unrotated
     y = softmax(scale·q·kᵀ + mask)·v       scale 1/√D, or model.attention.scale (0.12 in
                                            2025-01), or YaRN's scale of the stage (model/yarn.py)
     y_h <- XSA(y_h)                        learnable XSA (model.attention.xsa, model/xsa.py)
@@ -38,7 +39,7 @@ from model.masks import Mask
 from model.max_logit import max_logits
 from model.paired import double, paired_positions, undouble
 from model.plan import LayerSpec
-from model.rotary import Rotary
+from model.rotary import Rotary, static_spans
 from model.scalars import WEIGHT_LAMBDAS_INIT
 from model.values import ValueMix
 from model.xsa import xsa
@@ -113,9 +114,11 @@ class CausalSelfAttention(nn.Module, ABC):
         self.xsa = spec.xsa
         self.paired = spec.paired
         self.mask_key = spec.mask_key
-        # the key offset is the normal long-window layers' (a paired layer has none)
+        # the key offset is the normal long-window layers' (a paired layer has none), on the
+        # channels the rotary leaves unrotated
         key_offset = cfg.attention.key_offset and spec.window == "long" and not spec.paired
-        self.heads = PairedHeads() if spec.paired else Heads(key_offset)
+        offset = static_spans(cfg.attention.rope, cfg.head_dim) if key_offset else ()
+        self.heads = PairedHeads() if spec.paired else Heads(offset)
         self.layer = layer  # its place in the packed scalars
         att = cfg.attention
         self.out_uniform = att.out_init == "uniform"
@@ -367,17 +370,17 @@ def _split3(qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 class Heads:
     """Each head in its own slot over T positions (B, H, T, D); the long-window layers'
-    keys offset with attention.key_offset."""
+    keys offset with attention.key_offset, on the channel spans `offset` (none: no offset)."""
 
-    def __init__(self, key_offset: bool) -> None:
-        self.key_offset = key_offset
+    def __init__(self, offset: tuple[tuple[int, int], ...] = ()) -> None:
+        self.offset = offset
 
     def arrange(
         self, q: Tensor, k: Tensor, v: Tensor, rotary: Rotary, stage: Tensor | None
     ) -> tuple[Tensor, Tensor, Tensor]:
         q, k = rotary(q, stage), rotary(k, stage)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        return q, offset_keys(k) if self.key_offset else k, v
+        return q, offset_keys(k, self.offset) if self.offset else k, v
 
     def restore(self, y: Tensor) -> Tensor:
         return y
@@ -399,12 +402,17 @@ class PairedHeads:
         return undouble(y)
 
 
-def offset_keys(k: Tensor) -> Tensor:
-    """k_t[D/2:] <- k_(t−1)[D/2:] for t ≥ 1 over (B, H, T, D) keys, from the un-shifted values;
-    k_0 and the first half of every key as they are (model.attention.key_offset)."""
-    half = k.size(-1) // 2
-    late = torch.cat([k[..., :1, half:], k[..., :-1, half:]], dim=-2)
-    return torch.cat([k[..., :half], late], dim=-1)
+def offset_keys(k: Tensor, spans: tuple[tuple[int, int], ...]) -> Tensor:
+    """k_t[c] <- k_(t−1)[c] for t ≥ 1 and the channels c of `spans` ([a, b) ranges, in
+    order) over (B, H, T, D) keys, from the un-shifted values; k_0 and the other channels as
+    they are (model.attention.key_offset: the rotary's static channels, `static_spans`)."""
+    pieces, at = [], 0
+    for a, b in spans:
+        late = torch.cat([k[..., :1, a:b], k[..., :-1, a:b]], dim=-2)
+        pieces += [k[..., at:a], late] if a > at else [late]
+        at = b
+    pieces += [k[..., at:]] if at < k.size(-1) else []
+    return torch.cat(pieces, dim=-1)
 
 
 def scale_rows(w: Tensor, factors: Tensor) -> None:
@@ -420,7 +428,7 @@ def scale_rows(w: Tensor, factors: Tensor) -> None:
         w.mul_(factors.to(w.dtype))
 
 
-def init_bound(cfg: ModelConfig, fan_in: int) -> float:
-    """Half-width of the uniform init with std model.init_std/√fan_in."""
+def init_bound(cfg: ModelConfig, fan_in: int, std: float = 0.0) -> float:
+    """Half-width of the uniform init with std `std`/√fan_in (0: model.init_std)."""
     # Written as √(3/fan_in)·init_std so that init_std=1 draws exactly the default model.
-    return (3.0 / fan_in) ** 0.5 * cfg.init_std
+    return (3.0 / fan_in) ** 0.5 * (std or cfg.init_std)

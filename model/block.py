@@ -1,6 +1,7 @@
 """One layer of the GPT: its x0 mix, its attention sublayer, its MLP sublayer.
 
-    x <- a·x + b·x0                      x0 shortcut (model.residual.x0_shortcut)
+    x <- a·x + b·x0                      x0 shortcut (model.residual.x0_shortcut), or
+                                         r·x + Λ₀·x0 + Λ₁·x02 (model.residual.x0_lambdas)
     x <- x + Attn(RMSNorm(x))            unless the layer has no attention (RMSNorm of an
                                          earlier output: model.residual.attn_input_layer)
     x <- x + λ^x0·x0                     model.residual.x0_after_attention
@@ -45,7 +46,10 @@ class Block(nn.Module):
         D's c₇ for the layers after 7), None = x."""
         if self.mudd:  # the whole layer is MUDD's (model/mudd.py)
             return mudd_layer(self, x, rotary, ctx, attn_input)
-        if self.mixes_x0:
+        if self.mixes_x0 and ctx.x0_lambdas is not None:  # record M's form
+            r = ctx.scalars.resid(self.layer)
+            x = ctx.x0_lambdas.mix(x, ctx.x0, ctx.x02, r, self.layer)
+        elif self.mixes_x0:
             mix = ctx.scalars.x0_mix(self.layer)
             x = x0_mix(x, ctx.x0, self.x0_mix if mix is None else mix)
         scales = None if ctx.sublayer_scales is None else ctx.sublayer_scales.pair()

@@ -10,7 +10,7 @@ from model.scalars import Scalars
 
 @dataclass
 class Context:
-    """What every layer of one forward shares: what this forward computed once (x0, the
+    """What every layer of one forward shares: what this forward computed once (x0, x02, the
     value-embedding lookups, the masks by window, the YaRN stage and its attention scale,
     the bigram term b), the model's parts that several layers read (each None when its
     option is off), and the micro-steps per update (the FP8 MLP's slots,
@@ -23,12 +23,14 @@ class Context:
     scalars: Scalars
     yarn_stage: Tensor | None = None
     attn_scale: Tensor | float | None = None  # YaRN's of the stage, or the config's
+    x02: Tensor | None = None  # RMSNorm of the second table's lookup (model.embed.second_table)
     bigram_term: Tensor | None = None  # b (B, T, k)
     # The parts, typed as modules: the modules of MUDD and the value mixes read this context,
     # so naming their classes here would make an import cycle.
     bigram: nn.Module | None = None  # model/bigram.py BigramHash
     sublayer_scales: nn.Module | None = None  # model/residual.py SublayerScales
     x0_injection: nn.Module | None = None  # model/residual.py X0Injection
+    x0_lambdas: nn.Module | None = None  # model/residual.py X0Lambdas
     xsa: nn.Module | None = None  # model/xsa.py XSA
     value_gates: nn.Module | None = None  # model/values.py ValueGates
     mudd: nn.Module | None = None  # model/mudd.py MUDD

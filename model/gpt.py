@@ -35,7 +35,7 @@ from model.mlp_fp8 import delayed_states, fp8_rank_state, load_fp8_rank_state
 from model.mudd import MUDD, mudd_out
 from model.plan import describe_plan, layer_plan, mask_kinds
 from model.record_loss import record_head_loss
-from model.residual import Skips, SublayerScales, X0Injection
+from model.residual import Skips, SublayerScales, X0Injection, X0Lambdas
 from model.rotary import Rotary
 from model.scalars import Scalars
 from model.steps import StepInputs, step_inputs
@@ -55,6 +55,7 @@ class GPT(nn.Module):
         # The parts the config turned on; an option that is off is None and never called.
         # Registration order is the parameters' order (optimizer groups, checkpoints).
         self.embed = nn.Embedding(rows, cfg.n_embd)
+        self.embed2 = nn.Embedding(rows, cfg.n_embd) if emb.second_table else None
         self.value_embeds = value_tables(cfg, plan, rows)
         self.blocks = nn.ModuleList([Block(cfg, spec, i) for i, spec in enumerate(plan)])
         self.skips = Skips(cfg, plan)
@@ -66,18 +67,23 @@ class GPT(nn.Module):
         self.xsa = XSA(cfg) if "X" in cfg.attention.xsa else None
         self.value_gates = ValueGates(cfg, plan) if ValueGates.wanted(cfg, plan) else None
         self.x0_injection = X0Injection(cfg) if res.x0_after_attention else None
+        self.x0_lambdas = X0Lambdas(cfg) if res.x0_lambdas else None
         self.mudd = MUDD(cfg, plan) if res.mudd else None
         self.bigram = BigramHash(cfg) if cfg.bigram.rows else None
         att = cfg.attention
         windows = att.long_windows if att.yarn else None
         self.rotary = Rotary(
             cfg.head_dim, att.rope_base, att.rope, att.rope_bf16, att.rope_reciprocal, windows,
-            att.window_block,
+            att.window_block, att.yarn_max_window,
         )  # fmt: skip
         scales = None  # the attention scale of each YaRN stage, as exact as the config's floats
         if att.yarn:
             scales = yarn_table(
-                self.rotary.inv_freq, windows, att.window_block, att.scale or cfg.head_dim**-0.5
+                self.rotary.inv_freq,
+                windows,
+                att.window_block,
+                att.scale or cfg.head_dim**-0.5,
+                att.yarn_max_window,
             ).attn_scales
             scales = torch.tensor(scales, dtype=torch.float64)
         self.register_buffer("yarn_scales", scales, persistent=False)
@@ -114,8 +120,9 @@ class GPT(nn.Module):
         model's own forward starts."""
         blocks = [b for b in self.blocks if next(b.parameters(), None) is not None]  # not empty
         bigram = [] if self.bigram is None else [self.bigram.embed]
+        second = [] if self.embed2 is None else [self.embed2]
         values = [] if self.value_embeds is None else list(self.value_embeds.values())
-        return [self.embed, *values, *bigram, *blocks]
+        return [self.embed, *second, *values, *bigram, *blocks]
 
     def count_flops(
         self,
@@ -149,7 +156,7 @@ class GPT(nn.Module):
         res = self.cfg.residual
         if not self.cfg.differs_per_layer:
             return ""
-        extras = [f"gated skip {res.skip_from} -> {res.skip_to}"] if res.skip_from >= 0 else []
+        extras = [f"gated skip {a} -> {b}" for a, b in res.skips]
         extras += [f"backout {res.backout_layer}"] if res.backout_layer >= 0 else []
         return " | ".join([describe_plan(self.plan), *extras])
 
@@ -204,7 +211,7 @@ class GPT(nn.Module):
             outputs.append(x)
         if ctx.mudd is not None:  # MUDD's mix after the last layer; layer_input is its c₉
             ve0 = ctx.value_embeds[0]
-            c7, c3 = outputs[source], outputs[res.skip_from]
+            c7, c3 = outputs[source], outputs[res.skips[0][0]]
             return mudd_out(x, ctx.mudd.net, ctx.x0, c7, layer_input, ve0, c3)
         return self.skips.out(self.scalars, x, outputs)
 
@@ -235,6 +242,7 @@ class GPT(nn.Module):
         )  # fmt: skip
         return Context(
             x0=x0 if res.x0_shortcut or res.x0_after_attention or res.mudd else None,
+            x02=None if self.embed2 is None else rms_norm(self.embed2(idx)),
             value_embeds=value_lookups(self.value_embeds, idx),
             masks=masks,
             scalars=self.scalars,
@@ -245,6 +253,7 @@ class GPT(nn.Module):
             bigram=self.bigram,
             sublayer_scales=self.sublayer_scales,
             x0_injection=self.x0_injection,
+            x0_lambdas=self.x0_lambdas,
             xsa=self.xsa,
             value_gates=self.value_gates,
             mudd=self.mudd,

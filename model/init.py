@@ -10,7 +10,9 @@ sublayer scales their tabled values. With model.numerics.dtype=bf16 the tables, 
 (head.bf16) the head become bf16 parameters: N(0, 1) rounded to bf16, as the records'.
 
 The draws happen in this order (the RNG stream decides every value): the token table, the
-value tables, then each block's q/k/v and fc, then MUDD's W1 (model/mudd.py).
+value tables, then each block's q/k/v and fc, the head, the second token table
+(embed.second_table), then MUDD's W1 (model/mudd.py). Record M's zero value tables
+(embed.value_std=0) draw nothing.
 """
 
 import torch
@@ -25,14 +27,22 @@ def initialise(model: nn.Module) -> None:
     cfg = model.cfg
     values = [] if model.value_embeds is None else list(model.value_embeds.values())
     tables = [model.embed, *values]
+    tables += [] if model.embed2 is None else [model.embed2]
     tables += [] if model.bigram is None else [model.bigram.embed]
     nn.init.normal_(model.embed.weight, std=1.0)
     for table in values:
-        nn.init.normal_(table.weight, std=cfg.embed.value_std)
-    bound = init_bound(cfg, cfg.n_embd)  # q, k, v and fc all read the d-wide stream
+        if cfg.embed.value_std:
+            nn.init.normal_(table.weight, std=cfg.embed.value_std)
+        else:  # record M's tables start at zero
+            nn.init.zeros_(table.weight)
+    # q, k, v and fc all read the d-wide stream; q, k, v may have a std of their own
+    bound = init_bound(cfg, cfg.n_embd)
+    attn_bound = init_bound(cfg, cfg.n_embd, cfg.attention.init_std)
     for block in model.blocks:
         weights = block.attn.qkv_weights() if block.attn is not None else []
-        weights += [block.mlp.fc.weight] if block.mlp is not None else []
+        for w in weights:
+            nn.init.uniform_(w, -attn_bound, attn_bound)
+        weights = [block.mlp.fc.weight] if block.mlp is not None else []
         for w in weights:
             nn.init.uniform_(w, -bound, bound)
         if block.attn is not None:
@@ -47,6 +57,8 @@ def initialise(model: nn.Module) -> None:
         nn.init.normal_(model.lm_head.weight, std=cfg.head.init_std)
     else:
         nn.init.zeros_(model.lm_head.weight)
+    if model.embed2 is not None:  # record M's second table (M10)
+        nn.init.normal_(model.embed2.weight, std=1.0)
     if cfg.embed.tied_init:  # E = W_headᵀ: lm_head.weight is (vocab, d) as E is
         model.embed.weight.copy_(model.lm_head.weight)
     if model.smear_gate is not None:
@@ -55,8 +67,8 @@ def initialise(model: nn.Module) -> None:
     model.scalars.reset(cfg.residual.x0_mix_a_init)
     # The parts that are on, each drawing its own (MUDD in its own dtype already); the
     # bigram part last: its sign draw leaves the other parameters' draws as they were.
-    parts = (model.sublayer_scales, model.xsa, model.x0_injection, model.value_gates,
-             model.mudd, model.bigram)  # fmt: skip
+    parts = (model.sublayer_scales, model.xsa, model.x0_injection, model.x0_lambdas,
+             model.value_gates, model.mudd, model.bigram)  # fmt: skip
     for part in parts:
         if part is not None:
             part.reset()

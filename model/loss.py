@@ -111,23 +111,28 @@ def model_loss(
 
     model.head.reduction=sum sums over tokens in training only; evaluation is always the mean.
     model.head.loss_dtype=bf16 caps in the logits' own dtype and, in training, takes the
-    cross-entropy in it too (evaluation: in fp32 at least); that is never the fused path, which
-    computes in fp32 (model.head.loss=fused is refused with it, auto takes the plain formula).
+    cross-entropy in it too (evaluation: in fp32 at least); bf16_train caps in the logits'
+    dtype in training only and takes the cross-entropy (or the MTP loss) of those capped values
+    in fp32 (evaluation: the cap in fp32). Neither is the fused path, which computes in fp32
+    (model.head.loss=fused is refused with them, auto takes the plain formula).
     """
     cap = cfg.softcap
     reduction = "sum" if training and cfg.reduction == "sum" else "mean"
-    low = cfg.loss_dtype == "bf16"
+    # The cap in the logits' own dtype: always with bf16, in training with bf16_train
+    low = cfg.loss_dtype == "bf16" or (
+        cfg.loss_dtype == "bf16_train" and training and targets is not None
+    )
     cpu = logits.device.type == "cpu"
     at_least_fp32 = torch.promote_types(logits.dtype, torch.float32)
     if training and targets is not None and cfg.mtp:
         if mtp_weights is None:
             raise ValueError("model.head.mtp: the training forward needs the step's mtp_weights")
-        z = logits.to(at_least_fp32)
+        z = logits if low else logits.to(at_least_fp32)
         if cap > 0:
             z = softcap(z, cap, cfg.softcap_form, cfg.softcap_shift, cfg.softcap_divisor)
-        return mtp_cross_entropy(z, targets, mtp_weights, reduction == "mean")
+        return mtp_cross_entropy(z.to(at_least_fp32), targets, mtp_weights, reduction == "mean")
     fused = cfg.loss == "fused" or (cfg.loss == "auto" and cpu and cfg.tanh_expressible)
-    if targets is not None and cap > 0 and fused and not low:
+    if targets is not None and cap > 0 and fused and cfg.loss_dtype == "fp32":
         # 30·σ(z/7.5) = 15·tanh(z/15) + 15, and a constant shift leaves the loss as it is.
         tanh_cap = cap if cfg.softcap_form == "tanh" else cap / 2
         return softcap_cross_entropy(
@@ -137,7 +142,7 @@ def model_loss(
         logits = logits.to(at_least_fp32)
     if cap > 0:
         logits = softcap(logits, cap, cfg.softcap_form, cfg.softcap_shift, cfg.softcap_divisor)
-    if targets is None or not training:
+    if targets is None or not training or cfg.loss_dtype == "bf16_train":
         logits = logits.to(at_least_fp32)
     if targets is None:
         return logits

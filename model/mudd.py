@@ -6,8 +6,9 @@ from two small coefficient networks on the un-normalised stream y:
     MUDD_j(y) = 0.1·(GELU(y·W1_jᵀ)·W2_j[0:n]ᵀ + b2_j[0:n])     j = 0, 1; GELU exact (erf)
 
 Sources: c₀ = x0 (the stream at the first layer's input), c₇ = output of layer
-model.residual.attn_input_layer, c₃ = output of model.residual.skip_from, c₉ = the last
-layer's input, ve₀ = value table 0's lookup. The last layer (H heads) is, for its input x:
+model.residual.attn_input_layer, c₃ = output of the one gated skip's source
+(model.residual.skips), c₉ = the last layer's input, ve₀ = value table 0's lookup. The last
+layer (H heads) is, for its input x:
 
     (m0 … m13) = MUDD₀(x);  c₉ = x
     v_mudd = m0·c₀ + m1·c₇ + m2·x                          from the input, before the next line

@@ -2,10 +2,13 @@
 only when on:
 
     x <- a_ℓ·x + b_ℓ·x0                 x0 shortcut, before layer ℓ; (a, b) from (a₀, 0)
+    x <- r_ℓ·x + Λ_ℓ0·x0 + Λ_ℓ1·x02     or record M's (x0_lambdas): r_ℓ packed, Λ its own
+                                        tensor from 0, x02 = RMSNorm(E2[tokens])
     x <- x + w_i·out_(E−1−i)            U-net: decoder layer E+i adds encoder layer E−1−i's
                                         output, w from 1 (E = n_layer // 2)
-    x <- x + σ(w)·out_from              the gated skip, at the input of layer skip_to, w from −1.5
-         + σ(w)·2σ(x0_t[:k]·gᵀ)·out_from    or per token (record D, skip_per_token), g from 0
+    x <- x + σ(w_k)·out_from            gated skip k = [from, to] of model.residual.skips, at the
+                                        input of layer `to`, w_k from −1.5
+         + σ(w_k)·2σ(x0_t[:k]·g_kᵀ)·out_from  or per token (record D, skip_per_token), g_k from 0
     x <- x − λ·out_backout              backout, after the last layer, λ from 0.5
     x <- … + λ^x0_ℓ·x0                  after the attention sublayer (record D, x0_after_attention)
     x[:k] <- x[:k] + λ^bg_ℓ·b           then the bigram term (record D, model/bigram.py): before
@@ -85,6 +88,30 @@ class X0Injection(nn.Module):
         return x + self.lambdas[layer].to(x.dtype) * x0
 
 
+class X0Lambdas(nn.Module):
+    """The part, built only with model.residual.x0_lambdas (record M, #52): `lambdas`
+    (n_layer, 1 or 2) fp32, Λ[ℓ, 0] the weight of x0 and Λ[ℓ, 1] of x02
+    (model.embed.second_table), zero at `reset`, on Adam; r_ℓ is the packed vector's."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        columns = 2 if cfg.embed.second_table else 1
+        self.lambdas = nn.Parameter(torch.zeros(cfg.n_layer, columns))
+        self.lambdas.role = "scalar"  # type: ignore[attr-defined]  # Adam, not Muon
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        self.lambdas.zero_()
+
+    def mix(self, x: Tensor, x0: Tensor, x02: Tensor | None, r: Tensor, layer: int) -> Tensor:
+        """r_ℓ·x + Λ[ℓ, 0]·x0 (+ Λ[ℓ, 1]·x02), each fp32 0-d weight times a tensor in its
+        dtype, summed left to right; layer 0 as (r₀ + Λ[0, 0])·x (+ Λ[0, 1]·x02), as the
+        record computes it there (x is x0)."""
+        lam = self.lambdas[layer]
+        out = (r + lam[0]) * x if layer == 0 else r * x + lam[0] * x0
+        return out if x02 is None else out + lam[1] * x02
+
+
 def inject_bigram(x: Tensor, b: Tensor, coef: Tensor) -> Tensor:
     """x with coef·b added to its first k channels, b (B, T, k); `coef` (λ^bg_ℓ, or MUDD's
     per-token coefficient) broadcasts against b and enters in x's dtype. Out of place: the
@@ -94,10 +121,11 @@ def inject_bigram(x: Tensor, b: Tensor, coef: Tensor) -> Tensor:
 
 
 class Skips(nn.Module):
-    """Which earlier layer's output each layer's input adds (U-net, or the one gated skip),
-    and the backout after the last layer. Its parameters: the U-net's `weights` (from 1),
-    and with model.residual.skip_per_token the gate's `token_gate` (an nn.Linear as the
-    record's, bf16 in a bf16 model); the gate's logit and λ_back are the model's scalars."""
+    """Which earlier layer's output each layer's input adds (U-net, or the gated skips of
+    model.residual.skips), and the backout after the last layer. Its parameters: the U-net's
+    `weights` (from 1), and with model.residual.skip_per_token the gates' `token_gate` (an
+    nn.Linear as the record's, bf16 in a bf16 model: row k gates skip k); the skips' logits
+    and λ_back are the model's scalars."""
 
     def __init__(self, cfg: ModelConfig, plan: list[LayerSpec]) -> None:
         super().__init__()
@@ -105,30 +133,34 @@ class Skips(nn.Module):
         self.unet = {layer: j for j, layer in enumerate(decoders)}  # layer -> its weight
         self.weights = nn.Parameter(torch.ones(len(decoders))) if decoders else None
         r = cfg.residual
-        self.token_gate = linear(cfg, cfg.gate_channels, 1) if r.skip_per_token else None
+        self.gated = [(int(a), int(b)) for a, b in r.skips]  # skip k: (from, to)
+        per_token = r.skip_per_token and self.gated
+        self.token_gate = linear(cfg, cfg.gate_channels, len(self.gated)) if per_token else None
         self.plan = tuple(plan)
-        self.gated = (r.skip_from, r.skip_to) if r.skip_from >= 0 else None  # (from, to)
         self.backout = r.backout_layer if r.backout_layer >= 0 else None
         self.per_token = cfg.gate_channels if r.skip_per_token else 0  # k channels of x0
 
     @torch.no_grad()
     def reset(self) -> None:
-        """The per-token gate at zero (2σ(0) = 1); the U-net's weights are made at 1."""
+        """The per-token gates at zero (2σ(0) = 1); the U-net's weights are made at 1."""
         if self.token_gate is not None:
             nn.init.zeros_(self.token_gate.weight)
 
     def into(
         self, scalars: Scalars, layer: int, x: Tensor, outputs: list[Tensor], x0: Tensor
     ) -> Tensor:
-        """Layer `layer`'s input: x plus the skips that end there."""
+        """Layer `layer`'s input: x plus the skips that end there, in list order."""
         if layer in self.unet:
             source = self.plan[layer].skip_from
             x = x + self.weights[self.unet[layer]] * outputs[source]
-        if self.gated is not None and layer == self.gated[1]:
-            gate = torch.sigmoid(scalars.skip())
-            if self.token_gate is not None:
-                gate = gate * 2 * torch.sigmoid(self.token_gate(x0[..., : self.per_token]))
-            x = x + gate * outputs[self.gated[0]]
+        for k, (source, target) in enumerate(self.gated):
+            if layer != target:
+                continue
+            gate = torch.sigmoid(scalars.skip(k))
+            if self.token_gate is not None:  # row k alone: the record's 1-output linear of skip k
+                g = self.token_gate.weight[k : k + 1].to(x0.dtype)
+                gate = gate * 2 * torch.sigmoid(F.linear(x0[..., : self.per_token], g))
+            x = x + gate * outputs[source]
         return x
 
     def out(self, scalars: Scalars, x: Tensor, outputs: list[Tensor]) -> Tensor:

@@ -41,6 +41,7 @@ class Rotary(nn.Module):
         reciprocal: bool = False,
         yarn_windows: list[int] | None = None,
         window_block: int = 128,
+        yarn_max_window: int = 0,
     ) -> None:
         super().__init__()
         if mode in ("half_truncated", "interleaved_half"):
@@ -55,9 +56,9 @@ class Rotary(nn.Module):
         # A buffer, not a parameter: it follows .to(device) but is never trained or saved.
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         # YaRN: the frequencies of each stage of the long window (in blocks of window_block)
-        table = (
-            yarn_table(inv_freq, yarn_windows, window_block, 1.0).freqs if yarn_windows else None
-        )
+        table = None
+        if yarn_windows:
+            table = yarn_table(inv_freq, yarn_windows, window_block, 1.0, yarn_max_window).freqs
         self.register_buffer("stage_freqs", table, persistent=False)  # None: no YaRN
 
     def forward(
@@ -89,3 +90,16 @@ class Rotary(nn.Module):
             return torch.stack((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).flatten(-2)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
+
+
+def static_spans(mode: str, head_dim: int) -> tuple[tuple[int, int], ...]:
+    """The channels of a head that `mode`'s rotary never rotates (their frequency is 0), as
+    [a, b) spans in order: half_truncated D/4 … D/2−1 and 3D/4 … D−1 (record M's key-offset
+    channels 32–63 and 96–127 of 128), interleaved_half D/2 … D−1 (record D's 64–127); none
+    for full."""
+    quarter = head_dim // 4
+    if mode == "half_truncated":
+        return ((quarter, 2 * quarter), (3 * quarter, head_dim))
+    if mode == "interleaved_half":
+        return ((2 * quarter, head_dim),)
+    return ()

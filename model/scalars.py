@@ -3,7 +3,7 @@ record's layout (scalars_layout=mixes; record C's scalar vector, docs/records.md
 layers:
 
     0 … n−1            skip-gate logits, init −1.5; only index 1 is read (the record's w_skip,
-                       whatever model.residual.skip_from / skip_to say)
+                       whatever layers the one skip of model.residual.skips joins)
     n + 2ℓ, n + 2ℓ + 1     (a_ℓ, b_ℓ): the x0 shortcut's mix of layer ℓ, init (x0_mix_a_init, 0)
     3n + 2ℓ, 3n + 2ℓ + 1   (α_ℓ, β_ℓ): the value mix of layer ℓ, init (0.5, 0.5)
     5n                 λ_smear, init 0
@@ -24,6 +24,19 @@ Record D's vector (model.numerics.scalars_layout=weight_lambdas, D.1 "Scalar vec
     then ones up to the multiple (the record: 2·11 + 2 = 24, no padding on 8 ranks)
 
 It has no x0 mix, value mix or backout: the options that read those refuse this layout.
+
+Record M's vector (model.numerics.scalars_layout=residual_weight_lambdas, M.1 "Scalar vector
+σ⃗"), for K gated skips:
+
+    ℓ                  r_ℓ: the stream's scale before layer ℓ, init model.residual.x0_mix_a_init
+                       (the x0 shortcut's a; its b and x02's weight are `x0_lambdas`, #52)
+    n + 2ℓ, n + 2ℓ + 1     (λ⁰_ℓ, λ¹_ℓ), init (0.5, 1), as record D's
+    3n                 λ_smear, init 0
+    3n + 1             λ_back (backout), init 0.5
+    3n + 2 + k         w_k, the logit of skip k, init −1.5
+    then ones up to the multiple (the record: 3·16 + 2 + 3 = 53, padded to 56 on 8 ranks)
+
+It has no value mix: the ungated value tables refuse this layout.
 """
 
 from dataclasses import dataclass
@@ -38,7 +51,12 @@ VALUE_MIX_INIT = 0.5
 SMEAR_INIT = 0.0  # the smear starts as the identity
 BACKOUT_INIT = 0.5
 WEIGHT_LAMBDAS_INIT = (0.5, 1.0)  # (λ⁰, λ¹): record D's W_qkv and W_o multipliers
-LAYOUTS = ("mixes", "weight_lambdas")
+LAYOUTS = ("mixes", "weight_lambdas", "residual_weight_lambdas")
+
+
+def padded(used: int, multiple: int) -> int:
+    """`used` entries padded up to a multiple of `multiple`."""
+    return used + (-used) % multiple
 
 
 @dataclass(frozen=True)
@@ -48,7 +66,9 @@ class ScalarLayout:
     n_layer: int
     multiple: int
 
-    skip_gate = 1  # the one skip-gate logit that is read
+    def skip_gate(self, k: int) -> int:
+        """The logit of skip k: the one read is index 1 (one skip only)."""
+        return 1
 
     def x0_mix(self, layer: int) -> slice:
         return slice(self.n_layer + 2 * layer, self.n_layer + 2 * layer + 2)
@@ -66,8 +86,7 @@ class ScalarLayout:
 
     @property
     def size(self) -> int:
-        used = 5 * self.n_layer + 2
-        return used + (-used) % self.multiple
+        return padded(5 * self.n_layer + 2, self.multiple)
 
     def initial(self, a_init: float) -> Tensor:
         """The vector's initial values (fp32)."""
@@ -94,41 +113,88 @@ class RecordDLayout:
     def smear(self) -> int:
         return 2 * self.n_layer
 
-    @property
-    def skip_gate(self) -> int:
+    def skip_gate(self, k: int) -> int:
+        """The logit of skip k (one skip only)."""
         return 2 * self.n_layer + 1
 
     @property
     def size(self) -> int:
-        used = 2 * self.n_layer + 2
-        return used + (-used) % self.multiple
+        return padded(2 * self.n_layer + 2, self.multiple)
 
     def initial(self, a_init: float) -> Tensor:
         """The vector's initial values (fp32); `a_init` is unused (no x0 mix here)."""
         v = torch.ones(self.size, dtype=torch.float32)
         v[0 : 2 * self.n_layer : 2], v[1 : 2 * self.n_layer : 2] = WEIGHT_LAMBDAS_INIT
-        v[self.smear], v[self.skip_gate] = SMEAR_INIT, SKIP_GATE_INIT
+        v[self.smear], v[self.skip_gate(0)] = SMEAR_INIT, SKIP_GATE_INIT
+        return v
+
+
+@dataclass(frozen=True)
+class RecordMLayout:
+    """Where each scalar sits in record M's packed vector (module docstring), with `skips`
+    gated skips."""
+
+    n_layer: int
+    multiple: int
+    skips: int
+
+    def resid(self, layer: int) -> int:
+        return layer
+
+    def weight_lambdas(self, layer: int) -> slice:
+        return slice(self.n_layer + 2 * layer, self.n_layer + 2 * layer + 2)
+
+    @property
+    def smear(self) -> int:
+        return 3 * self.n_layer
+
+    @property
+    def backout(self) -> int:
+        return 3 * self.n_layer + 1
+
+    def skip_gate(self, k: int) -> int:
+        return 3 * self.n_layer + 2 + k
+
+    @property
+    def size(self) -> int:
+        return padded(3 * self.n_layer + 2 + self.skips, self.multiple)
+
+    def initial(self, a_init: float) -> Tensor:
+        """The vector's initial values (fp32): r_ℓ = `a_init`."""
+        n = self.n_layer
+        v = torch.ones(self.size, dtype=torch.float32)
+        v[:n] = a_init
+        v[n : 3 * n : 2], v[n + 1 : 3 * n : 2] = WEIGHT_LAMBDAS_INIT
+        v[self.smear], v[self.backout] = SMEAR_INIT, BACKOUT_INIT
+        v[self.skip_gate(0) : self.skip_gate(self.skips)] = SKIP_GATE_INIT
         return v
 
 
 class Scalars(nn.Module):
     """The model-level scalars: the packed vector `packed` and its `layout`
-    (model.numerics.packed_scalars), or one parameter each, `skip_gate`, `smear_lambda` and
-    `backout_lambda`, for the options that are on (the others None). The per-layer ones (x0
-    mix, value mix) are their modules' when not packed."""
+    (model.numerics.packed_scalars), or one parameter each, `skip_gate` (one per gated skip: a
+    0-d tensor for one, a vector for several), `smear_lambda` and `backout_lambda`, for the
+    options that are on (the others None). The per-layer ones (x0 mix, value mix) are their
+    modules' when not packed."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         num = cfg.numerics
-        self.layout: ScalarLayout | RecordDLayout | None = None
+        self.layout: ScalarLayout | RecordDLayout | RecordMLayout | None = None
         self.packed = self.skip_gate = self.smear_lambda = self.backout_lambda = None
+        skips = len(cfg.residual.skips)
         if num.packed_scalars:
-            kind = RecordDLayout if num.scalars_layout == "weight_lambdas" else ScalarLayout
-            self.layout = kind(cfg.n_layer, num.scalars_multiple)
+            if num.scalars_layout == "residual_weight_lambdas":
+                self.layout = RecordMLayout(cfg.n_layer, num.scalars_multiple, skips)
+            elif num.scalars_layout == "weight_lambdas":
+                self.layout = RecordDLayout(cfg.n_layer, num.scalars_multiple)
+            else:
+                self.layout = ScalarLayout(cfg.n_layer, num.scalars_multiple)
             self.packed = nn.Parameter(torch.empty(self.layout.size))
             return
-        if cfg.residual.skip_from >= 0:
-            self.skip_gate = nn.Parameter(torch.tensor(SKIP_GATE_INIT))
+        if skips:
+            shape = () if skips == 1 else (skips,)
+            self.skip_gate = nn.Parameter(torch.full(shape, SKIP_GATE_INIT))
         if cfg.embed.smear:
             self.smear_lambda = nn.Parameter(torch.tensor(SMEAR_INIT))
         if cfg.residual.backout_layer >= 0:
@@ -137,13 +203,15 @@ class Scalars(nn.Module):
     @torch.no_grad()
     def reset(self, a_init: float) -> None:
         """The packed vector at its tabled values (the own parameters are made at theirs);
-        `a_init`: the x0 mix's a (model.residual.x0_mix_a_init)."""
+        `a_init`: the x0 mix's a (model.residual.x0_mix_a_init), record M's r."""
         if self.layout is not None:
             self.packed.copy_(self.layout.initial(a_init))
 
-    def skip(self) -> Tensor:
-        """The skip gate's logit w."""
-        return self.skip_gate if self.layout is None else self.packed[self.layout.skip_gate]
+    def skip(self, k: int = 0) -> Tensor:
+        """The logit w_k of gated skip k."""
+        if self.layout is not None:
+            return self.packed[self.layout.skip_gate(k)]
+        return self.skip_gate if self.skip_gate.ndim == 0 else self.skip_gate[k]
 
     def smear(self) -> Tensor:
         """λ_smear."""
@@ -162,5 +230,9 @@ class Scalars(nn.Module):
         return None if self.layout is None else self.packed[self.layout.value_mix(layer)]
 
     def weight_lambdas(self, layer: int) -> Tensor:
-        """(λ⁰, λ¹) of layer `layer` (record D's layout)."""
+        """(λ⁰, λ¹) of layer `layer` (record D's and M's layouts)."""
         return self.packed[self.layout.weight_lambdas(layer)]
+
+    def resid(self, layer: int) -> Tensor:
+        """r_ℓ, the stream's scale before layer `layer` (record M's layout)."""
+        return self.packed[self.layout.resid(layer)]

@@ -6,7 +6,9 @@
                                v <- α·v in the other attention layers, (α, β) from (0.5, 0.5)
                                (model.embed.value_embeds; the 2025-01 and 2025-11 records)
     v_h <- v_h + 2σ([u[:k/2], ve[:k/2]]·G[h]ᵀ)·ve_h
-                               or gated per head (model.embed.value_gate; record D, #55, #70):
+                               or gated per head (model.embed.value_gate; record D, #55, #70;
+                               record M's gate reads u[:k] alone, #55's form:
+                               model.embed.value_gate_input=stream):
                                u the attention's input, ve the whole lookup, G (heads × k)
                                zero so the gate starts at 1; no α, β, and layers without a
                                table keep v. The G of the layers with a table are the rows of
@@ -38,7 +40,8 @@ class ValueMix:
     embeds: bool  # the value-embedding mix (α, β) is on
     table: int | None  # this layer's value-embedding table
     layer: int  # its place in the packed scalars
-    gate_half: int = 0  # k/2 with the per-head value gate; 0 = (α, β)
+    gate: int = 0  # the per-head value gate's input width k; 0 = (α, β)
+    gate_reads_value: bool = True  # its input [u[:k/2], ve[:k/2]] (record D), else u[:k]
     slot: int | None = None  # its gate's row of the model's `value_gates.weight`
 
     @classmethod
@@ -54,10 +57,11 @@ class ValueMix:
         gated = embeds and cfg.embed.value_gate
         if embeds and not gated and not cfg.numerics.packed_scalars:
             owner.value_mix = nn.Parameter(torch.tensor([0.5, 0.5]))  # (α, β)
-        half = cfg.gate_channels // 2 if gated else 0
+        width = cfg.gate_channels if gated else 0
+        reads_value = cfg.embed.value_gate_input == "stream_and_value"
         return cls(
-            att.value_residual, att.value_residual_lambda, embeds, spec.value_embed, layer, half,
-            spec.value_slot,
+            att.value_residual, att.value_residual_lambda, embeds, spec.value_embed, layer, width,
+            reads_value, spec.value_slot,
         )  # fmt: skip
 
     def __call__(self, owner: nn.Module, v: Tensor, ctx: Context, u: Tensor) -> Tensor:
@@ -67,11 +71,16 @@ class ValueMix:
                 ctx.v1 = v
             lam = owner.value_lambda if self.residual == "learned" else self.fixed_lambda
             v = (1 - lam) * v + lam * ctx.v1
-        if self.gate_half:
+        if self.gate:
             if self.table is not None:
-                ve, k = ctx.value_embeds[self.table], self.gate_half
+                ve = ctx.value_embeds[self.table]
                 g = ctx.value_gates.weight[self.slot].to(u.dtype)
-                gate = 2 * torch.sigmoid(F.linear(torch.cat([u[..., :k], ve[..., :k]], -1), g))
+                if self.gate_reads_value:
+                    half = self.gate // 2
+                    read = torch.cat([u[..., :half], ve[..., :half]], -1)
+                else:
+                    read = u[..., : self.gate]
+                gate = 2 * torch.sigmoid(F.linear(read, g))
                 v = v + gate[..., None] * ve.view_as(v)
         elif self.embeds:
             mix = ctx.scalars.value_mix(self.layer)
@@ -86,8 +95,9 @@ class ValueMix:
 
 class ValueGates(nn.Module):
     """The part, built only with model.embed.value_gate and some value table: `weight`
-    (layers with a table, n_head, k), an Adam parameter (record D's gates are Adam's), zero
-    at `reset`."""
+    (layers with a table, n_head, k), an Adam parameter (record D's gates are Adam's; record
+    M routes it to NorMuon, optim.roles, each layer's (n_head, k) slice a matrix), zero at
+    `reset`."""
 
     def __init__(self, cfg: ModelConfig, plan: list[LayerSpec]) -> None:
         super().__init__()

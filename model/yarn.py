@@ -19,7 +19,6 @@ unrotated half of a half-truncated rotary) stay zero.
 argument (`ModelConfig.step_args`) picks the row.
 """
 
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,7 +41,11 @@ class YarnTable:
 
 
 def yarn_table(
-    base_freqs: Tensor, windows: Sequence[int], window_block: int, attn_scale: float
+    base_freqs: Tensor,
+    windows: Sequence[int],
+    window_block: int,
+    attn_scale: float,
+    max_window: int = 0,
 ) -> YarnTable:
     """The frequencies and attention scales for the long windows `windows` (in blocks of
     `window_block` tokens, in the order the run uses them: stage k runs with windows[k]),
@@ -51,6 +54,11 @@ def yarn_table(
     The 2025-11 record: windows [3, 7, 11, 13], blocks of 128, base scale 0.1, ω the
     half-truncated rotary's 64 (1024^(−j/31) for j < 32, then 0): scales 0.1, 0.116946,
     0.127518, 0.131778.
+
+    With `max_window` (model.attention.yarn_max_window), a change to a window of more blocks
+    keeps the frequencies and the scale (its row repeats the one before), and the next change
+    that rescales starts from the window they were last made for. Record M: [3, 7, 11, 13,
+    15, …, 23] with 13: the scales above, then 0.131778 from window 13 on.
     """
     if base_freqs.dim() != 1:
         raise ValueError(f"base_freqs must be 1-d, got shape {tuple(base_freqs.shape)}")
@@ -62,7 +70,13 @@ def yarn_table(
         )
     omega = base_freqs.detach().to(dtype=torch.float32).clone()
     rows, scales, scale = [omega], [float(attn_scale)], float(attn_scale)
-    for n0, n1 in itertools.pairwise(windows):
+    fitted = windows[0]  # the window the current frequencies were made for
+    for n1 in windows[1:]:
+        if max_window and n1 > max_window:
+            rows.append(omega)
+            scales.append(scale)
+            continue
+        n0, fitted = fitted, n1
         turns = window_block * n0 * omega / (2 * math.pi)
         gamma = ((turns - 1) / FULL_TURNS).clamp(0, 1)
         ratio = n0 / n1

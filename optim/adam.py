@@ -213,6 +213,8 @@ class Adam(torch.optim.Optimizer):
                 g = reduced.get(p, p.grad)
                 ready.append((p, g if g is not None else torch.zeros_like(p), self._state(p),
                               group))  # fmt: skip
+        if self.tie is not None and self.tie.per_step:  # optim.tie_sum=step: E's joins W's now
+            ready = self.tie.join_step(ready, self.state)
         if self.hp.update_every == 1:
             return ready
         # The partial sums are state (a checkpoint inside a pair resumes exactly); a tensor

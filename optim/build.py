@@ -102,7 +102,8 @@ def build_optimizer(
             parts.append(Adam(adamw_groups, a, rows, fused=cfg.compile, compile_backend=backend,
                               comm=comm))  # fmt: skip
             if cfg.tie_embed_head_until:
-                attach_tie(parts, named, cfg.tie_embed_head_until, a.update_every)
+                attach_tie(parts, named, cfg.tie_embed_head_until, a.update_every,
+                           cfg.tie_sum == "step")  # fmt: skip
             summary += f" (Adam: eps {a.eps_placement}, {a.state_dtype} moments"
             if cfg.compile:
                 summary += ", compiled"

@@ -39,6 +39,8 @@ STATE_DTYPES = ("param", "bf16", "fp32")
 ROLES = ("matrix", "embed", "head", "scalar")
 # How the LR cooldown is drawn (optim/schedule.py: `lr_multiplier`).
 COOLDOWN_FORMS = ("steps", "fraction", "from_step")
+# When the tied token table's gradient joins the head's (optim/tied.py)
+TIE_SUMS = ("update", "step")
 # How the update is spread over ranks (optim/shards.py)
 DISTRIBUTIONS = ("replicated", "sharded")
 # torch.compile backends for `optim.compile_backend` (as model.compile_backend's)
@@ -210,6 +212,11 @@ class OptimConfig:
     the two train apart. 0 = never tied. Needs model.embed.tied_init, optim/adam.py (a
     setting torch's AdamW lacks) and s an update step: s + 1 divisible by
     optim.adamw.update_every."""
+    tie_sum: str = field(default="update", metadata={"choices": TIE_SUMS})
+    """Where the tied table's gradient joins the head's (optim.tie_embed_head_until): update
+    (E's sum over an Adam update's steps is added to W's sum: record D, D.3) | step (E's
+    gradient is added to W's every step, before the steps are summed, as autograd sums one
+    tensor's two uses: record M, whose lookup reads the head's own rows until the split)."""
     roles: dict[str, str] = field(default_factory=dict, metadata=MUST_MATCH)
     """Role routing: {name pattern (fnmatch): role}, overriding the role by shape
     (optim/partition.py), e.g. {"smear_gate.weight": "scalar"} puts a 2-D gate on Adam
@@ -254,6 +261,10 @@ class OptimConfig:
         until, every = self.tie_embed_head_until, self.adamw.update_every
         if not (isinstance(until, int) and until >= 0):
             raise ValueError(f"optim.tie_embed_head_until must be an integer >= 0, got {until!r}")
+        if self.tie_sum not in TIE_SUMS:
+            raise ValueError(
+                f"optim.tie_sum must be one of {' | '.join(TIE_SUMS)}, got {self.tie_sum!r}"
+            )
         if until and (until + 1) % every:
             raise ValueError(
                 f"optim.tie_embed_head_until ({until}) must be a step on which Adam updates: "

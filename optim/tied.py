@@ -13,6 +13,10 @@ The update that brings W's update count to T = (tie_embed_head_until + 1) / upda
 last tied one (record D: s = 921, T = 461); right after it E's Adam state becomes W's (m, v
 and the count, transposed), and from the next update on the two are stepped apart.
 
+With optim.tie_sum=step (record M) E's gradient joins W's at every step instead, before the
+pair is summed (`join_step`): (g_W + g_E)_{s−1} + (g_W + g_E)_s, the summed gradient of the
+one tensor that serves as both head and table in that record; the rest is the same.
+
 Whether the split happened is read from W's update count, which a checkpoint holds, so a run
 resumed on either side of it goes on exactly (nothing of the tie is saved). A step the loop
 skips (train.on_nonfinite=skip) adds no update, so the split then comes that much later in
@@ -44,7 +48,9 @@ class TiedEmbedHead:
     """The tie of one Adam instance's E and W (see the module docstring); Adam calls `before`
     with the parameters whose update is due, and `after` once they moved."""
 
-    def __init__(self, embed: Tensor, head: Tensor, split_update: int) -> None:
+    def __init__(
+        self, embed: Tensor, head: Tensor, split_update: int, per_step: bool = False
+    ) -> None:
         if embed.shape != head.shape:
             raise ValueError(
                 f"optim.tie_embed_head_until ties embed.weight {tuple(embed.shape)} to "
@@ -52,7 +58,27 @@ class TiedEmbedHead:
             )
         self.embed, self.head = embed, head
         self.split_update = split_update
+        self.per_step = per_step  # optim.tie_sum=step: `join_step` on every step's gradients
         self._moved: dict | None = None  # W's state while a tied update is in flight
+
+    @torch.no_grad()
+    def join_step(self, ready: Ready, state: Any) -> Ready:
+        """optim.tie_sum=step: this step's gradients (p, g, …) with E's added to W's and E's
+        zero, while tied, so that the steps' sum is Σ_s (g_W + g_E)_s, one tensor's summed
+        gradient (record M); the sum of E's zeros then joins W's at the update unchanged."""
+        if count(state[self.head]) >= self.split_update:
+            return ready
+        g_embed = next((g for p, g, _, _ in ready if p is self.embed), None)
+        if g_embed is None:
+            return ready
+        out = []
+        for p, g, st, group in ready:
+            if p is self.head:
+                g = g + as_embed(g_embed)
+            elif p is self.embed:
+                g = torch.zeros_like(g)
+            out.append((p, g, st, group))
+        return out
 
     @torch.no_grad()
     def before(self, ready: Ready, state: Any) -> Ready:
@@ -103,7 +129,9 @@ def count(state: dict) -> int:
     return int(state["step"]) if "step" in state else 0
 
 
-def attach(parts: list[torch.optim.Optimizer], named: dict, until: int, every: int) -> None:
+def attach(
+    parts: list[torch.optim.Optimizer], named: dict, until: int, every: int, per_step: bool = False
+) -> None:
     """Tie `embed.weight` to `lm_head.weight` (the token table and the head, by name in the
     param groups `named`) in the Adam part of `parts` that steps both; raises ValueError
     naming optim.tie_embed_head_until when they are missing or not both optim/adam.py's."""
@@ -118,7 +146,7 @@ def attach(parts: list[torch.optim.Optimizer], named: dict, until: int, every: i
         held = [p for g in opt.param_groups for p in g["params"]]
         both = any(p is embed for p in held) and any(p is head for p in held)
         if both and hasattr(opt, "tie"):  # optim/adam.py's Adam (torch's AdamW has no slot)
-            opt.tie = TiedEmbedHead(embed, head, (until + 1) // every)
+            opt.tie = TiedEmbedHead(embed, head, (until + 1) // every, per_step)
             return
     raise ValueError(
         "optim.tie_embed_head_until needs embed.weight and lm_head.weight stepped by one "

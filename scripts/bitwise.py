@@ -2,7 +2,7 @@
 on 1 and 2 ranks, in this tree and in another commit's, and compare the final checkpoints
 bit for bit (every parameter, buffer and optimizer tensor) and the logged losses.
 
-    python scripts/bitwise.py --against 59d6320                  # every case, 1 and 2 ranks
+    python scripts/bitwise.py --against ff14338                  # every case, 1 and 2 ranks
     python scripts/bitwise.py --against HEAD~1 --cases D --ranks 1
 
 A refactor that renames a checkpoint key is compared through the loader's own upgrade
@@ -48,19 +48,21 @@ CASES: dict[str, dict[str, list[str]]] = {
         "base": ["experiment=record_2025_11_29", *SMALL, "model.residual.skip_from=1",
                  "model.residual.skip_to=2", "model.residual.backout_layer=2",
                  "model.attention.window_block=16", "train.seq_len=512",
-                 "train.seq_len_phases=[128,256,512]", "train.steps=6",
+                 "train.stages.rows.0.seq_len=128", "train.stages.rows.1.seq_len=256",
+                 "train.stages.rows.2.seq_len=512", "train.steps=6",
                  "train.extension_steps=2", "optim.muon.momentum_warmup_steps=3",
                  "optim.muon.momentum_cooldown_steps=2", "train.val_every=8"],
     },
     "D": {
         "base": ["experiment=record_2026_07_17", "model.n_embd=48", "model.n_head=6",
-                 "model.embed.bigram_rows=256", "model.embed.bigram_dim=8",
+                 "model.bigram.rows=256", "model.bigram.dim=8",
                  "model.residual.mudd_hidden=4", "model.attention.window_block=16",
-                 "train.seq_len=256", "train.seq_len_phases=[64,128,256]",
+                 "train.seq_len=256", "train.stages.rows.0={seq_len:64,max_piece_len:32}",
+                 "train.stages.rows.1={seq_len:128,max_piece_len:64}",
+                 "train.stages.rows.2={seq_len:256,max_piece_len:64}",
                  "train.batch_size=2", "train.micro_batch_size=1", "train.steps=8",
                  "train.extension_steps=1",
-                 "train.val_every=9", "data.max_piece_len=64",
-                 "data.max_piece_len_phases=[32,64,64]", "optim.tie_embed_head_until=5",
+                 "train.val_every=9", "data.max_piece_len=64", "optim.tie_embed_head_until=5",
                  "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2"],
     },
 }
@@ -75,21 +77,13 @@ def respelled(base: list[str], changes: dict[str, list[str]]) -> list[str]:
     return out
 
 
-# case -> this tree's overrides where they differ from base's: the stage lists became rows of
-# the stage table (train.stages.rows.N.<column>), the bigram's keys its own section
+# case -> this tree's overrides where they differ from base's (the spelling at ff14338): the
+# one gated skip's layers became a pair of the list model.residual.skips
 # fmt: off
 NOW: dict[str, list[str]] = {
-    "C": respelled(CASES["C"]["base"], {"train.seq_len_phases": [
-        "train.stages.rows.0.seq_len=128", "train.stages.rows.1.seq_len=256",
-        "train.stages.rows.2.seq_len=512"]}),
-    "D": respelled(CASES["D"]["base"], {
-        "model.embed.bigram_rows": ["model.bigram.rows=256"],
-        "model.embed.bigram_dim": ["model.bigram.dim=8"],
-        "train.seq_len_phases": [
-            "train.stages.rows.0={seq_len:64,max_piece_len:32}",
-            "train.stages.rows.1={seq_len:128,max_piece_len:64}",
-            "train.stages.rows.2={seq_len:256,max_piece_len:64}"],
-        "data.max_piece_len_phases": []}),
+    "C": respelled(CASES["C"]["base"], {
+        "model.residual.skip_from": ["model.residual.skips=[[1,2]]"],
+        "model.residual.skip_to": []}),
 }
 # fmt: on
 

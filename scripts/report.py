@@ -12,8 +12,9 @@ below the target (scipy's `ttest_1samp`, alternative="less") and (target - mean)
 Only finished runs count: their last validation loss is at the planned `train.steps` of the
 run's own `.hydra/config.yaml`, or reached `train.target_val_loss`. The rest are listed as
 skipped, each with why (e.g. "last validation at step 0 of 2; step 2 ran but its validation
-did not finish"). The record target 3.28 is a FineWeb val loss, so it is the default
-only when every run trains on FineWeb; otherwise give `--target` or get the table without
+did not finish"). The record target (3.28; 2.92 for the GPT-2 Medium track, each run's
+train.reference.target) is a FineWeb val loss, so it is the default only when every run
+trains on FineWeb and they agree on it; otherwise give `--target` or get the table without
 the target test. Notes go to stderr, so the table on stdout stays clean for `--format csv`.
 """
 
@@ -112,14 +113,28 @@ def data_source(config: DictConfig | None) -> str:
     return "fineweb" if "fineweb" in where.lower() else f"shards at {data.get('dir')}"
 
 
+def run_target(config: DictConfig | None) -> float:
+    """The target a run's own config names (train.reference.target: 2.92 for the GPT-2
+    Medium track's preset), else the short track's 3.28."""
+    reference = ((config or {}).get("train") or {}).get("reference") or {}
+    return float(reference.get("target", RECORD_TARGET))
+
+
 def default_target(runs: list[Run]) -> tuple[float | None, str | None]:
-    """(the record target, or None when it would mean nothing, and why in one line)."""
+    """(the record target, or None when it would mean nothing, and why in one line): the runs'
+    own train.reference.target where they train on FineWeb and agree on one."""
     others = sorted({s for s in (data_source(r.config) for r in runs) if s != "fineweb"})
+    targets = sorted({run_target(r.config) for r in runs})
+    if not others and len(targets) == 1:
+        return targets[0], None
     if not others:
-        return RECORD_TARGET, None
+        return None, (
+            f"no target test: these runs aim at different targets ({targets}, "
+            "train.reference.target); give --target to test against one"
+        )
     return None, (
-        f"no target test: {RECORD_TARGET} is a FineWeb val loss and these runs train on "
-        f"{', '.join(others)}; give --target to test against one"
+        f"no target test: {', '.join(f'{t:g}' for t in targets)} is a FineWeb val loss and "
+        f"these runs train on {', '.join(others)}; give --target to test against one"
     )
 
 

@@ -59,28 +59,33 @@ def moved_within(key: str) -> str | None:
 
 def refuse_moved(group: str) -> Callable[[type], type]:
     """A class decorator for the config dataclass of `group` (e.g. "data"): a key of it that
-    moved into the stage table fails with `moved_message` when passed to the constructor,
-    read or set, where it would otherwise be a TypeError without the new name, or a silently
-    ignored attribute."""
+    moved into the stage table fails with `moved_message` (`refuse_keys`)."""
+    old = {k.rpartition(".")[2] for k in MOVED if k.rpartition(".")[0] == group}
+    return refuse_keys(group, old, moved_message)
+
+
+def refuse_keys(group: str, old: set[str], message: Callable[[str], str]) -> Callable[[type], type]:
+    """A class decorator for the config dataclass of `group`: a key of `old` (names in the
+    group) passed to the constructor, read or set fails with `message(group.name)`, where it
+    would otherwise be a TypeError without the new name, or a silently ignored attribute."""
 
     def decorate(cls: type) -> type:
-        old = {k.rpartition(".")[2] for k in MOVED if k.rpartition(".")[0] == group}
         init = cls.__init__
 
         @functools.wraps(init)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             for name in sorted(kwargs.keys() & old):
-                raise TypeError(moved_message(f"{group}.{name}"))
+                raise TypeError(message(f"{group}.{name}"))
             init(self, *args, **kwargs)
 
         def __getattr__(self: Any, name: str) -> Any:  # reached only for names it lacks
             if name in old:
-                raise AttributeError(moved_message(f"{group}.{name}"))
+                raise AttributeError(message(f"{group}.{name}"))
             raise AttributeError(f"{cls.__name__!r} object has no attribute {name!r}")
 
         def __setattr__(self: Any, name: str, value: Any) -> None:
             if name in old:
-                raise AttributeError(moved_message(f"{group}.{name}"))
+                raise AttributeError(message(f"{group}.{name}"))
             object.__setattr__(self, name, value)
 
         cls.__init__ = __init__

@@ -156,7 +156,7 @@ class ModelConfig:
         return bool(
             self.attention.window or self.embed.value_embeds or self.attention.layers
             or self.attention.xsa or self.attention.paired
-            or self.mlp.layers or r.unet or r.skip_from >= 0 or r.backout_layer >= 0
+            or self.mlp.layers or r.unet or bool(r.skips) or r.backout_layer >= 0
         )  # fmt: skip
 
     @property
@@ -228,7 +228,19 @@ class ModelConfig:
                 "weights or model.attention.value_residual=learned's λ: turn those off"
             )
         self._validate_scalars_layout()
-        if num.packed_scalars and res.skip_from >= 0 and self.n_layer < 2:
+        if res.x0_lambdas and not (
+            num.packed_scalars and num.scalars_layout == "residual_weight_lambdas"
+        ):
+            raise ValueError(
+                "model.residual.x0_lambdas reads r_ℓ from the packed vector: set "
+                "model.numerics.packed_scalars=true and scalars_layout=residual_weight_lambdas"
+            )
+        if self.embed.second_table and not res.x0_lambdas:
+            raise ValueError(
+                "model.embed.second_table adds x02 with its weight Λ[ℓ, 1] of "
+                "model.residual.x0_lambdas: set model.residual.x0_lambdas=true"
+            )
+        if num.packed_scalars and num.scalars_layout == "mixes" and res.skips and self.n_layer < 2:
             raise ValueError(
                 "model.numerics.packed_scalars reads the skip gate at index 1: needs "
                 "model.n_layer >= 2"
@@ -256,6 +268,15 @@ class ModelConfig:
                 "model.attention.weight_lambdas has no place in the packed vector of "
                 "model.numerics.scalars_layout=mixes: set scalars_layout=weight_lambdas"
             )
+        if num.scalars_layout != "residual_weight_lambdas" and len(res.skips) > 1:
+            raise ValueError(
+                f"model.numerics.scalars_layout={num.scalars_layout} holds one skip logit, "
+                f"model.residual.skips has {len(res.skips)}: use "
+                "scalars_layout=residual_weight_lambdas (a logit per skip)"
+            )
+        if num.scalars_layout == "residual_weight_lambdas":
+            self._validate_record_m_layout()
+            return
         if num.scalars_layout != "weight_lambdas":
             return
         for key, on in (
@@ -269,6 +290,20 @@ class ModelConfig:
                     f"model.numerics.scalars_layout=weight_lambdas has no place for model.{key}'s "
                     "scalars: turn it off, or use scalars_layout=mixes"
                 )
+
+    def _validate_record_m_layout(self) -> None:
+        """Record M's vector holds r_ℓ, not the x0 mix's (a, b), and no value mix."""
+        res = self.residual
+        if res.x0_shortcut and not res.x0_lambdas:
+            raise ValueError(
+                "model.numerics.scalars_layout=residual_weight_lambdas holds the x0 shortcut's "
+                "a_ℓ (r_ℓ) but not its b_ℓ: set model.residual.x0_lambdas=true"
+            )
+        if self.embed.value_embeds and not self.embed.value_gate:
+            raise ValueError(
+                "model.numerics.scalars_layout=residual_weight_lambdas has no place for the "
+                "ungated value tables' (α, β): set model.embed.value_gate=true"
+            )
 
     def _validate_mudd(self) -> None:
         if "0" not in self.embed.value_embeds:

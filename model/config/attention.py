@@ -45,6 +45,9 @@ class AttentionConfig:
     """Record D's (λ⁰, λ¹) per layer (#47, #48): q, k, v = u·(λ⁰·W_qkv)ᵀ and out = y·(λ¹·W_o)ᵀ,
     the scalar multiplying the weight (in its dtype), from (0.5, 1). In the packed vector with
     model.numerics.scalars_layout=weight_lambdas, else each attention's `weight_lambdas`."""
+    init_std: float = 0.0
+    """W_q, W_k, W_v (and W_o with out_init=uniform) ~ U(±√3·init_std/√d); 0 = model.init_std,
+    as C_fc (record M, #53: 1, std 1/√d, beside C_fc's 0.5)."""
     out_init: str = field(default="zero", metadata={"choices": OUT_INITS})
     """W_o at initialisation: zero (each block starts as the identity) | uniform (record D,
     #64: drawn like W_q, W_k, W_v)."""
@@ -58,9 +61,10 @@ class AttentionConfig:
     value_residual_lambda: float = 0.5
     """λ, or its initial value when learned."""
     key_offset: bool = False
-    """In the long-window layers, after rotary: k_t[D/2:] <- k_(t−1)[D/2:] for t ≥ 1 (the
-    previous position of the packed sequence, across documents too), the un-shifted values;
-    record D (#49), dims 64–127 of 128."""
+    """In the long-window layers, after rotary: k_t[c] <- k_(t−1)[c] for t ≥ 1 (the previous
+    position of the packed sequence, across documents too), the un-shifted values, on the
+    channels c the rotary leaves unrotated (#49): with interleaved_half 64–127 of 128 (record
+    D), with half_truncated 32–63 and 96–127 (record M); needs a rope other than full."""
     xsa: str = ""
     """Per-layer pattern: "X" learnable XSA, "." none; "" = none (record D: ".X.XX..XX.X").
     y_h <- y_h − tanh(α_h)·⟨y_h, v̂_h⟩·v̂_h after attention, v̂ = v/max(‖v‖, 10⁻⁴) per head and
@@ -86,6 +90,10 @@ class AttentionConfig:
     """YaRN: at every change of the long window by stage (train.stages.rows.N.window) the
     rotary frequencies are rescaled and the attention scale raised (model/yarn.py); the
     forward takes the stage (`step_args`)."""
+    yarn_max_window: int = 0
+    """YaRN rescales only at changes to a long window of at most this many blocks; a change to
+    a longer one keeps the frequencies and the scale as they are (record M: 13, so its
+    windows 15 … 23 and the final evaluation's 27 apply none). 0 = every change."""
     # --- sliding windows ------------------------------------------------------------------
     window: str = ""
     """Sliding-window attention, per-layer pattern: "L" long window, "S" short (half);
@@ -113,6 +121,12 @@ class AttentionConfig:
             raise ValueError(
                 f"model.attention.rope={self.rope} needs a head dim divisible by 4, got {head_dim}"
             )
+        if self.key_offset and self.rope == "full":
+            raise ValueError(
+                "model.attention.key_offset shifts the key channels the rotary leaves unrotated; "
+                "rope=full rotates them all: set model.attention.rope=half_truncated or "
+                "interleaved_half"
+            )
         if self.key_offset and "L" not in self.window:
             raise ValueError(
                 "model.attention.key_offset shifts keys in the long-window layers: "
@@ -123,7 +137,7 @@ class AttentionConfig:
                 raise ValueError(
                     f"model.attention.{key} must be positive, got {getattr(self, key)}"
                 )
-        for key in ("scale", "window_tokens"):
+        for key in ("scale", "window_tokens", "init_std", "yarn_max_window"):
             if getattr(self, key) < 0:
                 raise ValueError(f"model.attention.{key} must be >= 0, got {getattr(self, key)}")
         self._validate_windows()

@@ -8,7 +8,7 @@ from stages.moved import refuse_moved
 SOFTCAP_FORMS = ("tanh", "sigmoid")
 LOSSES = ("auto", "fused", "plain", "sigmoid_e5m2_grad")
 LOSS_REDUCTIONS = ("mean", "sum")
-LOSS_DTYPES = ("fp32", "bf16")
+LOSS_DTYPES = ("fp32", "bf16", "bf16_train")
 
 
 @refuse_moved("model.head")
@@ -36,7 +36,9 @@ class HeadConfig:
     """The training loss over tokens: mean | sum (the 2025-11 record). Evaluation: the mean."""
     loss_dtype: str = field(default="fp32", metadata={"choices": LOSS_DTYPES})
     """fp32: cap and cross-entropy in fp32 at least | bf16: the cap in the logits' dtype, and in
-    training the cross-entropy too (evaluation: fp32 cross-entropy); needs head.loss≠fused."""
+    training the cross-entropy too (evaluation: fp32 cross-entropy) | bf16_train: in training
+    the cap in the logits' dtype and the cross-entropy in fp32 from those capped values, in
+    evaluation the logits cast to fp32 before the cap (record M, M.2); needs head.loss≠fused."""
     fp8: bool = False
     """The LM head in FP8 while training (e4m3 forward, e5m2 gradients; divisors
     model.numerics.fp8_scales)."""
@@ -82,10 +84,10 @@ class HeadConfig:
                 "or auto"
             )
         self._validate_loss_forms()
-        if self.loss == "fused" and self.loss_dtype == "bf16":
+        if self.loss == "fused" and self.loss_dtype != "fp32":
             raise ValueError(
                 "model.head.loss=fused computes in fp32: use model.head.loss=plain or auto "
-                "with model.head.loss_dtype=bf16"
+                f"with model.head.loss_dtype={self.loss_dtype}"
             )
 
     def _validate_loss_forms(self) -> None:
@@ -98,7 +100,7 @@ class HeadConfig:
         if self.mtp and self.loss_dtype == "bf16" and self.loss != "sigmoid_e5m2_grad":
             raise ValueError(
                 "model.head.mtp computes its cross-entropy in fp32: set model.head.loss_dtype="
-                "fp32, or model.head.loss=sigmoid_e5m2_grad"
+                "fp32 or bf16_train, or model.head.loss=sigmoid_e5m2_grad"
             )
         if self.loss == "sigmoid_e5m2_grad":
             if self.softcap_form != "sigmoid" or self.softcap <= 0:

@@ -6,6 +6,8 @@ gets one line naming the new one. The window's keys by phase (`model.window_phas
 `window_after`, `window_final_eval`) went into the stage table: stages/moved.py.
 """
 
+from stages.moved import refuse_keys
+
 MOVED = {
     "rope_base": "attention.rope_base",
     "logit_softcap": "head.softcap",
@@ -53,6 +55,11 @@ MOVED = {
 
 def moved_message(old: str) -> str:
     """The one line for `model.<old>`, a key of the flat schema or a moved group key."""
+    if MOVED.get(old, old) in RESHAPED:
+        return (
+            f"model.{old} is now model.residual.skips, a list of [from, to] pairs (one per gated "
+            "skip): 'model.residual.skips=[[4,7]]'"
+        )
     if old in MOVED:
         return f"model.{old} is now model.{MOVED[old]} (the model's keys are grouped)"
     return f"model.{old} is now model.{TO_PARTS[old]} (each mechanism has its own section)"
@@ -69,6 +76,18 @@ TO_PARTS = {
 }
 
 
+# Keys whose value took another form, {old: new}, model-relative: the one gated skip's two
+# layers became a pair of the list of gated skips (a saved config's are read as that pair:
+# trainer/checkpoint/resume_rules.py).
+RESHAPED = {"residual.skip_from": "residual.skips", "residual.skip_to": "residual.skips"}
+
+
 def moved_key(old: str) -> str | None:
     """Today's model-relative key of `old` (a flat key or a moved group key), else None."""
-    return MOVED.get(old) or TO_PARTS.get(old)
+    return MOVED.get(old) or TO_PARTS.get(old) or RESHAPED.get(old)
+
+
+# `model.residual`'s dataclass takes this: an old key passed, read or set fails with its line.
+refuse_reshaped = refuse_keys(
+    "residual", {k.partition(".")[2] for k in RESHAPED}, lambda key: moved_message(key)
+)

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from model.config.renamed import check_renamed
 
 DTYPES = ("fp32", "bf16")
-SCALAR_LAYOUTS = ("mixes", "weight_lambdas")
+SCALAR_LAYOUTS = ("mixes", "weight_lambdas", "residual_weight_lambdas")
 FP8_SCALES = ("pow2", "sqrt_d_over_448", "fixed_over_448")
 
 
@@ -26,7 +26,8 @@ class NumericsConfig:
     scalars_layout: str = field(default="mixes", metadata={"choices": SCALAR_LAYOUTS})
     """Which packed vector (model/scalars.py): mixes (skip logits, x0 and value mixes per layer,
     λ_smear, λ_back: the 2025-11 record's) | weight_lambdas ((λ⁰, λ¹) per layer, λ_smear,
-    w_skip: record D's)."""
+    w_skip: record D's) | residual_weight_lambdas (r_ℓ and (λ⁰, λ¹) per layer, λ_smear,
+    λ_back, a logit per gated skip: record M's)."""
     bf16_matrices: bool = False
     """The hidden matrices (attention's and the MLP's) are bf16 parameters, as record D's are
     (its optimizer keeps the fp32 master); needs model.numerics.dtype=bf16."""

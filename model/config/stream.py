@@ -4,7 +4,10 @@ layers add to it, and the MLP sublayer."""
 import math
 from dataclasses import dataclass, field
 
+from model.config.moved import refuse_reshaped
+
 MLP_FP8 = ("off", "up", "up_down")
+VALUE_GATE_INPUTS = ("stream_and_value", "stream")
 
 
 @dataclass
@@ -20,13 +23,24 @@ class EmbedConfig:
     """Each layer with a table adds its lookup gated per head, v_h ← v_h + 2σ([u[:k/2],
     ve[:k/2]]·G[h]ᵀ)·ve_h, G zero (record D); without it v ← α·v + β·ve (model/values.py)."""
     value_std: float = 1.0
-    """The value tables' initial std: N(0, value_std²) (record D: 0.01)."""
+    """The value tables' initial std: N(0, value_std²) (record D: 0.01); 0 = zero tables
+    (record M)."""
     tied_init: bool = False
     """The token table starts as the LM head's transpose, E = W_headᵀ (record D, #51; the
     optimizer keeps them tied until it splits them); needs model.embed.rows = 0."""
     smear: bool = False
     """e'_t = e_t + λ·σ(e_t[:k]·wᵀ)·e_(t−1) on the token embeddings (w 1 × k zero, λ from 0,
     k = model.gate_channels)."""
+    value_gate_input: str = field(
+        default="stream_and_value", metadata={"choices": VALUE_GATE_INPUTS}
+    )
+    """What the per-head value gate reads (model.embed.value_gate): stream_and_value
+    [u[:k/2], ve[:k/2]] (record D, #70) | stream u[:k] (record M, #55), u the attention's
+    input, k = model.gate_channels."""
+    second_table: bool = False
+    """A second token table E2 (`embed2`, N(0, 1); record M, M10): x02 = RMSNorm(E2[tokens])
+    joins the x0 shortcut before every layer with a weight of its own, Λ[ℓ, 1]
+    (model.residual.x0_lambdas)."""
 
     def validate(self, vocab_size: int) -> None:
         if self.rows and not 50257 <= self.rows <= vocab_size:
@@ -43,8 +57,13 @@ class EmbedConfig:
                 "model.embed.tied_init copies the head (model.vocab_size rows) into the token "
                 f"table: model.embed.rows must be 0, got {self.rows}"
             )
-        if self.value_std <= 0:
-            raise ValueError(f"model.embed.value_std must be positive, got {self.value_std}")
+        if not self.value_std >= 0:
+            raise ValueError(f"model.embed.value_std must be >= 0, got {self.value_std}")
+        if self.value_gate_input not in VALUE_GATE_INPUTS:
+            raise ValueError(
+                f"model.embed.value_gate_input must be one of {' | '.join(VALUE_GATE_INPUTS)}, "
+                f"got {self.value_gate_input!r}"
+            )
         bad = set(self.value_embeds) - set("0123456789.")
         if bad:
             raise ValueError(
@@ -53,6 +72,7 @@ class EmbedConfig:
             )
 
 
+@refuse_reshaped
 @dataclass
 class ResidualConfig:
     """The `model.residual` group: what the stream carries between and around the layers."""
@@ -60,17 +80,24 @@ class ResidualConfig:
     x0_shortcut: bool = False
     """x ← a·x + b·x0 before each block, (a, b) learned from (x0_mix_a_init, 0)."""
     x0_mix_a_init: float = 1.0
-    """The initial a of the x0 shortcut's (a, b); the 2025-11 record 1.1."""
+    """The initial a of the x0 shortcut's (a, b); the 2025-11 record 1.1, record M's r 1.05."""
+    x0_lambdas: bool = False
+    """Record M's x0 shortcut (#52): x ← r_ℓ·x + Λ[ℓ, 0]·x0 (+ Λ[ℓ, 1]·x02 with
+    model.embed.second_table) before each layer, with r_ℓ in the packed vector
+    (model.numerics.scalars_layout=residual_weight_lambdas, from x0_mix_a_init) and Λ the
+    (n_layer, 1 or 2) fp32 `x0_lambdas.lambdas` from 0, on Adam; layer 0 computes
+    (r₀ + Λ[0, 0])·x (+ Λ[0, 1]·x02), the record's form where x = x0. Needs x0_shortcut."""
     unet: bool = False
     """Decoder layers add encoder outputs (last in, first out), weights from 1."""
-    skip_from: int = -1
-    """Gated skip: the output of layer skip_from is added to the input of layer skip_to with
-    weight σ(w), w from −1.5; −1 = off. The 2025-11 record: 4 → 7."""
-    skip_to: int = -1
-    """See skip_from."""
+    skips: list[list[int]] = field(default_factory=list)
+    """Gated skips, each a pair [from, to]: the output of layer `from` is added to the input of
+    layer `to` with weight σ(w_k), w_k from −1.5 (skip k, in list order where several end at
+    one layer); [] = none. The 2025-11 record: [[4, 7]]; record D: [[3, 6]]; record M: [[6, 9],
+    [4, 10], [2, 11]] (model/residual.py)."""
     skip_per_token: bool = False
-    """The gated skip's weight per token (record D, #55): σ(w)·2·σ(x0_t[:k]·gᵀ), g (1 × k,
-    `skips.token_gate`) zero, so it starts at σ(w); k = model.gate_channels."""
+    """Each gated skip's weight per token (record D, #55): σ(w_k)·2·σ(x0_t[:k]·g_kᵀ), g_k row k
+    of the (skips × k) `skips.token_gate` (an nn.Linear, zero, so each starts at σ(w_k));
+    k = model.gate_channels."""
     attn_input_layer: int = -1
     """The attention of every later layer reads RMSNorm of this layer's output instead of
     its own stream (record D, #77: 7, so layers 8–10 attend from c₇); −1 = off."""
@@ -93,8 +120,9 @@ class ResidualConfig:
     """MUDD dense connections (record D, #81; model/mudd.py): the last layer's residual
     coefficients, values and value-embedding gate come per token from a coefficient network
     on its input, and a second network mixes c₀ = x0, c₇ = output of attn_input_layer,
-    c₉ = the last layer's input, ve₀ = table 0's lookup and c₃ = output of skip_from into the
-    stream after it (n₁ on c₇ is the backout). Needs attn_input_layer, skip_from and table 0
+    c₉ = the last layer's input, ve₀ = table 0's lookup and c₃ = output of the one skip's
+    source into the stream after it (n₁ on c₇ is the backout). Needs attn_input_layer, one
+    skip and table 0
     in model.embed.value_embeds; excludes backout_layer. Parameters `mudd.w1`
     (2, mudd_hidden, d), `mudd.w2` (2, 14, mudd_hidden), `mudd.b2` (2, 14): 14 outputs per
     network, of which the last layer reads 14 and the one after it 5."""
@@ -102,26 +130,32 @@ class ResidualConfig:
     """The MUDD coefficient networks' hidden width (record D: 64)."""
 
     def validate(self, n_layer: int) -> None:
-        for key in ("skip_from", "skip_to", "backout_layer", "attn_input_layer"):
+        for key in ("backout_layer", "attn_input_layer"):
             if not -1 <= getattr(self, key) < n_layer:
                 raise ValueError(
                     f"model.residual.{key} must be −1 (off) or a layer index below "
                     f"model.n_layer ({n_layer}), got {getattr(self, key)}"
                 )
-        off = self.skip_from < 0 and self.skip_to < 0
-        if not off and not 0 <= self.skip_from < self.skip_to:
+        for k, pair in enumerate(self.skips):
+            pair = list(pair)
+            whole = all(isinstance(i, int) and not isinstance(i, bool) for i in pair)
+            if len(pair) != 2 or not whole or not 0 <= pair[0] < pair[1] < n_layer:
+                raise ValueError(
+                    f"model.residual.skips[{k}] must be a pair [from, to] of layer indices, "
+                    f"from an earlier layer, below model.n_layer ({n_layer}), got {pair}"
+                )
+        if self.skip_per_token and not self.skips:
             raise ValueError(
-                f"model.residual.skip_from ({self.skip_from}) and model.residual.skip_to "
-                f"({self.skip_to}): both −1 (off), or from an earlier layer"
+                "model.residual.skip_per_token gates the skips of model.residual.skips: set them"
             )
-        if self.skip_per_token and self.skip_from < 0:
+        if self.x0_lambdas and not self.x0_shortcut:
             raise ValueError(
-                "model.residual.skip_per_token gates the skip of model.residual.skip_from / "
-                "skip_to: set them"
+                "model.residual.x0_lambdas holds the x0 shortcut's weights: set "
+                "model.residual.x0_shortcut=true"
             )
-        if self.skip_from >= 0 and self.unet:
+        if self.skips and self.unet:
             raise ValueError(
-                "model.residual.skip_from and model.residual.unet: one kind of skip at a time"
+                "model.residual.skips and model.residual.unet: one kind of skip at a time"
             )
         if self.mudd_hidden <= 0:
             raise ValueError(f"model.residual.mudd_hidden must be positive, got {self.mudd_hidden}")
@@ -129,12 +163,12 @@ class ResidualConfig:
             self._validate_mudd(n_layer)
 
     def _validate_mudd(self, n_layer: int) -> None:
-        if not 0 <= self.attn_input_layer < n_layer - 1 or self.skip_from < 0:
+        if not 0 <= self.attn_input_layer < n_layer - 1 or len(self.skips) != 1:
             raise ValueError(
                 "model.residual.mudd reads c₇ = the output of model.residual.attn_input_layer "
-                f"(below the last layer, {n_layer - 1}) and c₃ = the output of "
-                f"model.residual.skip_from: set both (got {self.attn_input_layer}, "
-                f"{self.skip_from})"
+                f"(below the last layer, {n_layer - 1}) and c₃ = the output of the one gated "
+                f"skip's source (model.residual.skips=[[from, to]]): set both (got "
+                f"{self.attn_input_layer}, {list(self.skips)})"
             )
         if self.backout_layer >= 0:
             raise ValueError(

@@ -41,6 +41,54 @@ from optim.shards import Comm, RowExchange, gather_rows
 Group = dict[str, Any]
 
 
+class ExchangeByDtype:
+    """A group's banks' row exchange (optim/shards.py `RowExchange`), one per dtype of its
+    banks (record M's fp32 matrices beside its bf16 gates), with RowExchange's calls, each
+    taking or giving one entry per bank in the banks' order."""
+
+    def __init__(self, banks: list[Bank], comm: Comm) -> None:
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, b in enumerate(banks):
+            by_dtype.setdefault(b.layout.dtype, []).append(i)
+        self.count = len(banks)
+        self.parts = [
+            (idx, RowExchange([(len(banks[i].params), *banks[i].layout.shape) for i in idx],
+                              dtype, banks[idx[0]].params[0].device, comm))
+            for dtype, idx in by_dtype.items()
+        ]  # fmt: skip
+
+    def _split(self, items: list) -> list[list]:
+        return [[items[i] for i in idx] for idx, _ in self.parts]
+
+    def prime(self, targets: list) -> None:
+        for (_, ex), mine in zip(self.parts, self._split(targets), strict=True):
+            ex.prime(mine)
+
+    def reduce(self, tensors: list) -> None:
+        for (_, ex), mine in zip(self.parts, self._split(tensors), strict=True):
+            ex.reduce(mine)
+
+    def reduced(self) -> list[Tensor]:
+        out: list[Tensor] = [torch.empty(0)] * self.count
+        for idx, ex in self.parts:
+            for i, rows in zip(idx, ex.reduced(), strict=True):
+                out[i] = rows
+        return out
+
+    def gather(self, mine: list[Tensor]) -> None:
+        for (_, ex), part in zip(self.parts, self._split(mine), strict=True):
+            ex.gather(part)
+
+    @property
+    def gathering(self) -> bool:
+        return any(ex.gathering for _, ex in self.parts)
+
+    def unpack(self, targets: list) -> None:
+        for (_, ex), part in zip(self.parts, self._split(targets), strict=True):
+            if ex.gathering:
+                ex.unpack(part)
+
+
 class BankedGroups:
     """Every param group of a Muon optimizer as banks (see the module docstring)."""
 
@@ -59,17 +107,11 @@ class BankedGroups:
         self.update = compiled(backend)
         self.settings = Settings(hp, ns_dtype)
         self.scalars = [[scalar_tensors() for _ in banks] for banks in self.banks]
-        self.exchanges: list[RowExchange | None] = []
+        self.exchanges: list[ExchangeByDtype | None] = []
         for banks in self.banks:
             ex = None
             if comm is not None and banks:
-                shapes = [(len(b.params), *b.layout.shape) for b in banks]
-                dtypes = {b.layout.dtype for b in banks}
-                if len(dtypes) > 1:
-                    raise ValueError(
-                        f"optim.distribute=sharded needs one dtype per Muon group, got {dtypes}"
-                    )
-                ex = RowExchange(shapes, dtypes.pop(), banks[0].params[0].device, comm)
+                ex = ExchangeByDtype(banks, comm)
                 if comm.local:
                     ex.prime([[p.detach() for p in b.params] for b in banks])
             self.exchanges.append(ex)

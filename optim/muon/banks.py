@@ -43,11 +43,20 @@ from optim.config import MuonConfig
 from optim.muon.master import master_of, truncate
 from optim.muon.newton_schulz import RECORD_FORMS, coefficient_set, ns_coefficients, zeropower
 from optim.muon.normuon import head_rows, moment_shape, normalise, stat_dim
-from optim.muon.update import lr_scale_factor
+from optim.muon.update import in_place_factors, lr_scale_factor
 from optim.shards import cut
 
 # The host values a step needs (`host_values`), each a 0-d float64 tensor in the compiled step
-SCALARS = ("lr", "momentum", "one_minus_momentum", "decay_lr", "keep", "neg_lr", "coefficient")
+SCALARS = (
+    "lr",
+    "momentum",
+    "one_minus_momentum",
+    "decay_lr",
+    "keep",
+    "neg_lr",
+    "coefficient",
+    "raw_lr",
+)
 
 
 @dataclass(frozen=True)
@@ -157,10 +166,25 @@ def host_values(group: dict[str, Any], hp: MuonConfig, dtype: torch.dtype) -> di
         coefficient = torch.tensor(decay * lr, dtype=dtype).item()  # update.decay_coefficient
     if hp.master_weights != "none":
         return {"lr": lr, "momentum": mu, "one_minus_momentum": 1 - mu, "decay_lr": decay * lr,
-                "keep": 1 - lr * decay, "neg_lr": -lr, "coefficient": coefficient}  # fmt: skip
+                "keep": 1 - lr * decay, "neg_lr": -lr, "coefficient": coefficient,
+                "raw_lr": lr}  # fmt: skip
+    if in_place(hp):  # `apply_in_place`'s λη, rounded to a bf16 weight's dtype
+        decay_lr = in_place_factors(lr, decay, 0.0, dtype)[0]
+        return {"lr": lr, "momentum": mu, "one_minus_momentum": 1 - mu, "decay_lr": decay_lr,
+                "keep": 1.0, "neg_lr": -lr, "coefficient": coefficient,
+                "raw_lr": lr}  # fmt: skip
     return {"lr": plain_lr, "momentum": mu, "one_minus_momentum": 1 - mu,
             "decay_lr": decay * plain_lr, "keep": 1 - plain_lr * decay, "neg_lr": -plain_lr,
-            "coefficient": coefficient}  # fmt: skip
+            "coefficient": coefficient, "raw_lr": lr}  # fmt: skip
+
+
+def in_place(hp: MuonConfig) -> bool:
+    """Whether the weights take `apply_in_place`'s step (update.py)."""
+    return (
+        hp.master_weights == "none"
+        and hp.weight_decay_form == "cautious"
+        and hp.normuon_form == "fp32_mean_squares"
+    )
 
 
 @dataclass(frozen=True)
@@ -194,13 +218,19 @@ def group_update(
         g = g.to(buf.dtype)
         mu = values["momentum"].to(buf.dtype)
         if hp.momentum_form == "ema":
-            buf.lerp_(g, values["one_minus_momentum"].to(buf.dtype))
+            # ATen lerps a bf16 tensor with a float weight in fp32, rounding once: so here
+            # (a bf16 weight would round 1 − μ to bf16 first)
+            wide = torch.promote_types(buf.dtype, torch.float32)
+            weight = values["one_minus_momentum"].to(wide)
+            buf.copy_(torch.lerp(buf.to(wide), g.to(wide), weight))
         else:
             buf.mul_(mu).add_(g)
         if not hp.nesterov:
             updates.append(buf)
         elif hp.momentum_form == "ema":
-            updates.append(g.lerp(buf, mu))
+            wide = torch.promote_types(buf.dtype, torch.float32)
+            mixed = torch.lerp(g.to(wide), buf.to(wide), values["momentum"].to(wide))
+            updates.append(mixed.to(buf.dtype))
         else:
             updates.append(g + buf * mu)
     pieces = [layout.pieces(u) for layout, u in zip(layouts, updates, strict=True)]
@@ -219,6 +249,8 @@ def group_update(
         step = ((values["lr"] * layout.scale) * lr_muls[b]).view(-1, *[1] * len(layout.shape))
         if mantissas[b] is not None:
             out.append(_to_master(weights[b], mantissas[b], update, step, values, hp))
+        elif in_place(hp):
+            out.append(_in_place(weights[b], update, step, values))
         else:
             out.append(_to_weights(weights[b], update, layout, lr_muls[b], values, hp))
     return out
@@ -277,6 +309,24 @@ def _to_master(w: Tensor, mantissa: Tensor, update: Tensor, step: Tensor,
     low = bits & 0xFFFF
     mantissa.copy_((low - ((low & 0x8000) << 1)).to(torch.int16))
     return truncate(master)
+
+
+def _in_place(w: Tensor, update: Tensor, step: Tensor, scalars: dict[str, Tensor]) -> Tensor:
+    """`apply_in_place` on a stack: W − (W⊙M)·λη·η' − O·η' with each op in float32 (the
+    opmath of a bf16 or fp32 weight) rounded to the weight's dtype, as ATen's ops round;
+    η' (`step`, float64 per row) rounded to a bf16 weight's dtype first, then to the opmath's."""
+    dtype, wide = w.dtype, torch.promote_types(w.dtype, torch.float32)
+    step = (step.to(dtype) if dtype == torch.bfloat16 else step).to(wide)
+    decay = scalars["decay_lr"].to(wide)
+    o = update.to(dtype)
+
+    def rounded(x: Tensor) -> Tensor:
+        return x.to(dtype).to(wide)
+
+    agree = (rounded(o.to(wide) * w.to(wide)) >= 0).to(dtype)
+
+    t = rounded(rounded(rounded(w.to(wide) * agree.to(wide)) * decay) * step)
+    return (rounded(w.to(wide) - t) - rounded(o.to(wide) * step)).to(dtype)
 
 
 def _to_weights(w: Tensor, update: Tensor, layout: Layout, lr_mul: Tensor,

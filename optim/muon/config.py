@@ -25,7 +25,7 @@ WEIGHT_DECAY_FORMS = ("decoupled", "cautious")
 # Which matrices Muon sees in a (4, d, d) W_q, W_k, W_v, W_o stack; NorMuon's statistics axis
 # and arithmetic; the master copy of bf16 matrices (optim/muon/normuon.py, master.py).
 QK_SPLITS = ("none", "head_pairs")
-NORMUON_AXES = ("columns", "shape")
+NORMUON_AXES = ("columns", "shape", "rows")
 NORMUON_FORMS = ("fp32", "o_dtype", "fp32_mean_squares")
 MASTER_WEIGHTS = ("none", "fp32_truncated")
 
@@ -97,7 +97,9 @@ class MuonConfig:
     normuon_axis: str = field(default="columns", metadata={"choices": NORMUON_AXES})
     """The axis of NorMuon's statistics: columns (the mean of O² over dim −2, one value per
     column, whatever the shape: the 2025-11 record's) | shape (over dim −1, one value per row,
-    where rows ≥ cols, else per column: the 2026-07 record's)."""
+    where rows ≥ cols, else per column: the 2026-07 record's) | rows (over dim −1, one value per
+    row, whatever the shape: record M's, whose matrices are all tall or square but its 8 × 16
+    gates, which it normalises per row too)."""
     normuon_form: str = field(default="fp32", metadata={"choices": NORMUON_FORMS})
     """NorMuon's arithmetic: fp32 (O in the second moment's dtype, fp32 for fp32 matrices) |
     o_dtype (O stays in its own, the Newton–Schulz dtype, through the normalisation and the

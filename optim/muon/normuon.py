@@ -8,7 +8,7 @@ the 2026-07 record's #80): W_q and W_k become blocks of 2·head_dim rows, the ro
 NorMuon (`normuon_beta2` > 0), per matrix O with second-moment buffer V and β₂:
 
     r = mean(O², dim)              dim −2 (per column) for normuon_axis=columns; for shape,
-                                   −1 (per row) where rows ≥ cols, else −2
+                                   −1 (per row) where rows ≥ cols, else −2; −1 for rows
     V ← β₂·V + (1 − β₂)·r          (no bias correction)
     Ô = O/√max(V, 1e-10) · ‖O‖_F / max(‖O/√max(V, 1e-10)‖_F, 1e-10)
 
@@ -71,6 +71,8 @@ def stat_dim(shape: torch.Size | tuple[int, ...], axis: str) -> int:
     """The dim NorMuon's mean squares reduce over (module docstring)."""
     if axis == "columns":
         return -2
+    if axis == "rows":
+        return -1
     return -1 if shape[-2] >= shape[-1] else -2
 
 

@@ -13,6 +13,8 @@ and weight decay, and the settings `hp` (`MuonConfig`):
                        with m the parameter's LR multiplier (`optim.lr_mul`, 1 by default)
                        O ← bf16(O + bf16(λη)·[O⊙W ≥ 0]⊙W)  (normuon_form=o_dtype)
     apply_to_master:   W ← W − (W⊙[O⊙W ≥ 0])·λη·η' − O·η'   (fp32 master, η' = η·m·scale)
+    apply_in_place:    the same on the weight itself (normuon_form=fp32_mean_squares, no
+                       master: record M), a bf16 weight's λη and η' rounded to bf16 first
 
 The first two are elementwise, so a shard of buf and g gives that shard of the result; the
 last takes the *whole* matrix's shape for its LR scale, so it applies a shard's rows alike.
@@ -85,6 +87,9 @@ def apply_update(
     matrix of `shape` and by the parameter's `lr_mul` (`optim.lr_mul`), on `p` (the matrix,
     or this rank's rows of it). A bf16 matrix takes its step in bf16, the LR η rounded to
     bf16 first (the 2025-11 record's gates: 0.023 → 0.02294921875)."""
+    if hp.weight_decay_form == "cautious" and hp.normuon_form == "fp32_mean_squares":
+        apply_in_place(p, update, group, hp, shape, lr_mul)
+        return
     lr, decay = group["lr"], group["weight_decay"]
     if p.dtype == torch.bfloat16:
         lr = torch.tensor(lr, dtype=torch.bfloat16).item()
@@ -105,6 +110,36 @@ def apply_update(
     else:
         p.mul_(1 - lr * decay)
     p.add_(update, alpha=-lr * lr_scale_factor(shape[-2:], hp.lr_scale) * lr_mul)
+
+
+def in_place_factors(
+    lr: float, decay: float, step: float, dtype: torch.dtype
+) -> tuple[float, float]:
+    """(λη, η'), the two factors of `apply_in_place`: IEEE doubles, each rounded once to a bf16
+    weight's dtype (record M's gates: "both factors are rounded to bf16")."""
+    decay_lr = decay * lr
+    if dtype == torch.bfloat16:
+        return tuple(torch.tensor([decay_lr, step], dtype=dtype).tolist())  # type: ignore[return-value]
+    return decay_lr, step
+
+
+def apply_in_place(
+    p: Tensor,
+    update: Tensor,
+    group: dict[str, Any],
+    hp: MuonConfig,
+    shape: Sequence[int],
+    lr_mul: float = 1.0,
+) -> None:
+    """normuon_form=fp32_mean_squares without a master (record M, "as D.3 step 5 on the
+    parameter itself"): `apply_to_master`'s order on the weight, W ← W − (W⊙M)·λη·η' − O·η',
+    M = [O⊙W ≥ 0], η' = η·scale(shape)·m, each product rounded to the weight's dtype as it
+    comes; a bf16 weight's λη and η' rounded to bf16 first (`in_place_factors`)."""
+    step = group["lr"] * lr_scale_factor(shape[-2:], hp.lr_scale) * lr_mul
+    decay_lr, step = in_place_factors(group["lr"], group["weight_decay"], step, p.dtype)
+    o = update.to(p.dtype)
+    agree = (o * p >= 0).to(p.dtype)
+    p.copy_(p - p * agree * decay_lr * step - o * step)
 
 
 def apply_to_master(

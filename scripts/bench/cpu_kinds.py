@@ -40,7 +40,7 @@ TOYS = {
     ),
     "record #46 toy (s)": (
         "experiment=record_2025_11_29 data=sample model.n_layer=4 model.n_head=2 "
-        "model.n_embd=64 model.residual.skip_from=1 model.residual.skip_to=2 "
+        "model.n_embd=64 'model.residual.skips=[[1,2]]' "
         "model.residual.backout_layer=2 "
         "model.attention.window_block=16 train.seq_len=512 train.stages.rows.0.seq_len=128 "
         "train.stages.rows.1.seq_len=256 train.stages.rows.2.seq_len=512 "

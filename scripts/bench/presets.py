@@ -7,16 +7,19 @@ from trainer.config import Config, register_configs, to_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 GPUS = 8  # the records' world: each GPU runs batch_size / 8 sequences per step
-# The records' own ms per step on one of their 8 GPUs; by batch phase for the 2025-11 record
+# The records' own ms per step on one of their 8 GPUs; by batch phase for the 2025-11 record,
+# by stage for the others (record M's twelve: its four batch sizes, the last over 1,175-4,699)
 RECORD_STEP_MS = {
     "record_2024_11_06": 154.78, "record_2025_01_26": 100.0,
     "record_2025_11_29": (33.9, 60.1, 88.1), "record_2026_07_17": (31.50, 56.82, 82.78),
+    "record_medium_2025_12_31": (72.15, 129.18, 189.10, *[249.10] * 9),
 }  # fmt: skip
 PRESETS = {
     "record_2024_11_06": ["experiment=record_2024_11_06"],
     "record_2025_01_26": ["experiment=record_2025_01_26"],
     "record_2025_11_29": ["experiment=record_2025_11_29"],
     "record_2026_07_17": ["experiment=record_2026_07_17"],
+    "record_medium_2025_12_31": ["experiment=record_medium_2025_12_31"],
     "dense_124m": [  # GPT-2 small as it comes, compiled, 64 x 1024 tokens per GPU
         "model=gpt2_124m", "model.compile=true", "train.autocast=bf16", "train.seq_len=1024",
         f"train.batch_size={64 * GPUS}", "train.micro_batch_size=64",
@@ -32,8 +35,7 @@ TOY_WINDOW = "model.attention.window_tokens=192"  # 1 -> 12 of the 16 blocks, wh
 # of record layer 8 the nearest, 7) and its three sequence lengths at toy size
 TOY_EXTRA = {
     "record_2025_11_29": [
-        "model.n_layer=4", "model.n_head=2", "model.residual.skip_from=1",
-        "model.residual.skip_to=2",
+        "model.n_layer=4", "model.n_head=2", "model.residual.skips=[[1,2]]",
         "model.residual.backout_layer=2", "train.stages.rows.0.seq_len=64",
         "train.stages.rows.1.seq_len=128", "train.stages.rows.2.seq_len=256",
     ],
@@ -44,6 +46,12 @@ TOY_EXTRA = {
         "train.stages.rows.0={seq_len:64,max_piece_len:32}",
         "train.stages.rows.1={seq_len:128,max_piece_len:128}",
         "train.stages.rows.2={seq_len:256,max_piece_len:128}", "data.max_piece_len=128",
+        "optim.tie_embed_head_until=5",
+    ],
+    # Record M with its own 16-layer table, 4 heads of 16; its twelve stages 64 … 256 tokens.
+    "record_medium_2025_12_31": [
+        "model.n_layer=16", "model.n_head=4",
+        *(f"train.stages.rows.{i}.seq_len={64 * min(i + 1, 4)}" for i in range(12)),
         "optim.tie_embed_head_until=5",
     ],
 }  # fmt: skip

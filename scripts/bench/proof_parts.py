@@ -33,10 +33,15 @@ from trainer.observe.provenance import code_version
 from trainer.runtime import init_runtime
 
 NEWEST = "record_2026_07_17"
-PRESETS = ("record_2024_11_06", "record_2025_01_26", "record_2025_11_29", NEWEST, "dense_124m")
+MEDIUM = "record_medium_2025_12_31"
+PRESETS = ("record_2024_11_06", "record_2025_01_26", "record_2025_11_29", NEWEST, MEDIUM,
+           "dense_124m")  # fmt: skip
 # The presets measured as one GPU of a W-GPU run (`--world`: rank 0's share of the sharded
 # optimizer), and profiled (a file beside the proof's results)
-WORLDS = {NEWEST: 8}
+WORLDS = {NEWEST: 8, MEDIUM: 8}
+# The stages (1-based) a preset's rows measure unless --stages says: record M's four batch
+# sizes and its last stage (the longest window), not all twelve stages' compiles
+STAGES = {MEDIUM: [1, 2, 3, 4, 12]}
 PROFILED = (NEWEST,)
 OPTIMIZER_WORLDS = (1, 8)  # the optimizer part's rows: one GPU's whole step, rank 0's of 8
 TOY_WORLDS = (8,)  # at toy size the plumbing of both: LocalView's, and the modes' turns
@@ -104,6 +109,7 @@ def preset(
     1-based: some of them); the rows so far go to `partial` (JSON) as each is measured, for
     a proof that stops the part; `evaluation`: its graph compiled last."""
     reset_compile_state()
+    stages = stages or STAGES.get(name)
     b = build(compose(name, device, toy, TOY_SETS if toy else []), WORLDS.get(name))
     where = None
     if partial is not None and name in PROFILED:

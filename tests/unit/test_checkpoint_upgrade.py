@@ -21,7 +21,7 @@ D = ["experiment=record_2026_07_17", "model.n_embd=48", "model.n_head=6",
      "model.bigram.rows=256", "model.bigram.dim=8", "model.residual.mudd_hidden=4",
      "model.attention.window_block=16"]  # fmt: skip
 C = ["experiment=record_2025_11_29", "model.n_layer=4", "model.n_head=2", "model.n_embd=64",
-     "model.residual.skip_from=1", "model.residual.skip_to=2", "model.residual.backout_layer=2",
+     "model.residual.skips=[[1,2]]", "model.residual.backout_layer=2",
      "model.attention.window_block=16", "model.numerics.packed_scalars=false"]  # fmt: skip
 B = ["experiment=record_2025_01_26", "model.n_layer=4", "model.n_head=2", "model.n_embd=64"]
 # The state_dict keys outside the blocks as naming 1 wrote them (the blocks kept theirs).

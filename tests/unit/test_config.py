@@ -27,9 +27,11 @@ def test_every_group_has_presets() -> None:
     assert presets("experiment")
 
 
-# What a preset needs from the command line to run alone: a directory; record D's model its
-# windows and MTP weights by stage, columns of the stage table its experiment gives.
-NEEDS = {("model", "record_2026_07"): ["train.stages.rows=[{window:3,mtp_weights:[1.0]}]"]}
+# What a preset needs from the command line to run alone: a directory; record D's and M's
+# models their windows and MTP weights by stage, columns of the stage table their experiments
+# give.
+NEEDS = {("model", name): ["train.stages.rows=[{window:3,mtp_weights:[1.0]}]"]
+         for name in ("record_2026_07", "record_medium_2025_12")}  # fmt: skip
 
 
 # Composing a preset resolves its settings, some by the CPU's bf16: CI reruns this emulated.

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 SHARD_TOKENS = 100_000_000  # every FineWeb10B training shard we read holds 10^8 tokens
 PIECES_ALLOWANCE = 1.5  # pieces skip document tails whose share depends on FineWeb's lengths
 TABLE = "FineWeb shards per preset"
-PRESET = re.compile(r"\b(record_\d{4}_\d{2}_\d{2}|speedrun_124m)\b")
+PRESET = re.compile(r"\b(record_(?:medium_)?\d{4}_\d{2}_\d{2}|speedrun_124m)\b")
 COUNT = re.compile(
     r"--train-shards[ =](\d+)"
     r"|(?<![\w.,/-])(\d+) (?:FineWeb |train |training )*shards?\b"

@@ -130,7 +130,7 @@ def test_a_cpu_training_step_never_calls_the_fp8_kernel(experiment: str) -> None
            "model.attention.window_block=16",
            "model.compile=false", "train.device=cpu", "train.seq_len=128"]  # fmt: skip
     if experiment == "record_2025_11_29":  # docs/speedruns.md's toy: skip and backout at 4 layers
-        toy += ["model.residual.skip_from=1", "model.residual.skip_to=2",
+        toy += ["model.residual.skips=[[1,2]]",
                 "model.residual.backout_layer=2",
                 "train.stages.rows.0.seq_len=128", "train.stages.rows.1.seq_len=128",
                 "train.stages.rows.2.seq_len=128"]  # fmt: skip

@@ -43,3 +43,33 @@ def test_chunking_follows_the_device() -> None:
     assert loss_module.default_chunk_rows(1000, torch.device("cpu")) == loss_module.CPU_CHUNK_ROWS
     assert loss_module.default_chunk_rows(1000, torch.device("cuda")) == 1000
     assert loss_module.default_chunk_rows(0, torch.device("cuda")) == 1
+
+
+def test_bf16_train_caps_in_bf16_for_training_and_in_fp32_for_evaluation() -> None:
+    """model.head.loss_dtype=bf16_train (record M, M.2): in training the cap is rounded to bf16
+    once and the cross-entropy (or the MTP loss) taken of those values in fp32; in evaluation
+    the logits are cast to fp32 before the cap. Record D's `bf16` keeps the training
+    cross-entropy in bf16 and the evaluation cap in bf16: both differ on these logits."""
+    from model.config import HeadConfig
+    from model.loss import model_loss, softcap
+
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(2, 8, 64, generator=gen) * 6).bfloat16()
+    y = torch.randint(0, 64, (2, 8), generator=gen)
+    cfg = HeadConfig(softcap=23.0, softcap_form="sigmoid", softcap_shift=5.0,
+                     softcap_divisor=7.5, loss="plain", reduction="sum",
+                     loss_dtype="bf16_train")  # fmt: skip
+    capped = softcap(logits, 23.0, "sigmoid", 5.0, 7.5)  # bf16
+    assert capped.dtype == torch.bfloat16
+    want = F.cross_entropy(capped.float().flatten(0, 1), y.flatten(), reduction="sum")
+    got = model_loss(logits, y, cfg, training=True)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    mtp = model_loss(logits, y, HeadConfig(**{**cfg.__dict__, "mtp": True}), True,
+                     torch.tensor([1.0, 0.0]))  # fmt: skip
+    assert torch.equal(mtp, want)  # a zero second weight: the next-token sum
+    fp32_cap = softcap(logits.float(), 23.0, "sigmoid", 5.0, 7.5)
+    val = F.cross_entropy(fp32_cap.flatten(0, 1), y.flatten())
+    assert torch.equal(model_loss(logits, y, cfg, training=False), val)
+    bf16 = HeadConfig(**{**cfg.__dict__, "loss_dtype": "bf16"})
+    assert not torch.equal(model_loss(logits, y, bf16, training=True), want)
+    assert not torch.equal(model_loss(logits, y, bf16, training=False), val)

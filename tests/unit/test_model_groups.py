@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from model.config import ModelConfig, update
-from model.config.moved import MOVED, TO_PARTS
+from model.config import ModelConfig, ResidualConfig, update
+from model.config.moved import MOVED, RESHAPED, TO_PARTS
 from stages.moved import FLAT
 from trainer.checkpoint.resume_rules import upgrade_saved
 from trainer.cli.overrides import check_overrides, compose_and_validate
@@ -35,7 +35,9 @@ ADDED = {"residual.sublayer_scales", "residual.resid_init", "residual.post_init"
            for k in ("lr_mul", "beta1", "beta2", "wd_mul")),
          "head.mtp",
          "mlp.fp8",
-         "mlp.fp8_act_headroom", "mlp.fp8_weight_headroom", "mlp.fp8_bootstrap"}  # fmt: skip
+         "mlp.fp8_act_headroom", "mlp.fp8_weight_headroom", "mlp.fp8_bootstrap",
+         "attention.init_std", "attention.yarn_max_window", "embed.value_gate_input",
+         "embed.second_table", "residual.x0_lambdas"}  # fmt: skip
 
 
 def leaves(cls: type, prefix: str = "") -> set[str]:
@@ -53,16 +55,19 @@ def test_every_flat_key_has_exactly_one_new_place() -> None:
     """Each flat key is a key of a group, or (the window's keys by phase) went on into the
     stage table (stages/moved.py, tests/unit/test_stages.py)."""
     grouped = leaves(ModelConfig)
-    assert set(MOVED.values()) <= grouped, set(MOVED.values()) - grouped
+    # the one gated skip's two keys went on into the list of skips
+    placed = {RESHAPED.get(v, v) for v in MOVED.values()}
+    assert placed <= grouped, placed - grouped
     assert not {k.removeprefix("model.") for k in FLAT} & (set(MOVED) | KEPT)
     assert len(set(MOVED.values())) == len(MOVED)  # no two old keys share a place
-    assert grouped == set(MOVED.values()) | KEPT | ADDED  # nothing lost, nothing unnamed
+    assert grouped == placed | KEPT | ADDED  # nothing lost, nothing unnamed
     assert not set(MOVED) & KEPT
     assert {f.name for f in fields(ModelConfig)} == KEPT | set(GROUPS)
 
 
-@pytest.mark.parametrize(("old", "value"), [("window", "LS"), ("dtype", "bf16"), ("loss", "plain"),
-                                          ("fp8_head", "true"), ("skip_from", "1")])  # fmt: skip
+@pytest.mark.parametrize(("old", "value"), [("window", "LS"), ("dtype", "bf16"),
+                                          ("loss", "plain"), ("fp8_head", "true"),
+                                          ("backout_layer", "1")])  # fmt: skip
 def test_a_flat_override_names_its_new_key(old: str, value: str) -> None:
     with pytest.raises(ValueError, match=rf"^model\.{old} is now model\.{MOVED[old]}") as e:
         check_overrides([f"model.{old}={value}"], CONF, Config)
@@ -130,3 +135,23 @@ def test_a_key_moved_to_its_mechanisms_section_names_the_new_one(old: str) -> No
     group, leaf = old.split(".")
     saved = upgrade_saved({"model": {group: {leaf: 7}}})["model"]
     assert saved["bigram"] == {new.split(".")[1]: 7} and leaf not in saved[group]
+
+
+@pytest.mark.parametrize("old", ["model.skip_from=1", "model.residual.skip_from=1",
+                                 "model.residual.skip_to=2"])  # fmt: skip
+def test_the_one_skips_keys_name_the_list_of_skips(old: str) -> None:
+    """skip_from / skip_to (flat or grouped) became a pair of model.residual.skips: the command
+    line, a Python caller and a saved config each say so, or read it as that pair."""
+    with pytest.raises(ValueError, match=r"is now model\.residual\.skips, a list of \[from, to\]"):
+        check_overrides([old], CONF, Config)
+    check_overrides(["model.residual.skips=[[1,2]]"], CONF, Config)
+    with pytest.raises(
+        TypeError, match=r"model\.residual\.skip_from is now model\.residual\.skips"
+    ):
+        ResidualConfig(skip_from=1)
+    with pytest.raises(AttributeError, match=r"model\.residual\.skip_to is now"):
+        _ = ResidualConfig().skip_to
+    saved = {"model": {"residual": {"skip_from": 4, "skip_to": 7}}}
+    assert upgrade_saved(saved)["model"]["residual"] == {"skips": [[4, 7]]}
+    off = {"model": {"skip_from": -1, "skip_to": -1}}
+    assert upgrade_saved(off)["model"]["residual"] == {"skips": []}

@@ -46,8 +46,7 @@ RECORD_C = update(
         "mlp.fc_in_out": True,
         "attention.gate": True,
         "embed.smear": True,
-        "residual.skip_from": 4,
-        "residual.skip_to": 7,
+        "residual.skips": [[4, 7]],
         "residual.backout_layer": 8,
         "numerics.packed_scalars": True,
         "numerics.dtype": "bf16",
@@ -67,8 +66,7 @@ TOY = update(
         "n_head": 2,
         "n_embd": 32,
         "attention.window_block": 8,
-        "residual.skip_from": 1,
-        "residual.skip_to": 2,
+        "residual.skips": [[1, 2]],
         "residual.backout_layer": 2,
         "numerics.dtype": "fp32",
         "head.bf16": False,
@@ -176,8 +174,9 @@ def reference(model: GPT, cfg: ModelConfig, idx: torch.Tensor, windows: dict, st
         pre = f"blocks.{layer}."
         attn = not cfg.attention.layers or cfg.attention.layers[layer] == "A"
         mlp = not cfg.mlp.layers or cfg.mlp.layers[layer] == "M"
-        if layer == cfg.residual.skip_to:
-            x = x + torch.sigmoid(scalar("skip")) * outputs[cfg.residual.skip_from]
+        for source, target in cfg.residual.skips:
+            if layer == target:
+                x = x + torch.sigmoid(scalar("skip")) * outputs[source]
         if cfg.residual.x0_shortcut and (attn or mlp):
             a, b = scalar("x0", layer)
             x = a * x + b * x0
@@ -251,8 +250,7 @@ PACKED = {
     "residual.x0_shortcut": True,
     "embed.value_embeds": "0..1",
     "embed.smear": True,
-    "residual.skip_from": 1,
-    "residual.skip_to": 3,
+    "residual.skips": [[1, 3]],
     "residual.backout_layer": 2,
 }
 YARN = {
@@ -275,7 +273,7 @@ CASES = {  # (model config, window tokens (long, short), YaRN stage)
     "C_fc (in, out)": (update(BASE, {"mlp.fc_in_out": True}),),
     "attention gate": (update(BASE, {"attention.gate": True}),),
     "smear": (update(BASE, {"embed.smear": True}),),
-    "gated skip": (update(BASE, {"residual.skip_from": 0, "residual.skip_to": 2}),),
+    "gated skip": (update(BASE, {"residual.skips": [[0, 2]]}),),
     "backout": (update(BASE, {"residual.backout_layer": 1}),),
     "packed scalars": (update(BASE, PACKED),),
     "token windows": (update(BASE, {"attention.document_mask": True, **TOKENS}), (3, 1)),

@@ -127,7 +127,7 @@ def test_token_window_flops_worked_by_hand() -> None:
 
 @pytest.mark.parametrize("change", [
     {"mlp.layers": "MX.."}, {"attention.merged_qkvo": True, "attention.merged_qkv": True},
-    {"residual.skip_from": 2, "residual.skip_to": 1}, {"residual.backout_layer": 4},
+    {"residual.skips": [[2, 1]]}, {"residual.backout_layer": 4},
     {"head.bf16": True}, {"attention.window_granularity": "token"}, {"attention.yarn": True},
     {"numerics.packed_scalars": True, "residual.unet": True},
 ])  # fmt: skip

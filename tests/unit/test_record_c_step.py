@@ -19,7 +19,7 @@ from trainer.schedule import Schedule
 
 TOY_C = [
     "experiment=record_2025_11_29", "run_dir=.", "model.compile=false", "model.n_layer=4",
-    "model.n_head=2", "model.n_embd=32", "model.residual.skip_from=1", "model.residual.skip_to=2",
+    "model.n_head=2", "model.n_embd=32", "model.residual.skips=[[1,2]]",
     "model.residual.backout_layer=2", "model.attention.window_block=16", "train.seq_len=512",
     "train.stages.rows.0.seq_len=128", "train.stages.rows.1.seq_len=256",
     "train.stages.rows.2.seq_len=512", "train.steps=8", "train.extension_steps=2",

@@ -9,8 +9,8 @@ import torch
 
 from model import GPT, ModelConfig, attention
 from model.attention import offset_keys
-from model.config import update
-from model.rotary import Rotary
+from model.config import AttentionConfig, update
+from model.rotary import Rotary, static_spans
 
 D, T = 16, 12  # head dim (D/4 = 4 rotating pairs), positions
 
@@ -63,13 +63,34 @@ def test_yarn_rescales_only_the_rotating_pairs() -> None:
     assert torch.equal(later[..., D // 2 :], z[..., D // 2 :])
 
 
-def test_the_key_offset_formula() -> None:
+@pytest.mark.parametrize("rope", ["interleaved_half", "half_truncated"])
+def test_the_key_offset_formula(rope: str) -> None:
+    """Record D's offset moves channels D/2 … D−1 (its interleaved rotary's static half),
+    record M's D/4 … D/2−1 and 3D/4 … D−1 (the half-truncated rotary's zero frequencies)."""
     k = torch.randn(2, 3, T, D, generator=torch.Generator().manual_seed(3))
-    got = offset_keys(k)
+    moved = torch.zeros(D, dtype=torch.bool)
+    for a, b in static_spans(rope, D):
+        moved[a:b] = True
+    q = D // 4
+    assert moved.nonzero().flatten().tolist() == (
+        list(range(2 * q, D))
+        if rope == "interleaved_half"
+        else [*range(q, 2 * q), *range(3 * q, D)]
+    )
+    got = offset_keys(k, static_spans(rope, D))
     for t in range(T):
-        assert torch.equal(got[:, :, t, : D // 2], k[:, :, t, : D // 2])
+        assert torch.equal(got[:, :, t, ~moved], k[:, :, t, ~moved])
         source = max(t - 1, 0)  # k_0 keeps its own values
-        assert torch.equal(got[:, :, t, D // 2 :], k[:, :, source, D // 2 :])
+        assert torch.equal(got[:, :, t, moved], k[:, :, source, moved])
+    # the moved channels are exactly those whose rotary frequency is 0
+    freq = Rotary(D, mode=rope).inv_freq
+    per_channel = freq.repeat_interleave(2) if rope == "interleaved_half" else freq.repeat(2)
+    assert torch.equal(per_channel == 0, moved)
+
+
+def test_the_key_offset_needs_static_channels() -> None:
+    with pytest.raises(ValueError, match=r"key_offset shifts the key channels the rotary leaves"):
+        AttentionConfig(key_offset=True, window="LS", rope="full").validate(D)
 
 
 def keys_seen(cfg: ModelConfig, monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
@@ -89,16 +110,20 @@ def keys_seen(cfg: ModelConfig, monkeypatch: pytest.MonkeyPatch) -> list[torch.T
     return seen
 
 
-def test_only_the_long_window_layers_offset_their_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("rope", ["interleaved_half", "half_truncated"])
+def test_only_the_long_window_layers_offset_their_keys(
+    rope: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     base = update(ModelConfig(n_layer=3, n_head=2, n_embd=32),
                   {"attention.window": "LSL", "attention.window_tokens": 32,
-                   "attention.window_block": 8})  # fmt: skip
+                   "attention.window_block": 8, "attention.rope": rope})  # fmt: skip
+    spans = static_spans(rope, 16)
     plain = keys_seen(base, monkeypatch)
     shifted = keys_seen(update(base, {"attention.key_offset": True}), monkeypatch)
-    assert torch.equal(shifted[0], offset_keys(plain[0]))  # layer 0: long
+    assert torch.equal(shifted[0], offset_keys(plain[0], spans))  # layer 0: long
     assert torch.equal(shifted[1], plain[1])  # layer 1: short, untouched
     # W_o starts at zero, so layer 0's offset does not reach layer 2's input: its keys compare
-    assert torch.equal(shifted[2], offset_keys(plain[2]))  # layer 2: long
+    assert torch.equal(shifted[2], offset_keys(plain[2], spans))  # layer 2: long
     assert not torch.equal(shifted[2], plain[2])
     with pytest.raises(ValueError, match=r"model\.attention\.key_offset"):
         update(base, {"attention.key_offset": True, "attention.window": "SSS"}).validate()

@@ -32,7 +32,7 @@ R, K, N = 11, 8, 3  # toy table rows, channels, sign rows
 BASE = update(
     ModelConfig(n_layer=4, n_head=2, n_embd=32, gate_channels=12),
     {"attention.layers": "AA.A", "residual.x0_after_attention": True,
-     "residual.skip_from": 0, "residual.skip_to": 3, "residual.skip_per_token": True},
+     "residual.skips": [[0, 3]], "residual.skip_per_token": True},
 )  # fmt: skip
 ON = update(BASE, {"bigram.rows": R, "bigram.dim": K, "bigram.signs": N})
 QUIRK = update(ON, {"bigram.in_x0": True})

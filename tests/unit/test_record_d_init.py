@@ -14,7 +14,7 @@ D_KEYS = {
     "attention.merged_qkvo": True, "attention.weight_lambdas": True,
     "attention.out_init": "uniform", "numerics.packed_scalars": True,
     "numerics.scalars_layout": "weight_lambdas", "embed.smear": True,
-    "residual.skip_from": 1, "residual.skip_to": 2, "residual.skip_per_token": True,
+    "residual.skips": [[1, 2]], "residual.skip_per_token": True,
 }  # fmt: skip
 
 
@@ -56,7 +56,7 @@ def test_the_lambdas_multiply_the_weights_in_float64() -> None:
                 p[3] *= on.scalars.packed[2 * layer + 1]
             elif name == "scalars.packed":  # smear and skip logits at their old places
                 p[off.scalars.layout.smear] = on.scalars.packed[6]
-                p[off.scalars.layout.skip_gate] = on.scalars.packed[7]
+                p[off.scalars.layout.skip_gate(0)] = on.scalars.packed[7]
             else:
                 p.copy_(on.get_parameter(name))
     idx = torch.randint(0, 50257, (2, 10), generator=torch.Generator().manual_seed(1))
@@ -99,7 +99,7 @@ def test_the_records_inits_at_its_width() -> None:
     E = W_headᵀ, gates zero; bf16 where the table says bf16, the scalars fp32."""
     torch.manual_seed(0)
     cfg = update(ModelConfig(n_layer=2, n_head=6, n_embd=768, init_std=0.5), {
-        **D_KEYS, "residual.skip_from": -1, "residual.skip_to": -1,
+        **D_KEYS, "residual.skips": [],
         "residual.skip_per_token": False, "attention.gate": True,
         "numerics.dtype": "bf16", "numerics.bf16_matrices": True, "head.bf16": True,
         "head.init_std": 0.005, "embed.tied_init": True, "mlp.proj_in_out": True,

@@ -50,7 +50,7 @@ RECORD_D = dotted(OmegaConf.to_container(OmegaConf.load(PRESET))) | TOY
 
 # The 11-layer table resampled to 8 layers (model/plan.py: record layers 0 1 3 4 6 7 9 10), with
 # the layer indices the resampled table puts the skip and c₇ at.
-EIGHT = {"n_layer": 8, "residual.skip_from": 2, "residual.skip_to": 4,
+EIGHT = {"n_layer": 8, "residual.skips": [[2, 4]],
          "residual.attn_input_layer": 5}  # fmt: skip
 SHAPES = {
     11: ref.RecordDShape(),

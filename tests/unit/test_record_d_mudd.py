@@ -1,11 +1,11 @@
-"""Record D's MUDD dense connections (docs/records.md D.1 "MUDD", steps 5–6,
-D.10 item 4) against the record's formulas, written out here in float64.
+"""Record D's MUDD dense connections (docs/records.md D.1 "MUDD", steps 5–6, D.10 item 4) against
+the record's formulas, written out here in float64.
 
 The toy model maps record D's layers onto 5: layer 1 (table 0) is the record's layer 1 and its
-output c₃ (skip_from), layer 2 has no attention and takes the gated skip (the record's layer 6)
-and its output is c₇ (attn_input_layer), layer 3 attends from RMSNorm(c₇) (layers 8, 9), layer
-4 is the MUDD block with table 1 (the record's layer 10 with VE₄); sublayer scales, x0 after
-attention, per-head value gates and sparse attention gates are on, as in the record.
+output c₃ (the skip's source), layer 2 has no attention and takes the gated skip (the record's
+layer 6) and its output is c₇ (attn_input_layer), layer 3 attends from RMSNorm(c₇) (layers 8,
+9), layer 4 is the MUDD block with table 1 (the record's layer 10 with VE₄); sublayer scales, x0
+after attention, per-head value gates and sparse attention gates are on, as in the record.
 """
 
 import math
@@ -23,8 +23,8 @@ from tests.reference import norm, rotate
 
 H, D, K = 2, 16, 12  # heads, head dim, gate channels
 CFG = update(ModelConfig(n_layer=5, n_head=H, n_embd=H * D, gate_channels=K), {
-    "residual.mudd": True, "residual.attn_input_layer": 2, "residual.skip_from": 1,
-    "residual.skip_to": 2, "attention.layers": "AA.AA", "embed.value_embeds": ".0..1",
+    "residual.mudd": True, "residual.attn_input_layer": 2, "residual.skips": [[1, 2]],
+    "attention.layers": "AA.AA", "embed.value_embeds": ".0..1",
     "embed.value_gate": True, "attention.gate": True, "residual.sublayer_scales": True,
     "residual.x0_after_attention": True,
 })  # fmt: skip
@@ -247,7 +247,7 @@ def test_off_builds_nothing() -> None:
 @pytest.mark.parametrize(("change", "key"), [
     ({"residual.attn_input_layer": -1}, "attn_input_layer"),
     ({"residual.attn_input_layer": 4}, "attn_input_layer"),
-    ({"residual.skip_from": -1, "residual.skip_to": -1}, "skip_from"),
+    ({"residual.skips": []}, "skips"),
     ({"residual.backout_layer": 2}, "backout_layer"),
     ({"embed.value_embeds": "..1.1"}, "value_embeds"),
     ({"n_head": 1, "n_embd": 16}, "n_head"),

@@ -34,7 +34,7 @@ def run(cfg: ModelConfig, seed: int = 0) -> tuple[GPT, torch.Tensor, dict, dict]
 def test_the_skip_gate_is_per_token() -> None:
     """Input of layer 2 = out₁ + σ(w)·2·σ(x0_t[0:12]·gᵀ)·out₀ (D.1 step 4, the skip 3 → 6 in
     the record's layers)."""
-    cfg = update(BASE, {"residual.skip_from": 0, "residual.skip_to": 2,
+    cfg = update(BASE, {"residual.skips": [[0, 2]],
                         "residual.skip_per_token": True})  # fmt: skip
     model, x0, ins, got = run(cfg)
     w, g = model.scalars.skip_gate, model.skips.token_gate.weight  # (), (1, 12)
@@ -50,7 +50,7 @@ def test_the_skip_gate_is_per_token() -> None:
 
 def test_a_closed_token_gate_is_record_cs_skip() -> None:
     """g = 0 (its initial value): σ(w)·2·σ(0) = σ(w), bit for bit the one-weight skip."""
-    on = update(BASE, {"residual.skip_from": 0, "residual.skip_to": 2,
+    on = update(BASE, {"residual.skips": [[0, 2]],
                        "residual.skip_per_token": True})  # fmt: skip
     torch.manual_seed(0)
     a = GPT(on)

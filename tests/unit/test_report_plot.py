@@ -27,6 +27,7 @@ def write_run(
     hydra: bool = True,
     done_log: bool = False,
     target_reached: bool = False,
+    config: dict | None = None,
 ) -> Path:
     """A run that evaluated at steps 0, 1, 2, ... with `losses`; planned `steps` (default:
     as many as it logged, i.e. finished)."""
@@ -41,7 +42,9 @@ def write_run(
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if hydra:
         planned = len(losses) - 1 if steps is None else steps
-        config = {"train": {"steps": planned}, "data": data or SAMPLE, "seed": 0}
+        extra = config or {}
+        config = {"train": {"steps": planned, **extra.get("train", {})}, "data": data or SAMPLE,
+                  "seed": 0}  # fmt: skip
         (run / ".hydra").mkdir()
         (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
         (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
@@ -194,6 +197,12 @@ def test_no_record_target_by_default_off_fineweb(
     out, err = capsys.readouterr()
     row = out.splitlines()[1].split(",")
     assert err == "" and row[5:8] == ["1", "1.0", ""] and float(row[8]) == pytest.approx(0.01)
+    # A run of the GPT-2 Medium track aims at its own train.reference.target; mixed aims: none.
+    medium = {"train": {"reference": {"target": 2.92}}}
+    write_run(tmp_path / "m", "0", [10.0, 2.95, 2.91], data=FINEWEB, config=medium)
+    assert report.default_target(find_runs([tmp_path / "m"])) == (2.92, None)
+    target, why = report.default_target(find_runs([tmp_path / "m", tmp_path / "fw"]))
+    assert target is None and "different targets ([2.92, 3.28]" in why
     # Other shards, or no config at all, are not FineWeb either.
     write_run(tmp_path / "local", "0", [10.0, 3.0], data={"source": "shards", "dir": "/d"})
     assert report.default_target(find_runs([tmp_path / "local"]))[1].endswith(

@@ -58,7 +58,8 @@ RENAMED = {
 
 
 def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
-    """A saved config (nested dict) with its keys under today's names (RENAMED), the
+    """A saved config (nested dict) with its keys under today's names (RENAMED), the one
+    gated skip's layers as the list of skips (model.residual.skips), the
     parallel stage lists of a config saved before the stage table read as train.stages
     (`stages.moved.table_from_lists`), then its option values (an option value once named
     after a record: `RENAMED_VALUES`)."""
@@ -67,6 +68,11 @@ def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
         value = _pop(out, old)
         if value is not None:
             OmegaConf.update(out, new, value, force_add=True)
+    # The one gated skip's two layers are a pair of the list of skips now
+    source, target = (_pop(out, f"model.residual.{k}") for k in ("skip_from", "skip_to"))
+    if source is not None:
+        skips = [[source, target]] if source >= 0 else []
+        OmegaConf.update(out, "model.residual.skips", skips, force_add=True)
     lists = {k: v for k in [*COLUMN_OF, *ENTRY_OF] if (v := _pop(out, k)) is not None}
     if lists:
         mtp = bool(OmegaConf.select(out, "model.head.mtp", default=False))
