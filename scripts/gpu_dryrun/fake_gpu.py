@@ -44,6 +44,23 @@ def shim_path() -> Path:
     return CACHE / f"host_cuda-{key}.so"
 
 
+def missing() -> str | None:
+    """Why the dry run cannot run here (no Triton, no g++, or a CUDA build of torch, whose
+    own CUDA runtime the shim cannot stand in for), None where it can; imports torch."""
+    import shutil
+    from importlib.util import find_spec
+
+    import torch
+
+    if find_spec("triton") is None or shutil.which("g++") is None:
+        return 'the GPU dry run needs Triton (pip install "triton==3.6.0") and g++'
+    if torch.version.cuda is not None:
+        return (
+            f"the GPU dry run needs a CPU-only torch; this one is a CUDA {torch.version.cuda} build"
+        )
+    return None
+
+
 def build_shim() -> Path:
     """The shim, compiled with g++ against the installed torch unless already built (~15 s)."""
     import torch

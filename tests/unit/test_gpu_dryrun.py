@@ -12,10 +12,8 @@ must be preloaded before torch is imported.
 """
 
 import os
-import shutil
 import subprocess
 import sys
-from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -23,10 +21,10 @@ import pytest
 from scripts.gpu_dryrun import fake_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
-needs_triton = pytest.mark.skipif(
-    find_spec("triton") is None or shutil.which("g++") is None,
-    reason='the GPU dry run needs Triton (pip install "triton==3.6.0") and g++',
-)
+# Skipped with the reason wherever the dry run cannot run: no Triton or g++ (CI installs no
+# Triton), or a CUDA build of torch (the shim replaces a CPU-only torch's missing CUDA).
+REASON = fake_gpu.missing()
+needs_triton = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 PRELUDE = "from scripts.gpu_dryrun import fake_gpu\nfake_gpu.install()\nimport torch\n"
 
 FLEX = """
@@ -173,3 +171,23 @@ def test_bad_input_is_refused_by_name(argv: list[str], says: str) -> None:
     )  # fmt: skip
     assert done.returncode != 0
     assert says in done.stderr
+
+
+def test_where_it_cannot_run_it_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests above skip, naming the reason, under a CUDA build of torch on a machine
+    without a GPU (where the shim cannot stand in), and without Triton or g++."""
+    import importlib.util
+    import shutil
+
+    import torch
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    assert fake_gpu.missing() == (
+        "the GPU dry run needs a CPU-only torch; this one is a CUDA 13.0 build"
+    )
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert fake_gpu.missing() is None
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert "needs Triton" in fake_gpu.missing()
