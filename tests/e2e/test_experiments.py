@@ -121,7 +121,7 @@ def test_plot_draws_a_line_per_curve(tmp_path: Path) -> None:
     out = tmp_path / "curves.png"
     assert plot_curves.main([str(sweep), "--reference", "all", "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert len(reference_names()) == 7
+    assert len(reference_names()) == 8
 
 
 def test_a_reference_with_its_own_tokens_per_step() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.config.moved import MOVED
+from model.config.moved import MOVED, RESHAPED
 from tests.e2e.test_resume import run
 from trainer.checkpoint import files as checkpoint
 from trainer.checkpoint.files import CheckpointError
@@ -78,8 +78,13 @@ def test_a_checkpoint_from_before_a_new_option_resumes(tmp_path: Path, corpus_ca
     meta_file = source / "checkpoints" / "step_000002" / "meta.json"
     meta = json.loads(meta_file.read_text())
     model = meta["config"]["model"]
-    for old, new in MOVED.items():  # the flat schema's layout (groups then hold new keys only)
-        model[old] = model[new.split(".")[0]].pop(new.split(".")[1])
+    # the flat schema's layout (groups then hold new keys only); its one gated skip's two keys
+    pair = (model["residual"].pop("skips") or [[-1, -1]])[0]
+    for old, new in MOVED.items():
+        group, key = new.split(".")
+        model[old] = pair[("skip_from", "skip_to").index(key)] if new in RESHAPED else (
+            model[group].pop(key)
+        )  # fmt: skip
     for group in {new.split(".")[0] for new in MOVED.values()}:
         model.pop(group)  # what is left (the sublayer scales) is newer than the flat schema
     del model["unet"], model["window"], meta["config"]["train"]["untimed_steps"]
