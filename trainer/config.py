@@ -123,6 +123,12 @@ class TrainConfig:
     """Stop at the first evaluation at or below this val loss; 0 = train every step."""
     untimed_steps: int = 0
     """The first this many steps run but do not count as train time (warm-up)."""
+    compile_cache: str = field(default="~/.cache/gpt-speedrun/compile", metadata=OPERATIONAL)
+    """Where torch.compile's caches persist between runs when anything compiles
+    (model.compile, optim.compile): inductor's FX graph, AOTAutograd and autotune caches and
+    its Triton kernels (TORCHINDUCTOR_CACHE_DIR), so a second run of a preset loads its
+    kernels instead of building them; "" = torch's own place (/tmp/torchinductor_<user>,
+    gone at a reboot). A TORCHINDUCTOR_CACHE_DIR already set wins."""
     fault: FaultConfig = field(default_factory=FaultConfig, metadata=OPERATIONAL)
     reference: ReferenceConfig = field(default_factory=ReferenceConfig, metadata=OPERATIONAL)
 

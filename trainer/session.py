@@ -25,7 +25,7 @@ from data.passes import plan_passes
 from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.checkpoint.files import CHECKPOINTS_DIR
 from trainer.config import Config
-from trainer.launch.compile import compile_model
+from trainer.launch.compile import compile_model, use_compile_cache
 from trainer.launch.dist import (
     agree_on_config,
     local_main_first,
@@ -103,6 +103,8 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
     fsdp = conf.dist.strategy == "fsdp"
     if fsdp:  # before the optimizer: its state is sharded like the parameters
         shard_model(model, rt, resolve_param_dtype(conf.dist.fsdp_param_dtype, rt.device))
+    compiles = conf.model.compile or conf.optim.compile
+    cache = use_compile_cache(t.compile_cache) if compiles else None  # before any compile
     optimizer = parts.optimizer(
         model, conf.optim, device=rt.device, process_group=group, sharded=fsdp
     )
@@ -120,6 +122,8 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
     sink = MetricsSink.for_run(conf, rt, start, checkpoints.last)
     sink.info("%s", describe_run(conf, rt, model, optimizer.summary, accum_steps))
     sink.info("param groups:\n%s", optimizer.groups_table)
+    if cache is not None:
+        sink.info("compile cache: %s (train.compile_cache)", cache)
     if rt.is_main and (warning := cpu_cost_warning(conf, rt)) is not None:
         sink.warning("%s", warning)
     if rt.is_main and (warning := tie_outlasts_run(conf)) is not None:

@@ -16,15 +16,40 @@ so the compiled step computes the roundings the model writes (a conversion per c
 record D's head and loss then give eager's gradients bit for bit, against three quarters of
 them differing without it: tests/unit/test_record_d_head.py).
 
+A second run of the same preset starts fast when the first run's kernels are still on disk:
+`use_compile_cache` keeps inductor's caches (FX graphs, AOTAutograd, autotuning, Triton
+kernels) in train.compile_cache, ~/.cache/gpt-speedrun/compile, rather than torch's /tmp
+default, which a reboot or a fresh container loses. Dynamo still traces the model each run;
+inductor then finds every graph it compiled before and builds no kernel.
+
 `CompileCounts` reads torch's own counters, so a benchmark or a test can show that a graph
 has no breaks and that nothing recompiles after warm-up.
 """
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
+
+
+def use_compile_cache(directory: str) -> str | None:
+    """Point torch.compile's on-disk caches (inductor's, TORCHINDUCTOR_CACHE_DIR) at
+    `directory` (train.compile_cache, `~` expanded, created) unless the user set the
+    variable; returns the directory in use, None for torch's own default. Call it before the
+    first compile: inductor reads the variable when it first needs its cache."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    # torch writes its default into the variable on first use (importing dynamo does): that
+    # one is not the user's choice
+    ours = os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir())
+    if ours and directory:
+        path = Path(directory).expanduser()
+        path.mkdir(parents=True, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 
 
 def compile_model(module: nn.Module, backend: str | Callable = "inductor") -> nn.Module:
