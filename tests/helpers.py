@@ -69,3 +69,14 @@ def sigterm_after(cmd: list[str], cwd: Path, run_dir: Path | None, records: int)
 def _holds(run_dir: Path | None, cwd: Path, records: int) -> bool:
     found = [run_dir / "metrics.jsonl"] if run_dir else list(cwd.rglob("metrics.jsonl"))
     return any(f.exists() and len(f.read_text().splitlines()) >= records for f in found)
+
+
+def dotted(node: dict, prefix: str = "") -> dict:
+    """A nested dict (a preset file's) as {dotted key: value}, as `model.config.update`
+    takes its changes."""
+    out = {}
+    for key, value in node.items():
+        out |= (
+            dotted(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value}
+        )
+    return out

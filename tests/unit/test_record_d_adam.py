@@ -20,8 +20,8 @@ from optim.adam_table import resolve_table
 from optim.config import AdamRow, AdamWConfig, OptimConfig
 from optim.groups import partition_params
 from optim.schedule import OptimValues
-from tests.helpers import staged
-from tests.unit.test_record_d_model import PRESET, dotted
+from tests.helpers import dotted, staged
+from tests.unit.test_record_d_model import PRESET
 
 CPU = torch.device("cpu")
 BASE, LAMBDA, EPS = 0.008, 0.005, 1e-10

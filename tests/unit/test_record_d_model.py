@@ -15,7 +15,7 @@ from model import GPT, ModelConfig
 from model.config import update
 from model.mlp_fp8 import delayed_states
 from tests import record_d_reference as ref
-from tests.helpers import CONF_DIR, staged
+from tests.helpers import CONF_DIR, dotted, staged
 from trainer.checkpoint.upgrade import rename_key
 
 H, D, BOS, T = 6, 16, 50256, 24
@@ -23,15 +23,6 @@ SHORT, LONG, SCALE = 3, 7, 0.5
 MTP = [1.0, 0.5, 0.2]  # stage 1's weights (its last one mid-decay): t+1, t+2, t+3
 
 PRESET = CONF_DIR / "model" / "record_2026_07.yaml"
-
-
-def dotted(node: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in node.items():
-        out |= (
-            dotted(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value}
-        )
-    return out
 
 
 # The record's model as its preset composes it (conf/model/record_2026_07.yaml), at toy width

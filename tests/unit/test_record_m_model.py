@@ -18,22 +18,13 @@ from omegaconf import OmegaConf
 from model import GPT, ModelConfig
 from model.config import update
 from tests import record_m_reference as ref
-from tests.helpers import CONF_DIR, staged
+from tests.helpers import CONF_DIR, dotted, staged
 
 H, D, BOS, T = 4, 16, 50256, 24
 SHORT, LONG, SCALE = 3, 7, 0.5
 MTP = [1.0, 0.5, 0.2]  # stage 1's weights, its last one mid-decay: t+1, t+2, t+3
 
 PRESET = CONF_DIR / "model" / "record_medium_2025_12.yaml"
-
-
-def dotted(node: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in node.items():
-        out |= (
-            dotted(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value}
-        )
-    return out
 
 
 # The record's model as its preset composes it, at toy width, with its roundings off (bf16
