@@ -122,8 +122,7 @@ class ResidualConfig:
     on its input, and a second network mixes c₀ = x0, c₇ = output of attn_input_layer,
     c₉ = the last layer's input, ve₀ = table 0's lookup and c₃ = output of the one skip's
     source into the stream after it (n₁ on c₇ is the backout). Needs attn_input_layer, one
-    skip and table 0
-    in model.embed.value_embeds; excludes backout_layer. Parameters `mudd.w1`
+    skip and table 0 in model.embed.value_embeds; excludes backout_layer. Parameters `mudd.w1`
     (2, mudd_hidden, d), `mudd.w2` (2, 14, mudd_hidden), `mudd.b2` (2, 14): 14 outputs per
     network, of which the last layer reads 14 and the one after it 5."""
     mudd_hidden: int = 64

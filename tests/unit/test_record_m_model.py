@@ -228,3 +228,33 @@ def test_the_preset_takes_a_training_step_with_its_roundings() -> None:
     with torch.no_grad():
         val = model(idx, idx.roll(-1, 1), **windows)
     assert 10 < val.item() < 12  # ≈ ln(50304) = 10.83
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"residual.skips": [[9, 6]]}, r"model\.residual\.skips\[0\] must be a pair \[from, to\]"),
+        ({"residual.skips": [[6, 16]]}, r"must be a pair .* below model\.n_layer \(16\)"),
+        ({"residual.skips": [[1, 2, 3]]}, r"model\.residual\.skips\[0\] must be a pair"),
+        ({"numerics.scalars_layout": "weight_lambdas", "residual.x0_lambdas": False,
+          "residual.x0_shortcut": False, "embed.second_table": False},
+         r"scalars_layout=weight_lambdas holds one skip logit, model\.residual\.skips has 3"),
+        ({"numerics.scalars_layout": "mixes", "attention.weight_lambdas": False,
+          "residual.x0_lambdas": False, "embed.second_table": False},
+         r"scalars_layout=mixes holds one skip logit"),
+        ({"residual.x0_lambdas": False, "embed.second_table": False},
+         r"residual_weight_lambdas holds the x0 shortcut's a_ℓ .* set model\.residual\.x0_lambdas"),
+        ({"embed.second_table": True, "residual.x0_lambdas": False,
+          "residual.x0_shortcut": False}, r"second_table adds x02 .*x0_lambdas=true$"),
+        ({"residual.x0_shortcut": False}, r"x0_lambdas holds the x0 shortcut's weights"),
+        ({"embed.value_gate": False}, r"no place for the ungated value tables"),
+        ({"attention.rope": "full"}, r"key_offset shifts the key channels the rotary leaves"),
+        ({"embed.value_gate_input": "value"}, r"model\.embed\.value_gate_input must be one of"),
+        ({"attention.yarn_max_window": -1}, r"model\.attention\.yarn_max_window must be >= 0"),
+        ({"head.loss": "fused"}, r"loss=fused computes c·tanh\(z/c\)"),
+    ],
+)  # fmt: skip
+def test_bad_settings_name_their_key(changes: dict, says: str) -> None:
+    """Each of record M's keys, set where it cannot work, fails naming what to change."""
+    with pytest.raises(ValueError, match=says):
+        update(config(16), changes).validate()

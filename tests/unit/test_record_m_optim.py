@@ -143,13 +143,9 @@ def draw(dtype=torch.float64, steps=2):
     return weights, grads, params
 
 
-def normuon(preset) -> MuonConfig:
-    return preset.optim.muon
-
-
 def test_normuon_steps_are_the_formula_and_misreadings_are_not(preset) -> None:
     weights, grads, params = draw()
-    opt = Muon(params.values(), normuon(preset), ns_dtype=torch.float64)
+    opt = Muon(params.values(), preset.optim.muon, ns_dtype=torch.float64)
     got = []
     for step in grads:
         for n, p in params.items():
