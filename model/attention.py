@@ -42,6 +42,7 @@ from model.plan import LayerSpec
 from model.rotary import Rotary, static_spans
 from model.scalars import WEIGHT_LAMBDAS_INIT
 from model.values import ValueMix
+from model.varlen import Segments, attend_varlen
 from model.xsa import xsa
 
 
@@ -53,7 +54,10 @@ def attend(
     score_mod, so a compiled model neither syncs nor recompiles. SDPA takes only a float
     scale, so there the tensor multiplies q: the bf16 q times the fp32 scale, rounded once to
     q's dtype (one more rounding than the kernel's own scaling, none that a host sync or a
-    graph break would cost; the scale itself is not rounded to bf16 first)."""
+    graph break would cost; the scale itself is not rounded to bf16 first). Varlen segments
+    (model/varlen.py) go to the varlen kernel, with a Python float scale."""
+    if isinstance(mask, Segments):  # model.attention.impl=varlen: scale is a Python float
+        return attend_varlen(q, k, v, mask, scale)
     if isinstance(scale, Tensor) and (mask is None or isinstance(mask, Tensor)):
         q, scale = q * scale.to(torch.promote_types(q.dtype, torch.float32)), 1.0
     elif isinstance(scale, Tensor):
@@ -114,6 +118,7 @@ class CausalSelfAttention(nn.Module, ABC):
         self.xsa = spec.xsa
         self.paired = spec.paired
         self.mask_key = spec.mask_key
+        self.varlen = cfg.attention.impl == "varlen"
         # the key offset is the normal long-window layers' (a paired layer has none), on the
         # channels the rotary leaves unrotated
         key_offset = cfg.attention.key_offset and spec.window == "long" and not spec.paired
@@ -240,6 +245,11 @@ class CausalSelfAttention(nn.Module, ABC):
 
     @track_max_logit.setter
     def track_max_logit(self, on: bool) -> None:
+        if on and self.varlen:  # the flash kernel returns no logits, and no mask to read
+            raise ValueError(
+                "QK-clip (optim.muon.qk_clip) reads each head's logits through a mask; "
+                "model.attention.impl=varlen has none: use model.attention.impl=auto or flex"
+            )
         if on and self.paired:  # a slot's logits mix two heads: no per-head maximum
             raise ValueError(
                 f"QK-clip tracks per-head logits; layer {self.layer} pairs heads "

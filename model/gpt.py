@@ -28,6 +28,7 @@ from model.embedding import smear, value_lookups, value_tables
 from model.flops import StepFlops
 from model.head import head_logits
 from model.init import initialise
+from model.kernel_step import KernelStep
 from model.layers import linear, rms_norm
 from model.loss import model_loss
 from model.masks import build_masks
@@ -40,6 +41,7 @@ from model.rotary import Rotary
 from model.scalars import Scalars
 from model.steps import StepInputs, step_inputs
 from model.values import ValueGates
+from model.varlen import Segments, varlen_masks, varlen_support
 from model.xsa import XSA
 from model.yarn import yarn_table
 
@@ -85,6 +87,9 @@ class GPT(nn.Module):
                 att.scale or cfg.head_dim**-0.5,
                 att.yarn_max_window,
             ).attn_scales
+        # As Python floats too: the varlen kernel takes its scale as one (model/varlen.py)
+        self.yarn_scale_list: list[float] | None = scales
+        if scales is not None:
             scales = torch.tensor(scales, dtype=torch.float64)
         self.register_buffer("yarn_scales", scales, persistent=False)
         self._mask_kinds = mask_kinds(self.plan)  # (normal, paired): the masks to build
@@ -109,6 +114,41 @@ class GPT(nn.Module):
         for state in delayed_states(self.blocks).values():
             state.reset(k, device)
 
+    def _varlen(
+        self, idx: Tensor, step: KernelStep | None
+    ) -> tuple[dict[str | None, Segments], float | None]:
+        """model.attention.impl=varlen: the masks as segments and the scale as a Python float
+        (YaRN's of the stage, else the config's; None: the kernel's 1/√D). Training takes the
+        step's capacity and longest segment, evaluation max_segments and whole rows."""
+        att = self.cfg.attention
+        if step is None:
+            raise ValueError(
+                "model.attention.impl=varlen: the forward needs kernel_step (ModelConfig.step_args "
+                "gives it)"
+            )
+        T = idx.size(1)
+        capacity, max_len = step.capacity, step.max_len
+        if not self.training:
+            capacity, max_len = att.max_segments, 0
+        windows = {None: -1, "long": step.long, "short": step.short}
+        masks = varlen_masks(
+            idx, att.document_mask, self._mask_kinds[0], self._mask_kinds[1], windows,
+            capacity, min(max_len or T, T),
+        )  # fmt: skip
+        if self.yarn_scale_list is not None:
+            return masks, self.yarn_scale_list[step.yarn_stage]
+        return masks, att.scale or None
+
+    def check_device(self, device: torch.device) -> None:
+        """Raise ValueError, naming the key, where this model's kernels cannot run on
+        `device` (the trainer asks before the first step)."""
+        att = self.cfg.attention
+        if att.impl == "varlen" and (why := varlen_support(device)) is not None:
+            raise ValueError(
+                f"model.attention.impl=varlen: {why}; use model.attention.impl=auto (FlexAttention "
+                "on CUDA, SDPA elsewhere)"
+            )
+
     def reset_parameters(self) -> None:
         """Initialise as the records do (model/init.py)."""
         initialise(self)
@@ -131,10 +171,11 @@ class GPT(nn.Module):
         short_window_tokens: Tensor | float | None = None,
         yarn_stage: Tensor | None = None,
         mtp_weights: Tensor | None = None,
+        kernel_step: KernelStep | None = None,
     ) -> Tensor:
         """Training FLOPs of one forward and backward over `idx` (model/flops.py), a 0-d
         tensor on its device; the forward's step arguments as it takes them (the YaRN stage
-        and the MTP weights change no FLOPs)."""
+        the MTP weights and the varlen kernel's step change no FLOPs)."""
         if self._flops is None:
             self._flops = StepFlops.of(self)
         return self._flops(idx, window_tokens, short_window_tokens)
@@ -168,6 +209,7 @@ class GPT(nn.Module):
         short_window_tokens: Tensor | None = None,
         yarn_stage: Tensor | None = None,
         mtp_weights: Tensor | None = None,
+        kernel_step: KernelStep | None = None,
     ) -> Tensor:
         """Logits (B, T, vocab) when `targets` is None, else the cross-entropy loss (the mean,
         or in training with model.head.reduction=sum the sum over tokens).
@@ -175,13 +217,15 @@ class GPT(nn.Module):
         The step arguments (model/steps.py): `window_tokens`, the long sliding window, in
         tokens; `short_window_tokens`, the short one (token windows only; block windows halve
         the long one); `yarn_stage`, the YaRN stage (None = stage 0); `mtp_weights`, the
-        multi-token weights (K_max,) that training with model.head.mtp needs (model/mtp.py).
+        multi-token weights (K_max,) that training with model.head.mtp needs (model/mtp.py);
+        `kernel_step`, the same step as the varlen kernel's Python numbers, which
+        model.attention.impl=varlen reads instead (model/varlen.py).
         """
         step = step_inputs(
             self.cfg.attention, self.yarn_scales, window_tokens, short_window_tokens, yarn_stage
         )
         x, x0, bigram = self._embed(idx)
-        x = self._layers(x, x0, self._context(idx, x0, step, bigram))
+        x = self._layers(x, x0, self._context(idx, x0, step, bigram, kernel_step))
         return self._head(x, targets, mtp_weights if self.cfg.head.mtp else None)
 
     def _embed(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -232,14 +276,26 @@ class GPT(nn.Module):
         )
         return model_loss(logits, targets, cfg.head, self.training, mtp_weights)
 
-    def _context(self, idx: Tensor, x0: Tensor, step: StepInputs, bigram: Tensor | None) -> Context:
+    def _context(
+        self,
+        idx: Tensor,
+        x0: Tensor,
+        step: StepInputs,
+        bigram: Tensor | None,
+        kernel_step: KernelStep | None = None,
+    ) -> Context:
         """What every layer of this forward shares, computed once."""
         att, res = self.cfg.attention, self.cfg.residual
-        masks = build_masks(
-            idx, att.document_mask, self._mask_kinds[0], step.window, att.window_block,
-            impl=att.impl, token_window=att.window_granularity == "token",
-            short_window=step.short, paired=self._mask_kinds[1],
-        )  # fmt: skip
+        if att.impl == "varlen":
+            masks, scale = self._varlen(idx, kernel_step)
+        else:
+            masks = build_masks(
+                idx, att.document_mask, self._mask_kinds[0], step.window, att.window_block,
+                impl=att.impl, token_window=att.window_granularity == "token",
+                short_window=step.short, paired=self._mask_kinds[1],
+            )  # fmt: skip
+            # YaRN's scale of the stage, else the config's (None: SDPA's own 1/√D)
+            scale = step.attn_scale if step.attn_scale is not None else att.scale or None
         return Context(
             x0=x0 if res.x0_shortcut or res.x0_after_attention or res.mudd else None,
             x02=None if self.embed2 is None else rms_norm(self.embed2(idx)),
@@ -247,8 +303,7 @@ class GPT(nn.Module):
             masks=masks,
             scalars=self.scalars,
             yarn_stage=step.yarn_stage,
-            # YaRN's scale of the stage, else the config's (None: SDPA's own 1/√D)
-            attn_scale=step.attn_scale if step.attn_scale is not None else att.scale or None,
+            attn_scale=scale,
             bigram_term=bigram,
             bigram=self.bigram,
             sublayer_scales=self.sublayer_scales,

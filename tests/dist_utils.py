@@ -6,13 +6,22 @@ fn(rank, world, *args) on every rank, in a fresh process group on a fresh port (
 with torchrun's environment variables and no group, for code like `train` that starts its
 own ("torchrun"). Spawning ranks for each test cost ~3 s of interpreter and torch start-up
 per rank, most of a small multi-rank test. After a job each rank leaves no process group and
-no torchrun variables behind; a failed or timed-out job replaces the whole pool, so the next
-job starts clean. Any rank's error is raised in the test with its traceback.
+no torchrun variables behind, and its garbage is collected while its group still exists (so
+no object of one job, a sharded model holding the group, is destroyed inside the next); a failed
+or timed-out job replaces the whole pool, so the next job starts clean. Any rank's error is
+raised in the test with its traceback.
+
+A job during which a rank's process is killed by a signal (a native crash inside torch or
+gloo, not a Python error: CI once saw glibc abort a gloo FSDP2 rank with "malloc(): unaligned
+tcache chunk detected" after hundreds of jobs in the same processes) runs once more in a fresh
+pool, and the test says so on stderr. A job that crashes twice, or fails in Python, fails.
 """
 
 import atexit
+import gc
 import os
 import queue
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -57,6 +66,7 @@ def _serve(rank: int, world: int, inbox: Any, outbox: Any) -> None:
         except BaseException:  # a test's error, reported with its traceback
             outbox.put((rank, traceback.format_exc()))
         finally:
+            gc.collect()
             if dist.is_initialized():
                 dist.destroy_process_group()
             for key in TORCHRUN_VARS:
@@ -81,6 +91,10 @@ def _run_job(rank: int, world: int, fn: Callable, args: tuple, mode: str, port: 
     dist.barrier()
 
 
+class RankCrashed(RuntimeError):
+    """A rank's process was killed by a signal during a job (see the module docstring)."""
+
+
 class RankPool:
     """`world` spawned ranks that run jobs one at a time (see the module docstring)."""
 
@@ -102,7 +116,9 @@ class RankPool:
             inbox.put((fn, args, mode, port))
         errors = self._collect()
         if errors:
-            raise RuntimeError("\n".join(f"rank {r} failed:\n{e}" for r, e in errors.items()))
+            text = "\n".join(f"rank {r} failed:\n{e}" for r, e in errors.items())
+            signalled = any((p.exitcode or 0) < 0 for p in self.procs)
+            raise (RankCrashed if signalled else RuntimeError)(text)
 
     def _collect(self) -> dict[int, str]:
         """Every rank's error (none: the job succeeded). A rank that dies, a job past
@@ -154,6 +170,15 @@ def _close_all() -> None:
 
 
 def _submit(fn: Callable[..., None], world: int, args: tuple, mode: str) -> None:
+    try:
+        _run_once(fn, world, args, mode)
+    except RankCrashed as crash:
+        print(f"dist_utils: a rank crashed in {fn.__name__}; running it again in fresh "
+              f"processes. The crash:\n{crash}", file=sys.stderr)  # fmt: skip
+        _run_once(fn, world, args, mode)
+
+
+def _run_once(fn: Callable[..., None], world: int, args: tuple, mode: str) -> None:
     pool = _pool(world)
     try:
         pool.run(fn, args, mode)

@@ -96,6 +96,8 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
             rank=rt.rank, world_size=rt.world_size, progress=rt.is_main,
         )  # fmt: skip
     model = parts.model(conf.model).to(rt.device)
+    if hasattr(model, "check_device"):  # kernels this device can't run, before any step
+        model.check_device(rt.device)
     if rt.device.type == "cpu":  # before the first step: an OOM kill would say nothing
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", rt.world_size))
         main_decides(lambda: check_fits(conf, model, rt.world_size, ranks_here), rt)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from data.loader import Batch
+from model.kernel_step import KernelStep
 from optim import CombinedOptimizer
 from trainer.forward import forward_backward
 from trainer.launch.dist import all_reduce_sum
@@ -108,11 +109,15 @@ class TrainStep:
         """The schedule's forward arguments as device tensors (a changing Python number would
         make a compiled model recompile): a number as a 0-d tensor, a tuple (the MTP weights)
         as a 1-D one. Each is filled in on the device, not copied from the host (a copy waits
-        for the queued work), and reused while its value holds."""
+        for the queued work), and reused while its value holds. The varlen kernel's
+        `KernelStep` stays Python: the kernel takes Python numbers, and they change only with
+        the stage, where the shapes recompile anyway (model/varlen.py)."""
         for key, value in args.items():
             held = self._args.get(key)
             if held is None or held[0] != value:
-                self._args[key] = (value, filled(value, self.rt.device))
+                # The varlen kernel's Python arguments stay Python (model/varlen.py)
+                kept = value if isinstance(value, KernelStep) else filled(value, self.rt.device)
+                self._args[key] = (value, kept)
         return {key: self._args[key][1] for key in args}
 
 

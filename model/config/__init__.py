@@ -27,6 +27,7 @@ step's row from it (`step_args`).
 """
 
 import copy
+import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
@@ -36,6 +37,7 @@ from model.config.head import HeadConfig
 from model.config.moved import MOVED, moved_key, moved_message
 from model.config.numerics import NumericsConfig
 from model.config.stream import EmbedConfig, MlpConfig, ResidualConfig
+from model.kernel_step import KernelStep
 from model.mtp_schedule import mtp_weights_at
 from model.window_schedule import window_at, window_schedule_at
 from stages import StageTable
@@ -110,7 +112,7 @@ class ModelConfig:
         total_steps: int,
         scheduled_steps: int | None = None,
         final_eval: bool = False,
-    ) -> dict[str, float | tuple[float, ...]]:
+    ) -> dict[str, float | tuple[float, ...] | KernelStep]:
         """The forward's step-dependent arguments for `step` (0 ... total_steps: the training
         update `step`, or an evaluation after `step` updates); the run's schedule
         (trainer/schedule.py) asks for them once per step. The schedules span the first
@@ -128,7 +130,26 @@ class ModelConfig:
         args = self._window_args(step, total_steps, scheduled, final_eval)
         if self.head.mtp and self.stages is not None and self.stages.column("mtp_weights"):
             args["mtp_weights"] = mtp_weights_at(self.stages, step, scheduled)
+        if self.attention.impl == "varlen":
+            args["kernel_step"] = self._kernel_step(args, step, scheduled)
         return args
+
+    def _kernel_step(self, args: dict, step: int, scheduled: int) -> KernelStep:
+        """With attention.impl=varlen, "kernel_step": the kernel's Python arguments
+        (model/varlen.py): the windows in whole tokens (−1: none), the YaRN stage, and the
+        stage's max_pieces + 1 and max_piece_len where the stage table sets them."""
+
+        def whole(key: str) -> int:
+            return math.floor(args[key]) if key in args else -1
+
+        capacity, max_len = self.attention.max_segments, 0
+        if self.stages is not None and self.stages.rows:
+            row = self.stages.row(step, scheduled)
+            capacity = row.max_pieces + 1 if row.max_pieces else capacity
+            max_len = row.max_piece_len or 0
+        stage = int(args.get("yarn_stage", 0))
+        long, short = whole("window_tokens"), whole("short_window_tokens")
+        return KernelStep(long, short, stage, capacity, max_len)
 
     def _window_args(
         self, step: int, total_steps: int, scheduled: int, final_eval: bool

@@ -14,7 +14,7 @@ from stages.moved import refuse_moved
 
 ROPES = ("full", "half_truncated", "interleaved_half")
 VALUE_RESIDUALS = ("off", "fixed", "learned")
-IMPLS = ("auto", "sdpa", "flex")
+IMPLS = ("auto", "sdpa", "flex", "varlen")
 WINDOW_GRANULARITIES = ("block", "token")
 OUT_INITS = ("zero", "uniform")
 
@@ -32,7 +32,14 @@ class AttentionConfig:
     """Per-layer pattern: "A" attention, "." MLP only; "" = all attention."""
     impl: str = field(default="auto", metadata={"choices": IMPLS})
     """The kernel behind document / window masks: sdpa (a dense mask) | flex (FlexAttention
-    over block masks) | auto: flex on CUDA, sdpa elsewhere."""
+    over block masks) | varlen (a varlen flash kernel over the documents as segments, CUDA and
+    a torch whose torch.nn.attention.varlen_attn takes window_size; token windows or none;
+    model/varlen.py) | auto: flex on CUDA, sdpa elsewhere."""
+    max_segments: int = 1024
+    """impl=varlen: the most segments (a row's start, each document in it) one forward's batch
+    may hold, the size of the kernel's cu_seqlens less one, in evaluation and in training
+    stages without train.stages.rows.N.max_pieces (with it: max_pieces + 1). More fail on the
+    device; room left over costs the kernel empty segments."""
     scale: float = 0.0
     """softmax(scale · q·kᵀ); 0 = 1/√head_dim."""
     qk_norm: bool = True
@@ -137,6 +144,7 @@ class AttentionConfig:
                 raise ValueError(
                     f"model.attention.{key} must be positive, got {getattr(self, key)}"
                 )
+        self._validate_varlen()
         for key in ("scale", "window_tokens", "init_std", "yarn_max_window"):
             if getattr(self, key) < 0:
                 raise ValueError(f"model.attention.{key} must be >= 0, got {getattr(self, key)}")
@@ -159,6 +167,25 @@ class AttentionConfig:
             raise ValueError(
                 "model.attention.window_granularity=token needs model.attention.window (which "
                 "layers)"
+            )
+
+    def _validate_varlen(self) -> None:
+        if self.max_segments < 1:
+            raise ValueError(f"model.attention.max_segments must be >= 1, got {self.max_segments}")
+        if self.impl != "varlen":
+            return
+        if self.window and self.window_granularity != "token":
+            raise ValueError(
+                "model.attention.impl=varlen: the kernel's window is token-granular (i − j ≤ W); "
+                "whole-block windows need model.attention.impl=flex, or set "
+                "model.attention.window_granularity=token"
+            )
+        if self.window_tokens:
+            raise ValueError(
+                "model.attention.impl=varlen takes the window as a Python number, so a compiled "
+                "model recompiles at each new width: a window growing linearly "
+                "(model.attention.window_tokens) would recompile every few steps; use a window "
+                "by stage (train.stages.rows.N.window) or model.attention.impl=flex"
             )
 
     def _validate_windows(self) -> None:

@@ -6,9 +6,10 @@ The reference is the H100 itself: record #89's first two GPU calls failed on two
 record's loss (an e5m2 buffer written by chunks, with the device's Triton, 3.6). Here the code
 that failed there fails with the same error, and the code that replaced it compiles.
 
-These need Triton (`pip install "triton==3.6.0"`, the H100's; ~190 MB) and g++, and skip
-without them: CI does not install Triton. Each case runs in its own process, since the shim
-must be preloaded before torch is imported.
+These need Triton 3.6 (`make dryrun`, or `pip install "triton==3.6.0"`: the H100's, whose
+errors they reproduce; ~190 MB) and g++, and skip without them: CI installs a newer Triton, for
+the kernels' interpreter tests, under which the loss's old code compiles. Each case runs in its
+own process, since the shim must be preloaded before torch is imported.
 """
 
 import os
@@ -21,9 +22,25 @@ import pytest
 from scripts.gpu_dryrun import fake_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
-# Skipped with the reason wherever the dry run cannot run: no Triton or g++ (CI installs no
-# Triton), or a CUDA build of torch (the shim replaces a CPU-only torch's missing CUDA).
-REASON = fake_gpu.missing()
+
+
+def _reason() -> str | None:
+    """Why these skip: no Triton or g++, a CUDA build of torch (the shim replaces a CPU-only
+    torch's missing CUDA), or a Triton other than the H100's 3.6."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    if (why := fake_gpu.missing()) is not None:
+        return why
+    try:
+        found = version("triton")
+    except PackageNotFoundError:  # a Triton importable but not installed as a package
+        return None
+    if not found.startswith("3.6."):
+        return f"these reproduce the H100's Triton 3.6 errors; Triton {found} is installed"
+    return None
+
+
+REASON = _reason()
 needs_triton = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 PRELUDE = "from scripts.gpu_dryrun import fake_gpu\nfake_gpu.install()\nimport torch\n"
 

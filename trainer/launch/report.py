@@ -86,8 +86,13 @@ def _write_error_file(e: BaseException) -> None:
     if not path:
         return
     text = f"{type(e).__name__}: {e}"
+    # The launcher names the rank whose file has the earliest timestamp (whole seconds) as
+    # the root cause. A rank stopping for a peer may write before the peer that failed (on a
+    # loaded machine, between the failure's broadcast and its own file): its time is the
+    # time it leaves, after its exit delay, so the failing rank's file always comes first.
+    when = time.time() + _exit_delay(e) if isinstance(e, PeerFailed) else time.time()
     data = {
-        "message": {"message": text, "extraInfo": {"timestamp": str(int(time.time()))}},
+        "message": {"message": text, "extraInfo": {"timestamp": str(int(when))}},
         LINE_KEY: str(e),
     }
     # Whole or not at all: the launcher fails on a half-written file.

@@ -1,0 +1,15 @@
+"""The varlen attention kernel's Python arguments of a step (model.attention.impl=varlen,
+model/varlen.py): torch-free, so the model's config can build them (`ModelConfig.step_args`)."""
+
+from typing import NamedTuple
+
+
+class KernelStep(NamedTuple):
+    """The varlen kernel's Python arguments for one training step (`ModelConfig.step_args`);
+    an evaluation takes model.attention.max_segments and whole rows instead."""
+
+    long: int  # the long window W in tokens (−1: none)
+    short: int  # the short window in tokens (−1: none)
+    yarn_stage: int  # the row of the model's YaRN scales (0 without YaRN)
+    capacity: int  # segments cu_seqlens has room for (its length − 1)
+    max_len: int  # the longest segment in tokens: the stage's piece cap, 0 = the row
