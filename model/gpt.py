@@ -119,21 +119,21 @@ class GPT(nn.Module):
     ) -> tuple[dict[str | None, Segments], float | None]:
         """model.attention.impl=varlen: the masks as segments and the scale as a Python float
         (YaRN's of the stage, else the config's; None: the kernel's 1/√D). Training takes the
-        step's capacity and longest segment, evaluation max_segments and whole rows."""
+        step's segments a row and longest segment, evaluation max_segments and whole rows."""
         att = self.cfg.attention
         if step is None:
             raise ValueError(
                 "model.attention.impl=varlen: the forward needs kernel_step (ModelConfig.step_args "
                 "gives it)"
             )
-        T = idx.size(1)
-        capacity, max_len = step.capacity, step.max_len
+        B, T = idx.shape
+        row_segments, max_len = step.row_segments, step.max_len
         if not self.training:
-            capacity, max_len = att.max_segments, 0
+            row_segments, max_len = att.max_segments, 0
         windows = {None: -1, "long": step.long, "short": step.short}
         masks = varlen_masks(
             idx, att.document_mask, self._mask_kinds[0], self._mask_kinds[1], windows,
-            capacity, min(max_len or T, T),
+            B * row_segments, min(max_len or T, T),
         )  # fmt: skip
         if self.yarn_scale_list is not None:
             return masks, self.yarn_scale_list[step.yarn_stage]

@@ -11,5 +11,5 @@ class KernelStep(NamedTuple):
     long: int  # the long window W in tokens (−1: none)
     short: int  # the short window in tokens (−1: none)
     yarn_stage: int  # the row of the model's YaRN scales (0 without YaRN)
-    capacity: int  # segments cu_seqlens has room for (its length − 1)
+    row_segments: int  # the most segments a row holds: the stage's max_pieces, or max_segments
     max_len: int  # the longest segment in tokens: the stage's piece cap, 0 = the row

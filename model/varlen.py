@@ -16,9 +16,11 @@ Shapes stay static, so a compiled model neither syncs nor recompiles within a st
 `cu_seqlens` always has `capacity` + 1 entries, the starts found on the device
 (`nonzero_static`) and the unused tail filled with N (empty segments, as the record pads its
 cu_seqlens with repeats of L). More segments than `capacity` fail on the device
-(`_assert_async`) rather than merge documents; the capacity is the stage's
-train.stages.rows.N.max_pieces + 1 where it is set, else model.attention.max_segments. The
-window, the attention scale (YaRN's of the stage), the capacity and the longest segment are
+(`_assert_async`) rather than merge documents; the capacity is B rows times the stage's
+train.stages.rows.N.max_pieces (each row starts a piece) where it is set, else times
+model.attention.max_segments: record #89's one row of 63 / 95 / 127 pieces gives its 64 / 96
+/ 128 entries. The window, the attention scale (YaRN's of the stage), the segments a row and
+the longest segment are
 Python numbers of the step (`KernelStep`), as the kernel takes them: a compiled model
 (dynamic=False) compiles once per distinct step, and these change only with the stage.
 """

@@ -137,19 +137,19 @@ class ModelConfig:
     def _kernel_step(self, args: dict, step: int, scheduled: int) -> KernelStep:
         """With attention.impl=varlen, "kernel_step": the kernel's Python arguments
         (model/varlen.py): the windows in whole tokens (−1: none), the YaRN stage, and the
-        stage's max_pieces + 1 and max_piece_len where the stage table sets them."""
+        stage's max_pieces and max_piece_len where the stage table sets them."""
 
         def whole(key: str) -> int:
             return math.floor(args[key]) if key in args else -1
 
-        capacity, max_len = self.attention.max_segments, 0
+        row_segments, max_len = self.attention.max_segments, 0
         if self.stages is not None and self.stages.rows:
             row = self.stages.row(step, scheduled)
-            capacity = row.max_pieces + 1 if row.max_pieces else capacity
+            row_segments = row.max_pieces or row_segments
             max_len = row.max_piece_len or 0
         stage = int(args.get("yarn_stage", 0))
         long, short = whole("window_tokens"), whole("short_window_tokens")
-        return KernelStep(long, short, stage, capacity, max_len)
+        return KernelStep(long, short, stage, row_segments, max_len)
 
     def _window_args(
         self, step: int, total_steps: int, scheduled: int, final_eval: bool

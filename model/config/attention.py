@@ -36,10 +36,10 @@ class AttentionConfig:
     a torch whose torch.nn.attention.varlen_attn takes window_size; token windows or none;
     model/varlen.py) | auto: flex on CUDA, sdpa elsewhere."""
     max_segments: int = 1024
-    """impl=varlen: the most segments (a row's start, each document in it) one forward's batch
-    may hold, the size of the kernel's cu_seqlens less one, in evaluation and in training
-    stages without train.stages.rows.N.max_pieces (with it: max_pieces + 1). More fail on the
-    device; room left over costs the kernel empty segments."""
+    """impl=varlen: the most segments (the row's start, each document in it) one row may hold,
+    in evaluation and in training stages without train.stages.rows.N.max_pieces (with it,
+    max_pieces); the kernel's cu_seqlens has rows × this + 1 entries. More fail on the device;
+    room left over costs the kernel empty segments."""
     scale: float = 0.0
     """softmax(scale · q·kᵀ); 0 = 1/√head_dim."""
     qk_norm: bool = True

@@ -95,7 +95,7 @@ def test_record_89s_toy_through_the_kernel_equals_sdpa(stand_in: None, step: int
     args = step_args(flash, step)
     dense.yarn_scales = None
     dense.cfg.attention.scale = flash.yarn_scale_list[args["kernel_step"].yarn_stage]
-    assert args["kernel_step"].capacity == (64 if step == 0 else 128)
+    assert args["kernel_step"].row_segments == (63 if step == 0 else 127)
     idx = tokens(1, 128, seed=step)
     y = torch.roll(idx, -1, 1)
     losses = []
@@ -125,12 +125,12 @@ def test_several_rows_are_separate_segments(stand_in: None) -> None:
 
 
 def test_the_stage_table_sizes_the_kernel_step() -> None:
-    """Training steps take the stage's max_pieces + 1 and max_piece_len, the windows of the
-    stage in whole tokens and its YaRN stage (record #89: 64 / 96 / 128 entries)."""
+    """Training steps take the stage's max_pieces and max_piece_len, the windows of the
+    stage in whole tokens and its YaRN stage (record #89: 63 / 95 / 127 pieces)."""
     cfg = toy("varlen").cfg
     steps = [cfg.stages.start(k, 1390) for k in range(3)] + [1389]
     got = [cfg.step_args(s, 1390)["kernel_step"] for s in steps]
-    assert [k.capacity for k in got] == [64, 96, 128, 128]
+    assert [k.row_segments for k in got] == [63, 95, 127, 127]
     assert [k.max_len for k in got] == [896, 2048, 2048, 2048]
     floats = [cfg.step_args(s, 1390) for s in steps]
     assert [k.long for k in got] == [int(a["window_tokens"]) for a in floats]
