@@ -77,11 +77,32 @@ def attend(
     return _flex(q)(q, k, v, block_mask=mask, scale=scale)
 
 
+# Graphs the standalone FlexAttention may compile: one per shape, mask kind and score_mod, so
+# record #89 eager needs about 4 per stage (long, short, paired long, paired short) and 4 more
+# per evaluation length. Past dynamo's default of 8 it would fall back, silently, to the eager
+# kernel that materialises every score: 48 GiB more at stage 2 on an H200, out of memory.
+FLEX_RECOMPILES = 64
+
+
 @functools.cache
 def _flex_compiled() -> Callable:
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    return compiled_alone(flex_attention, FLEX_RECOMPILES)
+
+
+def compiled_alone(fn: Callable, recompiles: int, backend: str | Callable = "inductor") -> Callable:
+    """`fn` compiled on its own (static shapes), allowed `recompiles` graphs, and failing
+    (fullgraph) rather than running uncompiled once it would need more."""
+    compiled = torch.compile(fn, dynamic=False, fullgraph=True, backend=backend)
+
+    def call(*args, **kwargs):
+        # dynamo reads the limit at each cache miss: patched around the call, it is this
+        # function's alone (a global setting would change the model's own compile)
+        with torch._dynamo.config.patch(recompile_limit=recompiles):
+            return compiled(*args, **kwargs)
+
+    return call
 
 
 def _flex(q: Tensor) -> Callable:

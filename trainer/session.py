@@ -98,9 +98,12 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
     model = parts.model(conf.model).to(rt.device)
     if hasattr(model, "check_device"):  # kernels this device can't run, before any step
         model.check_device(rt.device)
-    if rt.device.type == "cpu":  # before the first step: an OOM kill would say nothing
+    # Before the first step: an OOM kill says nothing, and a GPU's out-of-memory comes
+    # minutes into the compile. A GPU rank checks its own device.
+    if rt.device.type in ("cpu", "cuda"):
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", rt.world_size))
-        main_decides(lambda: check_fits(conf, model, rt.world_size, ranks_here), rt)
+        check = functools.partial(check_fits, conf, model, rt.world_size, ranks_here, rt.device)
+        main_decides(check, rt)
     model.micro_steps = accum_steps  # the FP8 head undoes the loss / micro_steps (model/head.py)
     fsdp = conf.dist.strategy == "fsdp"
     if fsdp:  # before the optimizer: its state is sharded like the parameters

@@ -78,3 +78,32 @@ def test_record_21_at_full_size_on_a_cpu_stops_before_training(
     with pytest.raises(ValueError, match=rf"this run needs about {need} GiB more"):
         train(cfg)
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def record_89(*overrides: str):
+    return to_config(compose_config(["experiment=record_2026_07_17", "run_dir=/tmp/unused",
+                                     "model.compile=false", *overrides]))  # fmt: skip
+
+
+def test_record_89_eager_fits_an_80_gb_gpu_and_a_dense_mask_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a GPU: FlexAttention (impl=auto) and the varlen kernel hold no scores, so record #89
+    at its real size with model.compile=false is its state and activations, under 80 GB;
+    impl=sdpa's dense mask at the evaluation's 262,144 tokens (3 bytes a pair) is refused
+    before the first step, naming the key."""
+    conf = record_89()
+    with torch.device("meta"):
+        model = GPT(conf.model)
+    cuda = torch.device("cuda", 0)
+    e = estimate(conf, model, 1, "cuda")
+    assert e.scores == 0 and e.total < 40 * GIB
+    assert estimate(record_89("model.attention.impl=varlen"), model, 1, "cuda").scores == 0
+    monkeypatch.setattr(memory_check, "gpu_free_bytes", lambda device: 80 * 10**9)
+    check_fits(conf, model, 1, 8, cuda)  # fits: 8 ranks on the machine, one per GPU
+    dense = record_89("model.attention.impl=sdpa")
+    val = dense.train.val_seq_len or dense.train.seq_len
+    assert estimate(dense, model, 1, "cuda").scores == 3 * (2 * val) ** 2 * dense.train.val_rows(1)
+    with pytest.raises(ValueError, match=r"on this GPU, which has 74\.5 GiB") as refused:
+        check_fits(dense, model, 1, 8, cuda)
+    assert "impl=sdpa on a GPU" in str(refused.value) and "on 1 rank(s)" in str(refused.value)
