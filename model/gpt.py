@@ -148,6 +148,13 @@ class GPT(nn.Module):
                 f"model.attention.impl=varlen: {why}; use model.attention.impl=auto (FlexAttention "
                 "on CUDA, SDPA elsewhere)"
             )
+        if self.cfg.head.loss_kernel == "triton":
+            from model.triton_loss import available
+
+            if (why := available(device)) is not None:
+                raise ValueError(
+                    f"model.head.loss_kernel=triton: {why}; use model.head.loss_kernel=torch"
+                )
 
     def reset_parameters(self) -> None:
         """Initialise as the records do (model/init.py)."""

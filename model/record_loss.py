@@ -35,7 +35,9 @@ record forms u (here (z + B)/C in fp32) is not known (docs/records.md, where D.1
 leave a choice).
 
 Rows of `chunk` at a time (model/loss.py's cache-sized chunks on a CPU) keep the fp32
-temporaries small; G₈ (one byte a logit) is the only tensor of the logits' size kept.
+temporaries small; G₈ (one byte a logit) is the only tensor of the logits' size kept. With
+model.head.loss_kernel=triton one kernel computes the loss and G₈ of every row instead
+(model/triton_loss.py), reading each logit twice and writing its byte once.
 """
 
 import torch
@@ -108,6 +110,13 @@ class RecordHeadLoss(torch.autograd.Function):
         chunk: int,
     ) -> Tensor:
         logits, x8, w8 = fp8_product(x, w, scales)
+        if cfg.loss_kernel == "triton":  # one kernel over every row, G₈ written in place
+            from model.triton_loss import record_loss_rows_triton
+
+            total, g8 = record_loss_rows_triton(logits, shifted, weights, cfg, scales.g)
+            ctx.save_for_backward(x8, w8, g8)
+            ctx.scales, ctx.micro_steps, ctx.w_dtype = scales, micro_steps, w.dtype
+            return total
         n = logits.size(0)
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         pieces = []

@@ -11,37 +11,45 @@ coef = `gradient_coefficient(A, C, g_s)` = fp32(fp32(1/C)·A)·fp32(1/g_s):
     G₈ = e5m2_satfinite((((S_w·p − Σ_k w_k·1[y_k = j])·coef)·σ)·(1 − σ)),  p = exp(ĉ − lse)
 
 S_w sums all K weights, also in the rows whose terms were dropped (the record's quirk,
-model/record_loss.py). satfinite clamps to ±57,344 before rounding to the nearest e5m2, NaN
-stays NaN. Each program reads its row twice: a first loop over the vocabulary in blocks keeps
-a running maximum m and per-lane sums of exp(ĉ − m), rescaled when m grows (an online
-logsumexp), so lse = m + log(Σ); a second loop recomputes σ and ĉ from the logits (cheaper
-than storing them: two bytes a logit either way, and the row is read, not written) and writes
-G₈. The picked values ĉ[y_k] are recomputed from the single logits z[y_k] by the same function
-as the row's, so they are the same bits as the row's ĉ at y_k. Each row's loss goes to an fp32
-buffer, summed by torch.
+model/record_loss.py); S_w and coef are computed by torch, by the same ops as there, and read
+by the kernel from device memory (no host synchronisation). satfinite clamps to ±57,344
+before rounding to the nearest e5m2; NaN stays NaN.
+
+Each program reads its row twice. A first loop over the vocabulary in blocks keeps a running
+maximum m and per-lane sums of exp(ĉ − m), rescaled when m grows (an online logsumexp), so
+lse = m + ln(Σ). The picked values ĉ[y_k] are then recomputed from the K logits z[y_k] by the
+same function as the row's (the same ops, so the same bits as ĉ at y_k), and the row's loss,
+Σ_k over its kept terms, is written to an fp32 buffer that torch sums. A second loop
+recomputes σ and ĉ from the logits and writes G₈, its ops in record_loss_rows' order.
+Recomputing costs the tanh and exp again but no memory: keeping σ would write and read two
+bytes a logit, as much traffic as reading the logits again.
 
 Where it differs from record_loss.py, and why:
 - lse: the running maximum and per-lane sums add the exponentials in another order than
-  torch.logsumexp (maximum first, then one sum), so lse can differ in its last bit; p then
-  moves by about 2⁻¹⁹ (relative, for lse ≈ 30), which crosses an e5m2 rounding boundary for
-  about one logit in 10⁵ of such a row. The loss is summed per row (Σ_k in k's order), then
-  over rows by torch, where record_loss.py sums all rows' terms at once: an fp32 rounding
-  apart.
-- exp, tanh and log: written here from +, ×, fused multiply-add, correctly rounded division
-  and bit operations only (below), not taken from the GPU's approximate instructions
-  (Triton's exp and log are ex2.approx and lg2.approx, off by up to tens of ulps where the
-  argument is 30) nor from libdevice (which the Triton interpreter cannot run). They are
-  within about one ulp of torch's, so σ differs from torch's only where tanh's last bit
-  moves σ across a bf16 rounding boundary (about once in 2¹⁶ such cases). The same
-  arithmetic runs in the interpreter (numpy, in fp32) and compiled on a GPU, the kernel is
-  launched without contracting a product and a sum into one fused multiply-add (they would
-  round once instead of twice), so the unit test's bound measured in the interpreter holds
-  on a GPU.
-- u = (z + B)/C is a correctly rounded division, as torch computes it on a CPU; torch on a
-  GPU multiplies by fp32(1/C) instead (its kernel for a scalar divisor), so there the
-  reference itself moves a few σ by a bf16 step.
-- bf16 and e5m2 roundings are done on the bits (round to nearest, ties to even, as torch's
-  casts do) rather than by Triton's casts, which the interpreter does not round to nearest.
+  torch.logsumexp (the maximum first, then one sum), so lse can differ in its last bit, and
+  p with it by about 2⁻¹⁹ (relative, lse ≈ 30): a G₈ byte changes only where that crosses an
+  e5m2 rounding boundary. The loss is summed per row, then over rows, where record_loss.py
+  sums all rows' terms at once: an fp32 rounding or so apart.
+- exp, tanh and ln are written here from +, ×, fused multiply-add (explicit), correctly
+  rounded division, floor and bit operations only, within 0.9, 1.5 and 0.7 ulp: Triton's own
+  exp and log are the GPU's approximate ex2 and lg2 (off by tens of ulps where the argument
+  is 30), and libdevice's functions cannot run in Triton's interpreter. σ then differs from
+  torch's only where the last bit of tanh moves it across a bf16 rounding boundary.
+- The kernel is launched without contracting a product and a sum into one fused
+  multiply-add (`enable_fp_fusion=False`): torch rounds S_w·p before subtracting the one-hot
+  term, and the interpreter (numpy) never contracts, so the interpreter and the compiled
+  kernel compute the same fp32 operations.
+- u = (z + B)/C is a correctly rounded division, as torch computes it on a CPU; torch on a GPU
+  multiplies by fp32(1/C) instead (its kernel for a scalar divisor), so there the reference
+  itself can move a σ by a bf16 step.
+- bf16 and e5m2 roundings are done on the bits (to nearest, ties to even, as torch's casts;
+  NaN to 0x7F with its sign, as torch's e5m2 cast), not by Triton's casts, which the
+  interpreter does not round to nearest.
+- The maximum and the sums call tl.reduce with triton.language's own combine functions rather
+  than tl.max and tl.sum: those are themselves jit functions, decorated when triton.language
+  is imported, so they cannot run in the interpreter if Triton was imported before
+  TRITON_INTERPRET=1 was set (a test process); the interpreter recognises the combine
+  functions and reduces with numpy.
 
 Targets must lie in [0, V) or be −1 (as `gather` requires in record_loss.py; not checked here,
 which would need a host synchronisation).
@@ -62,7 +70,6 @@ from model.record_loss import gradient_coefficient
 if TYPE_CHECKING:
     import triton.language as tl  # bound at run time by _kernel (importing this needs no Triton)
 
-E5M2_MAX = 57344.0  # the largest finite e5m2 value: satfinite clamps to it
 MAX_BLOCK = 4096  # logits a program handles at once (per loop step)
 _DEVICE: dict[str, Callable] = {}  # the kernel and its device functions, undecorated (_device)
 
@@ -101,7 +108,7 @@ def record_loss_rows_triton(
     """`record_loss_rows` in one kernel: (the loss summed over these rows (fp32, 0-d), G₈
     (rows × V, e5m2)) for bf16 logits (rows × V), their shifted targets (rows × K, −1 dropped)
     and the weights (K,). `block`: logits per loop step (a power of two; default: the
-    vocabulary's, at most 4,096)."""
+    vocabulary's, at most 4,096). RuntimeError where it cannot run (`available`)."""
     reason = available(logits.device)
     if reason is not None:
         raise RuntimeError(f"record_loss_rows_triton: {reason}")
@@ -134,7 +141,8 @@ def record_loss_rows_triton(
         _kernel(_interpreting())[(rows,)](
             logits, logits.stride(0), shifted, shifted.stride(0), weights, s_w, coef, row_loss,
             g8.view(torch.uint8), g8.stride(0), vocab, float(cap), float(shift), float(divisor),
-            K=k, BLOCK=block, num_warps=8 if block >= 2048 else 4,
+            K=k, K_LANES=1 << max(k - 1, 0).bit_length(), BLOCK=block,
+            num_warps=8 if block >= 2048 else 4,
             enable_fp_fusion=False,  # a·b + c rounded twice, as torch computes it
         )  # fmt: skip
     return row_loss.sum(), g8
@@ -176,10 +184,10 @@ def _kernel(interpret: bool) -> Callable:
 
 @_device
 def _exp32(x):
-    """e^x in fp32 within about an ulp: x = k·ln 2 + r (|r| ≤ ln2/2, k·ln 2 subtracted in
-    two parts by fused multiply-adds), e^r by its Taylor series to r⁷ (the next term is
-    below 0.2 ulp), times 2^k built from bits, as two factors so that a subnormal result
-    is rounded once. 0 below −104 (e^x < 2⁻¹⁵⁰), inf above 89, NaN stays NaN."""
+    """e^x in fp32 within 0.9 ulp: x = k·ln 2 + r (|r| ≤ ln2/2, k·ln 2 subtracted in two
+    parts by fused multiply-adds), e^r by its Taylor series to r⁷ (the next term is below
+    0.2 ulp), times 2^k built from bits, as two factors so that a subnormal result is
+    rounded once. 0 below −104 (e^x < 2⁻¹⁵⁰), inf above 89, NaN stays NaN."""
     x = tl.where(x > 89.0, 89.0, x)
     low = x < -104.0
     x = tl.where(low, -104.0, x)
@@ -203,9 +211,10 @@ def _exp32(x):
 
 @_device
 def _tanh32(v):
-    """tanh(v) in fp32 within about an ulp, odd: for |v| < 0.55 its Taylor series to v¹⁹
-    (the next term is below 0.01 ulp), above 1 − 2/(e^{2|v|} + 1) (|v| clamped to 10,
-    where tanh is 1 in fp32)."""
+    """tanh(v) in fp32 within 1.5 ulp, odd: for |v| < 0.55 its Taylor series to v¹⁹ (the
+    next term is below 0.01 ulp), above 1 − 2/(e^{2|v|} + 1) (|v| clamped to 10, where tanh
+    is 1 in fp32). Near ±1 the last step rounds 1 − q to fp32's grid there, as a correctly
+    rounded tanh does, so ½ + ½·tanh keeps torch's steps of 2⁻²⁵ for small σ."""
     a = tl.abs(v)
     a = tl.where(a > 10.0, 10.0, a)  # a comparison: NaN goes through
     s = a * a
@@ -225,9 +234,9 @@ def _tanh32(v):
 
 @_device
 def _log32(x):
-    """ln x in fp32 for a positive normal x (the sums of exponentials, ≥ 1), within about
-    an ulp: x = 2^e·m with m in [√½, √2), ln m = 2·atanh(f), f = (m − 1)/(m + 1) ≤ 0.172,
-    by its series to f¹³; NaN stays NaN."""
+    """ln x in fp32 within 0.7 ulp for a finite positive normal x (here a sum of
+    exponentials, ≥ 1): x = 2^e·m with m in [√½, √2), ln m = 2·atanh(f), f = (m − 1)/(m + 1)
+    ≤ 0.172, by its series to f¹³; NaN stays NaN."""
     bits = x.to(tl.int32, bitcast=True)
     e = (bits >> 23) - 127
     m = ((bits & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
@@ -281,7 +290,8 @@ def _e5m2_satfinite(g):
 @_device
 def _record_loss_kernel(
     z_ptr, z_stride, y_ptr, y_stride, w_ptr, s_w_ptr, coef_ptr, loss_ptr, g_ptr, g_stride,
-    vocab, cap, shift, divisor, K: tl.constexpr, BLOCK: tl.constexpr,
+    vocab, cap, shift, divisor, K: tl.constexpr, K_LANES: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     z_row = z_ptr + row * z_stride
@@ -290,24 +300,25 @@ def _record_loss_kernel(
     lanes = tl.arange(0, BLOCK)
     # Loop 1: running maximum m and per-lane Σ exp(ĉ − m), rescaled when m grows
     m = tl.full((), float("-inf"), tl.float32)
-    acc = tl.zeros((BLOCK,), tl.float32)
+    acc = tl.full((BLOCK,), 0.0, tl.float32)
     for start in range(0, vocab, BLOCK):
         cols = start + lanes
         inside = cols < vocab
         z = tl.load(z_row + cols, mask=inside, other=0.0).to(tl.float32)
         c = tl.where(inside, _sigma(z, shift, divisor) * cap, float("-inf"))
-        m_new = tl.maximum(m, tl.max(c, axis=0))
+        m_new = tl.maximum(m, tl.reduce(c, 0, tl.standard._elementwise_max))  # tl.max
         acc = acc * _exp32(m - m_new) + _exp32(c - m_new)
         m = m_new
-    lse = m + _log32(tl.sum(acc, axis=0))
-    # The loss: ĉ[y_k] from the one logit, by the same ops as the row's ĉ
-    loss = tl.zeros((), tl.float32)
-    for k in tl.static_range(K):
-        target = tl.load(y_row + k)
-        kept = target >= 0
-        z_k = tl.load(z_row + tl.where(kept, target, 0)).to(tl.float32)
-        picked = _sigma(z_k, shift, divisor) * cap
-        loss += (lse - picked) * tl.where(kept, tl.load(w_ptr + k), 0.0)
+    lse = m + _log32(tl.reduce(acc, 0, tl.standard._sum_combine))  # tl.sum
+    # The loss: ĉ[y_k] from the K logits z[y_k] (as a vector of K_LANES ≥ K lanes), by the same
+    # ops as the row's ĉ, so the same bits
+    ks = tl.arange(0, K_LANES)
+    targets = tl.load(y_row + ks, mask=ks < K, other=-1)
+    kept = targets >= 0
+    z_k = tl.load(z_row + tl.where(kept, targets, 0), mask=kept, other=0.0).to(tl.float32)
+    w_k = tl.load(w_ptr + ks, mask=kept, other=0.0)
+    terms = (lse - _sigma(z_k, shift, divisor) * cap) * w_k
+    loss = tl.reduce(terms, 0, tl.standard._sum_combine)
     tl.store(loss_ptr + row, loss)
     # Loop 2: G₈, in record_loss_rows' order
     s_w = tl.load(s_w_ptr)
@@ -317,11 +328,11 @@ def _record_loss_kernel(
         inside = cols < vocab
         z = tl.load(z_row + cols, mask=inside, other=0.0).to(tl.float32)
         sig = _sigma(z, shift, divisor)
-        onehot = tl.zeros((BLOCK,), tl.float32)
+        onehot = tl.full((BLOCK,), 0.0, tl.float32)
         for k in tl.static_range(K):  # Σ_k w_k·1[y_k = j] in k's order, as scatter_add_
-            y_k = tl.load(y_row + k)
-            w_k = tl.where(y_k >= 0, tl.load(w_ptr + k), 0.0)
-            onehot += tl.where(cols == y_k, w_k, 0.0)
+            target = tl.load(y_row + k)
+            weight = tl.where(target >= 0, tl.load(w_ptr + k), 0.0)
+            onehot += tl.where(cols == target, weight, 0.0)
         g = _exp32(sig * cap - lse) * s_w - onehot
         g = g * coef * sig * (1.0 - sig)
         tl.store(g_row + cols, _e5m2_satfinite(g), mask=inside)

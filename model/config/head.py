@@ -7,6 +7,7 @@ from stages.moved import refuse_moved
 
 SOFTCAP_FORMS = ("tanh", "sigmoid")
 LOSSES = ("auto", "fused", "plain", "sigmoid_e5m2_grad")
+LOSS_KERNELS = ("torch", "triton")
 LOSS_REDUCTIONS = ("mean", "sum")
 LOSS_DTYPES = ("fp32", "bf16", "bf16_train")
 
@@ -32,6 +33,11 @@ class HeadConfig:
     logit gradient itself (model/record_loss.py, record D's form: σ rounded to bf16, the
     gradient with its end-of-sequence quirk; needs head.fp8, reduction=sum and the sigmoid
     cap; evaluation takes the plain formula)."""
+    loss_kernel: str = field(default="torch", metadata={"choices": LOSS_KERNELS})
+    """loss=sigmoid_e5m2_grad's kernel in training: torch (fp32 ops over 4,096-row chunks,
+    model/record_loss.py) | triton (one kernel, one program a row, reading the bf16 logits and
+    writing G₈: model/triton_loss.py; CUDA, or a CPU under TRITON_INTERPRET=1; G₈ equal to
+    torch's but where an exp's last bit crosses an e5m2 boundary)."""
     reduction: str = field(default="mean", metadata={"choices": LOSS_REDUCTIONS})
     """The training loss over tokens: mean | sum (the 2025-11 record). Evaluation: the mean."""
     loss_dtype: str = field(default="fp32", metadata={"choices": LOSS_DTYPES})
@@ -62,6 +68,11 @@ class HeadConfig:
         return self.softcap_form == "tanh" or plain_sigmoid
 
     def validate(self) -> None:
+        if self.loss_kernel != "torch" and self.loss != "sigmoid_e5m2_grad":
+            raise ValueError(
+                f"model.head.loss_kernel={self.loss_kernel} is the kernel of "
+                f"model.head.loss=sigmoid_e5m2_grad; this run's loss is {self.loss}"
+            )
         check_renamed(self, "head")
         if self.init_std < 0:
             raise ValueError(f"model.head.init_std must be >= 0, got {self.init_std}")
