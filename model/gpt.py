@@ -148,6 +148,13 @@ class GPT(nn.Module):
                 f"model.attention.impl=varlen: {why}; use model.attention.impl=auto (FlexAttention "
                 "on CUDA, SDPA elsewhere)"
             )
+        if self.cfg.mlp.fp8_kernel == "triton":
+            from model.triton_mlp import available as mlp_kernel
+
+            if (why := mlp_kernel(device)) is not None:
+                raise ValueError(
+                    f"model.mlp.fp8_kernel=triton: {why}; use model.mlp.fp8_kernel=torch"
+                )
         if self.cfg.head.loss_kernel == "triton":
             from model.triton_loss import available
 

@@ -37,6 +37,11 @@ compiled model agree):
 - the up projection accumulates in full fp32, the down projection with Hopper's fast
   accumulation (use_fast_accum, CUDA only), as the record states.
 
+With model.mlp.fp8_kernel=triton (mlp.fp8=up_down) one Triton kernel computes pre, post,
+post₈ and the maxima of post by output tile from the FP8 GEMM's tiles (model/triton_mlp.py),
+where the torch path makes the product, then ReLU², the amax and post₈'s cast, each a pass
+over the T×4d activations; its roundings are these, in this order.
+
 Slots: the record runs 8 ranks of one micro-batch each. A rank that takes k micro-steps per
 update (gradient accumulation: model.micro_steps) plays k of them: micro-step i is the record's
 rank r·k + i (the same rows of the global batch, data/loader.py). Each slot keeps its own max
@@ -151,6 +156,7 @@ class FP8MlpFunction(torch.autograd.Function):
         w_proj: Tensor,
         in_out: tuple[bool, bool],
         down: tuple[Tensor, Tensor] | None,
+        fused: bool = False,
     ) -> tuple[Tensor, Tensor]:
         fc_in_out, proj_in_out = in_out
         c_fc, c_proj = w_fc.to(torch.bfloat16), w_proj.to(torch.bfloat16)
@@ -159,9 +165,22 @@ class FP8MlpFunction(torch.autograd.Function):
         a_safe = torch.where(a > 0, a, torch.full_like(a, E4M3_MAX))  # a = 0: scale 1
         n8 = _e4m3(n.float() * E4M3_MAX / a_safe)
         s_up = bf16_scale(fc_t.abs().amax())
-        pre = scaled_mm(n8, _e4m3(fc_t.float() / s_up), a_safe / E4M3_MAX, s_up, torch.bfloat16)
-        post = F.relu(pre).square()
+        fc8 = _e4m3(fc_t.float() / s_up)
         proj_t = c_proj if proj_in_out else c_proj.T  # (4d, d): out = post·proj_t
+        if fused and down is not None:  # mlp.fp8_kernel=triton (model/triton_mlp.py)
+            from model.triton_mlp import fused_up_relu2
+
+            s_act, s_w = down
+            pre, post, post8, tiles = fused_up_relu2(n8, fc8.T, a_safe / E4M3_MAX, s_up, s_act)
+            proj8 = _e4m3(proj_t.float() / s_w, E4M3_MAX)
+            out = scaled_mm(post8, proj8, s_act, s_w, torch.bfloat16, use_fast_accum=True)
+            post_max = tiles.amax()
+            ctx.mark_non_differentiable(post_max)
+            ctx.save_for_backward(n, pre, post, c_fc, c_proj)
+            ctx.in_out, ctx.dtypes = in_out, (w_fc.dtype, w_proj.dtype)
+            return out, post_max
+        pre = scaled_mm(n8, fc8, a_safe / E4M3_MAX, s_up, torch.bfloat16)
+        post = F.relu(pre).square()
         if down is None:
             out = post @ proj_t
         else:
@@ -186,7 +205,7 @@ class FP8MlpFunction(torch.autograd.Function):
         grad_n = d_pre @ (c_fc.T if fc_in_out else c_fc)
         grad_fc = n.T @ d_pre if fc_in_out else d_pre.T @ n
         fc_dtype, proj_dtype = ctx.dtypes
-        return grad_n, grad_fc.to(fc_dtype), grad_proj.to(proj_dtype), None, None
+        return grad_n, grad_fc.to(fc_dtype), grad_proj.to(proj_dtype), None, None, None
 
 
 class FP8Mlp:
@@ -196,6 +215,7 @@ class FP8Mlp:
     def __init__(self, cfg: MlpConfig) -> None:
         self.in_out = (cfg.fc_in_out, cfg.proj_in_out)
         self.state = FP8MlpState(cfg) if cfg.fp8 == "up_down" else None
+        self.fused = cfg.fp8_kernel == "triton"
 
     def __call__(self, fc: Tensor, proj: Tensor, x: Tensor, micro_steps: int) -> Tensor:
         """A training forward over x (..., d) with the weights `fc` and `proj`; updates the
@@ -205,7 +225,7 @@ class FP8Mlp:
             s_act, s_w, slot = self.state.scales(proj, micro_steps)
             down = (s_act, s_w)
         flat = x.flatten(0, -2)
-        out, post_max = FP8MlpFunction.apply(flat, fc, proj, self.in_out, down)
+        out, post_max = FP8MlpFunction.apply(flat, fc, proj, self.in_out, down, self.fused)
         if self.state is not None:
             self.state.record(slot, post_max)
         return out.view(*x.shape[:-1], -1)

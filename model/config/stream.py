@@ -197,6 +197,11 @@ class MlpConfig:
     """The MLP's projections as FP8 GEMMs in training forwards, backward in bf16 (record D,
     model/mlp_fp8.py): up (the up projection, current scales: #84) | up_down (and the down
     projection, delayed scales: #89) | off; needs model.numerics.dtype=bf16."""
+    fp8_kernel: str = field(default="torch", metadata={"choices": ("torch", "triton")})
+    """mlp.fp8=up_down's up projection: torch (the FP8 GEMM, then ReLU², the amax and post's
+    e4m3 cast as passes of their own) | triton (one kernel writes pre, post, post₈ and the
+    tile maxima from the FP8 GEMM's tiles: model/triton_mlp.py; CUDA, or a CPU under
+    TRITON_INTERPRET=1)."""
     fp8_act_headroom: float = 1.80
     """The down projection's activation divisor: this × the layer's max ReLU² output of the
     previous training forward / 448 (mlp.fp8=up_down)."""
@@ -211,6 +216,11 @@ class MlpConfig:
         if self.fp8 not in MLP_FP8:
             raise ValueError(
                 f"model.mlp.fp8 must be one of {' | '.join(MLP_FP8)}, got {self.fp8!r}"
+            )
+        if self.fp8_kernel != "torch" and self.fp8 != "up_down":
+            raise ValueError(
+                f"model.mlp.fp8_kernel={self.fp8_kernel} fuses the up projection with post's FP8 "
+                f"cast for the down projection: it needs model.mlp.fp8=up_down, not {self.fp8}"
             )
         for key in ("fp8_act_headroom", "fp8_weight_headroom"):
             if not getattr(self, key) > 0:

@@ -1,0 +1,184 @@
+"""Benchmark record D's FP8 up projection and ReLU²: the torch path against the one Triton kernel.
+
+From the same n₈ and c_fc₈ (model/mlp_fp8.py's quantisation of an RMS-normed n, T×d bf16,
+and of c_fc ~ U(±√3/√d), 4d×d), each computes pre, post, post₈ and the layer's max post:
+
+- torch: `scaled_mm` (model/fp8.py: torch._scaled_mm, fp32 accumulation), then mlp_fp8.py's
+  F.relu(pre).square(), the e4m3 cast of min(post/s_act, 448) and post.amax(), as separate
+  passes, eager and under torch.compile (as the trainer compiles: emulate_precision_casts);
+- triton: `fused_up_relu2` (model/triton_mlp.py: one launch) and the amax of its tile maxima.
+
+s_act is the delayed scale a step later would use, 1.8·m/448 with m eager torch's max post.
+Record D's shape per rank by default: T = 16,384 tokens, d = 768, 4d = 3,072. Prints each
+one's milliseconds (medians of --reps, repetitions interleaved, each the mean of --inner calls),
+the fused kernel's TFLOP/s, the ratio triton/torch, `torch._scaled_mm` alone for scale, and
+whether they agree (tests/unit/test_triton_mlp.py's bounds, exit status 1 past them): pre
+within one bf16 step on at most 10⁻³ of its values (the GEMMs sum in other orders; on Hopper
+they also differ in how often they promote the tensor cores' partial sums to fp32), post, post₈
+and the maximum equal to what torch's ops give from the kernel's own pre, bit for bit.
+
+    python scripts/bench/mlp_kernel.py                      # 16,384 × 768 → 3,072
+    python scripts/bench/mlp_kernel.py --blocks 128 256 128 --warps 8 --stages 3
+
+Needs a CUDA GPU with FP8 (sm_89 or later); on a CPU it exits saying so (the kernel's
+correctness on a CPU, through Triton's interpreter, is tests/unit/test_triton_mlp.py's).
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere
+
+from model.fp8 import scaled_mm
+from model.mlp_fp8 import E4M3_MAX, _e4m3, amax_scale, bf16_scale
+from model.triton_mlp import BLOCKS, NUM_STAGES, NUM_WARPS, available, fused_up_relu2
+
+MAX_DIFFERING = 1e-3  # as tests/unit/test_triton_mlp.py: the share of pre that may differ
+ACT_HEADROOM = 1.8  # mlp.fp8_act_headroom: s_act = 1.8·m/448
+
+Outputs = tuple[Tensor, Tensor, Tensor, Tensor]  # pre, post, post₈, max post
+
+
+def operands(tokens: int, d: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(n₈ (T×d), c_fc₈ᵀ (d×4d, a transposed view of a row-major 4d×d), a/448, s_up) by
+    mlp_fp8.py's forward's ops."""
+    gen = torch.Generator(device).manual_seed(0)
+    x = torch.randn(tokens, d, generator=gen, device=device)
+    n = (x / x.square().mean(-1, keepdim=True).sqrt()).bfloat16()
+    bound = 3**0.5 / d**0.5
+    c_fc = ((torch.rand(4 * d, d, generator=gen, device=device) * 2 - 1) * bound).bfloat16()
+    a = n.abs().amax().float()
+    n8 = _e4m3(n.float() * E4M3_MAX / a)
+    s_up = bf16_scale(c_fc.abs().amax())
+    fc8_t = _e4m3(c_fc.T.float() / s_up)  # strides (1, d): c_fc₈ row-major, as _scaled_mm takes
+    return n8, fc8_t, a / E4M3_MAX, s_up
+
+
+def torch_path(n8: Tensor, fc8_t: Tensor, a_scale: Tensor, s_up: Tensor, s_act: Tensor) -> Outputs:
+    """mlp_fp8.py's forward from n₈ to post₈ and the max post."""
+    pre = scaled_mm(n8, fc8_t, a_scale, s_up, torch.bfloat16)
+    post = F.relu(pre).square()
+    post8 = _e4m3(post.float() / s_act, E4M3_MAX)
+    return pre, post, post8, post.amax()
+
+
+def epilogue(pre: Tensor, s_act: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """post, post₈ and max post from pre by torch's ops (torch_path's)."""
+    post = F.relu(pre).square()
+    return post, _e4m3(post.float() / s_act, E4M3_MAX), post.amax()
+
+
+def timed_ms(fn: Callable[[], object], inner: int) -> float:
+    """Milliseconds a call of `fn` takes, the mean of `inner` calls queued back to back."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1000 / inner
+
+
+def same(a: Tensor, b: Tensor) -> bool:
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
+    return a.dtype == b.dtype and torch.equal(a.view(bits), b.view(bits))
+
+
+def agreement(name: str, got: Outputs, want: Outputs, s_act: Tensor) -> bool:
+    """Prints how `got` differs from `want` (eager torch's) and whether its post, post₈ and max
+    are torch's from its own pre; whether within the bounds."""
+    pre, post, post8, top = got
+    differs = int((pre.view(torch.int16) != want[0].view(torch.int16)).sum())
+    steps = int((pre.view(torch.int16).int() - want[0].view(torch.int16).int()).abs().max())
+    own = epilogue(pre, s_act)
+    consistent = same(post, own[0]) and same(post8, own[1]) and same(top.float(), own[2].float())
+    rows = pre.view(torch.int16).eq(want[0].view(torch.int16)).all(dim=1)
+    post8_differs = int((post8[rows].view(torch.uint8) != want[2][rows].view(torch.uint8)).sum())
+    ok = differs <= MAX_DIFFERING * pre.numel() and steps <= 1 and consistent
+    print(
+        f"{name} vs eager torch: pre differs in {differs:,} of {pre.numel():,} "
+        f"({differs / pre.numel():.1e}), by at most {steps} bf16 step(s); max post "
+        f"{top.item():.6g} vs {want[3].item():.6g}; post₈ bytes differing in rows of equal pre: "
+        f"{post8_differs}; post, post₈, max from its own pre by torch's ops: "
+        f"{'the same bits' if consistent else 'DIFFERENT'} | {'agree' if ok else 'DISAGREE'}"
+    )
+    return ok
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, default=16384, help="T, tokens per rank")
+    parser.add_argument("--d", type=int, default=768, help="model width (the MLP's 4d wide)")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--inner", type=int, default=10, help="calls per timed repetition")
+    parser.add_argument(
+        "--blocks", type=int, nargs=3, default=list(BLOCKS), metavar=("M", "N", "K"),
+        help="the kernel's tile (rows, columns) and K-block",
+    )  # fmt: skip
+    parser.add_argument("--warps", type=int, default=NUM_WARPS)
+    parser.add_argument("--stages", type=int, default=NUM_STAGES)
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile's form")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("mlp_kernel.py needs a CUDA GPU (on a CPU: tests/unit/test_triton_mlp.py)")
+    reason = available("cuda")
+    if reason is not None:
+        sys.exit(f"mlp_kernel.py: {reason}")
+    device = torch.device("cuda")
+    n8, fc8_t, a_scale, s_up = operands(args.tokens, args.d, device)
+    w8 = fc8_t.T  # c_fc₈ (4d×d, row-major)
+    first = torch_path(n8, fc8_t, a_scale, s_up, torch.ones((), device=device))
+    s_act = amax_scale(first[3], ACT_HEADROOM)  # the next step's delayed scale
+    blocks = tuple(args.blocks)
+
+    def triton_path() -> Outputs:
+        pre, post, post8, tiles = fused_up_relu2(
+            n8, w8, a_scale, s_up, s_act, blocks, args.warps, args.stages
+        )
+        return pre, post, post8, tiles.amax()
+
+    fns: dict[str, Callable[[], object]] = {
+        "torch eager": lambda: torch_path(n8, fc8_t, a_scale, s_up, s_act),
+        "triton": triton_path,
+        "_scaled_mm alone": lambda: scaled_mm(n8, fc8_t, a_scale, s_up, torch.bfloat16),
+    }
+    if not args.no_compile:
+        # as trainer/launch/compile.py compiles the model: bf16 roundings kept (without, inductor
+        # divides and takes the max of the unrounded fp32 squares: other post₈ and max)
+        compiled = torch.compile(torch_path, options={"emulate_precision_casts": True})
+        fns["torch compiled"] = lambda: compiled(n8, fc8_t, a_scale, s_up, s_act)
+    results = {name: fn() for name, fn in fns.items()}  # compiles, warms caches
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for rep in range(args.reps):
+        order = list(fns.items()) if rep % 2 == 0 else list(fns.items())[::-1]
+        for name, fn in order:
+            times[name].append(timed_ms(fn, args.inner))
+    ms = {name: statistics.median(t) for name, t in times.items()}
+    width = 4 * args.d
+    tflops = 2 * args.tokens * width * args.d / (ms["triton"] * 1e-3) / 1e12
+    print(
+        f"{torch.cuda.get_device_name()}: T = {args.tokens:,}, d = {args.d}, 4d = {width:,}; "
+        f"tile {blocks}, {args.warps} warps, {args.stages} stages; s_act = {s_act.item():.4g}; "
+        f"medians of {args.reps} × {args.inner} calls"
+    )
+    print(" | ".join(f"{name} {t:.3f} ms" for name, t in ms.items()))
+    print(f"triton: {tflops:.0f} TFLOP/s (FP8 GEMM FLOPs only)")
+    for name in ("torch eager", "torch compiled"):
+        if name in ms:
+            print(f"triton / {name}: {ms['triton'] / ms[name]:.2f}")
+    want = results["torch eager"]
+    ok = agreement("triton", results["triton"], want, s_act)
+    if "torch compiled" in results:
+        agreement("torch compiled", results["torch compiled"], want, s_act)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
