@@ -23,12 +23,12 @@ from torch import Tensor, nn
 from model.bigram import BigramHash
 from model.block import Block
 from model.config import ModelConfig
+from model.config.kernel_step import KernelStep
 from model.context import Context
 from model.embedding import smear, value_lookups, value_tables
 from model.flops import StepFlops
 from model.head import head_logits
 from model.init import initialise
-from model.kernel_step import KernelStep
 from model.layers import linear, rms_norm
 from model.loss import model_loss
 from model.masks import build_masks

@@ -47,6 +47,7 @@ from model.config import HeadConfig
 from model.head import FP8Scales, fp8_grads, fp8_product, fp8_scales
 from model.loss import default_chunk_rows
 from model.mtp import shifted_targets
+from model.record_grad import gradient_coefficient
 
 E5M2_MAX = 57344.0  # the largest finite e5m2 value: satfinite clamps to it
 # Rows at a time off a CPU: each fp32 temporary of 4,096 × 50,304 logits is 0.8 GB
@@ -84,14 +85,6 @@ def record_loss_rows(
     grad = torch.exp(capped - lse).mul_(weights.sum()).sub_(onehots)
     grad.mul_(gradient_coefficient(cap, divisor, g_s, grad.device)).mul_(sig).mul_(1 - sig)
     return loss, e5m2_satfinite(grad)
-
-
-def gradient_coefficient(cap: float, divisor: float, g_s: float, device: torch.device) -> Tensor:
-    """(A/C)·(1/g_s) in fp32 as the record's kernel forms it from fp32 parameters:
-    fp32(fp32(1/C)·A)·fp32(1/g_s)."""
-    one = torch.ones((), dtype=torch.float32, device=device)
-    c, a, g = (torch.tensor(v, dtype=torch.float32, device=device) for v in (divisor, cap, g_s))
-    return (one / c * a) * (one / g)
 
 
 class RecordHeadLoss(torch.autograd.Function):

@@ -65,7 +65,7 @@ import torch
 from torch import Tensor
 
 from model.config import HeadConfig
-from model.record_loss import gradient_coefficient
+from model.record_grad import gradient_coefficient
 
 if TYPE_CHECKING:
     import triton.language as tl  # bound at run time by _kernel (importing this needs no Triton)

@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from model.kernel_step import KernelStep
+from model.config.kernel_step import KernelStep
 from model.masks import EOT
 
 __all__ = ["KernelStep"]

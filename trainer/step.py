@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from data.loader import Batch
-from model.kernel_step import KernelStep
+from model.config.kernel_step import KernelStep
 from optim import CombinedOptimizer
 from trainer.forward import forward_backward
 from trainer.launch.dist import all_reduce_sum

@@ -34,10 +34,10 @@ from typing import Any, ClassVar
 from model.config.attention import AttentionConfig
 from model.config.bigram import BigramConfig
 from model.config.head import HeadConfig
+from model.config.kernel_step import KernelStep
 from model.config.moved import MOVED, moved_key, moved_message
 from model.config.numerics import NumericsConfig
 from model.config.stream import EmbedConfig, MlpConfig, ResidualConfig
-from model.kernel_step import KernelStep
 from model.mtp_schedule import mtp_weights_at
 from model.window_schedule import window_at, window_schedule_at
 from stages import StageTable

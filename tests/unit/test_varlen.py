@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import model.varlen as varlen
+from model.config.kernel_step import KernelStep
 from model.gpt import GPT
-from model.kernel_step import KernelStep
 from model.masks import EOT, _doubled, dense_mask, document_ids
 from model.varlen import emulated_varlen_attn, segment_bounds, segments_mask
 from tests.helpers import compose_config

@@ -1,5 +1,5 @@
 """The varlen attention kernel's Python arguments of a step (model.attention.impl=varlen,
-model/varlen.py): torch-free, so the model's config can build them (`ModelConfig.step_args`)."""
+model/varlen.py): in the config layer, torch-free, so the model's config builds them (`ModelConfig.step_args`)."""
 
 from typing import NamedTuple
 
