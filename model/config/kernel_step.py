@@ -1,5 +1,6 @@
 """The varlen attention kernel's Python arguments of a step (model.attention.impl=varlen,
-model/varlen.py): in the config layer, torch-free, so the model's config builds them (`ModelConfig.step_args`)."""
+model/varlen.py): in the config layer, torch-free, so the model's config builds them
+(`ModelConfig.step_args`) and the trainer passes them on."""
 
 from typing import NamedTuple
 
