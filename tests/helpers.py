@@ -17,6 +17,12 @@ from trainer.config import register_configs
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 # A run that finishes in seconds on a 2-core CPU: 2 layers, d 64, 2 x 64 tokens per step.
+# Record #89's preset at toy size for a model built in the test process: document pieces,
+# token windows long and short, paired layers, YaRN, key offset, XSA, the FP8 head and MLP
+# (its 11 layers at d 48, windows of 16-token blocks).
+RECORD_89_TOY = ["experiment=record_2026_07_17", "model.n_embd=48", "model.n_head=6",
+                 "model.bigram.rows=256", "model.bigram.dim=8", "model.residual.mudd_hidden=4",
+                 "model.attention.window_block=16", "run_dir=."]  # fmt: skip
 TINY = [
     "model.n_layer=2",
     "model.n_head=2",

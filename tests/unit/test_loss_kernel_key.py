@@ -11,13 +11,12 @@ import torch
 from torch import nn
 
 from model.record_loss import record_head_loss
-from tests.helpers import compose_config
-from tests.unit.test_varlen import TOY
+from tests.helpers import RECORD_89_TOY, compose_config
 from trainer.config import to_config
 
 pytest.importorskip("triton", reason="the Triton loss kernel needs triton (pip install triton)")
 # Record #89's head: sigmoid cap 23 / 5 / 7.5, the e5m2 gradient, MTP (the preset's own config)
-HEAD = to_config(compose_config(TOY)).model.head
+HEAD = to_config(compose_config(RECORD_89_TOY)).model.head
 
 
 def head_grads(kernel: str, micro_steps: int) -> tuple[torch.Tensor, ...]:
@@ -64,7 +63,7 @@ def test_where_the_kernel_cannot_run_or_has_nothing_to_do_the_key_is_refused(
     from model.gpt import GPT
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    conf = to_config(compose_config([*TOY, "model.head.loss_kernel=triton"]))
+    conf = to_config(compose_config([*RECORD_89_TOY, "model.head.loss_kernel=triton"]))
     with torch.device("meta"):
         model = GPT(conf.model)
     with pytest.raises(ValueError, match=r"loss_kernel=triton: cpu tensors need .*interpreter"):

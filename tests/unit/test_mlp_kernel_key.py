@@ -53,12 +53,11 @@ def test_where_the_kernel_cannot_run_or_has_nothing_to_fuse_the_key_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from model.gpt import GPT
-    from tests.helpers import compose_config
-    from tests.unit.test_varlen import TOY
+    from tests.helpers import RECORD_89_TOY, compose_config
     from trainer.config import to_config
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    conf = to_config(compose_config([*TOY, "model.mlp.fp8_kernel=triton"]))
+    conf = to_config(compose_config([*RECORD_89_TOY, "model.mlp.fp8_kernel=triton"]))
     with torch.device("meta"):
         model = GPT(conf.model)
     with pytest.raises(ValueError, match=r"fp8_kernel=triton: .*interpreter"):

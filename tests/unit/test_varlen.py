@@ -12,15 +12,11 @@ from model.config.kernel_step import KernelStep
 from model.gpt import GPT
 from model.masks import EOT, _doubled, dense_mask, document_ids
 from model.varlen import emulated_varlen_attn, segment_bounds, segments_mask
-from tests.helpers import compose_config
+from tests.helpers import RECORD_89_TOY, compose_config
 from trainer.config import to_config
 from trainer.step import filled
 
-# Record #89's preset at toy size: document pieces, token windows long and short, paired
-# layers, YaRN, key offset, XSA, FP8 head and MLP (4 layers, windows of 16-token blocks).
-TOY = ["experiment=record_2026_07_17", "model.n_embd=48", "model.n_head=6",
-       "model.bigram.rows=256", "model.bigram.dim=8", "model.residual.mudd_hidden=4",
-       "model.attention.window_block=16", "run_dir=."]  # fmt: skip
+TOY = RECORD_89_TOY
 
 
 def block_diagonal(masks: torch.Tensor) -> torch.Tensor:
