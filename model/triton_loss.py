@@ -290,9 +290,11 @@ def _e5m2_satfinite(g):
 @_device
 def _record_loss_kernel(
     z_ptr, z_stride, y_ptr, y_stride, w_ptr, s_w_ptr, coef_ptr, loss_ptr, g_ptr, g_stride,
-    vocab, cap, shift, divisor, K: tl.constexpr, K_LANES: tl.constexpr,
+    vocab: tl.constexpr, cap, shift, divisor, K: tl.constexpr, K_LANES: tl.constexpr,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
+    # vocab is a constexpr (one per model, no extra compile): a loop bound the interpreter of
+    # Triton 3.6 cannot take as a run-time scalar under NumPy 2 (it reads a 1-element array)
     row = tl.program_id(0).to(tl.int64)
     z_row = z_ptr + row * z_stride
     y_row = y_ptr + row * y_stride

@@ -246,7 +246,7 @@ def _max_nan(a, b):
 @_device
 def _up_relu2_kernel(
     n_ptr, w_ptr, pre_ptr, post_ptr, post8_ptr, tile_max_ptr, a_scale_ptr, s_up_ptr, s_act_ptr,
-    tokens, width, inner, n_stride_t, n_stride_k, w_stride_f, w_stride_k, out_stride,
+    tokens, width, inner: tl.constexpr, n_stride_t, n_stride_k, w_stride_f, w_stride_k, out_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
@@ -261,6 +261,8 @@ def _up_relu2_kernel(
     a_ptrs = n_ptr + a_rows[:, None] * n_stride_t + ks[None, :] * n_stride_k
     b_ptrs = w_ptr + b_cols[None, :] * w_stride_f + ks[:, None] * w_stride_k  # W₈ᵀ's tile
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)  # tl.zeros: module docstring
+    # inner (d) is a constexpr, one per model: Triton 3.6's interpreter under NumPy 2 cannot
+    # take a run-time scalar as a loop bound
     for k0 in range(0, inner, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs)
