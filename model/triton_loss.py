@@ -57,8 +57,6 @@ which would need a host synchronisation).
 
 from __future__ import annotations  # the kernel's tl.constexpr: Triton reads it as text
 
-import functools
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -66,35 +64,14 @@ from torch import Tensor
 
 from model.config import HeadConfig
 from model.record_grad import gradient_coefficient
+from model.triton_code import TritonCode, available
 
 if TYPE_CHECKING:
-    import triton.language as tl  # bound at run time by _kernel (importing this needs no Triton)
+    import triton.language as tl  # bound at run time by _CODE.kernel (no Triton on import)
 
 MAX_BLOCK = 4096  # logits a program handles at once (per loop step)
-_DEVICE: dict[str, Callable] = {}  # the kernel and its device functions, undecorated (_device)
-
-
-def available(device: torch.device | str | None = None) -> str | None:
-    """Why `record_loss_rows_triton` cannot run here (on `device`, default: CUDA if present),
-    None when it can: it needs Triton, and a CUDA device or, for CPU tensors, Triton's
-    interpreter (TRITON_INTERPRET=1)."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "triton is not installed"
-    if _interpreting():
-        return None
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    kind = torch.device(device).type
-    if kind != "cuda":
-        return (
-            f"{kind} tensors need Triton's interpreter (TRITON_INTERPRET=1); compiled, the "
-            "kernel runs on CUDA"
-        )
-    if not torch.cuda.is_available():
-        return "CUDA is not available"
-    return None
+_CODE = TritonCode(globals())  # the kernel and its device functions (model/triton_code.py)
+_device = _CODE.device
 
 
 def record_loss_rows_triton(
@@ -138,7 +115,7 @@ def record_loss_rows_triton(
     if block is None:
         block = min(MAX_BLOCK, 1 << max(vocab - 1, 1).bit_length())
     if rows and vocab:
-        _kernel(_interpreting())[(rows,)](
+        _CODE.kernel("_record_loss_kernel")[(rows,)](
             logits, logits.stride(0), shifted, shifted.stride(0), weights, s_w, coef, row_loss,
             g8.view(torch.uint8), g8.stride(0), vocab, float(cap), float(shift), float(divisor),
             K=k, K_LANES=1 << max(k - 1, 0).bit_length(), BLOCK=block,
@@ -146,40 +123,6 @@ def record_loss_rows_triton(
             enable_fp_fusion=False,  # a·b + c rounded twice, as torch computes it
         )  # fmt: skip
     return row_loss.sum(), g8
-
-
-def _interpreting() -> bool:
-    """TRITON_INTERPRET as Triton reads it when a kernel is decorated."""
-    from triton import knobs
-
-    return bool(knobs.runtime.interpret)
-
-
-def _device(fn: Callable) -> Callable:
-    """Marks `fn` as Triton code, decorated with triton.jit when the kernel is built."""
-    _DEVICE[fn.__name__] = fn
-    return fn
-
-
-@functools.cache
-def _jitted(interpret: bool) -> dict[str, Callable]:
-    """The kernel and its device functions decorated, once per mode (`interpret`: the cache's
-    key; Triton reads TRITON_INTERPRET when it decorates)."""
-    import triton
-
-    return {name: triton.jit(fn) for name, fn in _DEVICE.items()}
-
-
-def _kernel(interpret: bool) -> Callable:
-    """The kernel for this mode. Triton, compiled or interpreted, looks the functions a kernel
-    calls (and triton.language) up among its module's globals, so they are bound there, to
-    this mode's decorated functions, before each launch."""
-    global tl
-    import triton.language as tl
-
-    jitted = _jitted(interpret)
-    globals().update(jitted)
-    return jitted["_record_loss_kernel"]
 
 
 @_device

@@ -67,15 +67,15 @@ cannot check (numpy's maximum propagates NaN either way).
 
 from __future__ import annotations  # the kernel's tl.constexpr: Triton reads it as text
 
-import functools
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from model.triton_code import TritonCode, available
+
 if TYPE_CHECKING:
-    import triton.language as tl  # bound at run time by _kernel (importing this needs no Triton)
+    import triton.language as tl  # bound at run time by _CODE.kernel (no Triton on import)
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -84,30 +84,8 @@ E4M3_MAX = 448.0
 # shared memory)
 BLOCKS = (128, 128, 128)
 NUM_WARPS, NUM_STAGES = 8, 3
-_DEVICE: dict[str, Callable] = {}  # the kernel and its device functions, undecorated (_device)
-
-
-def available(device: torch.device | str | None = None) -> str | None:
-    """Why `fused_up_relu2` cannot run here (on `device`, default: CUDA if present), None when it
-    can: it needs Triton, and a CUDA device or, for CPU tensors, Triton's interpreter
-    (TRITON_INTERPRET=1)."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "triton is not installed"
-    if _interpreting():
-        return None
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    kind = torch.device(device).type
-    if kind != "cuda":
-        return (
-            f"{kind} tensors need Triton's interpreter (TRITON_INTERPRET=1); compiled, the "
-            "kernel runs on CUDA"
-        )
-    if not torch.cuda.is_available():
-        return "CUDA is not available"
-    return None
+_CODE = TritonCode(globals())  # the kernel and its device functions (model/triton_code.py)
+_device = _CODE.device
 
 
 def fused_up_relu2(
@@ -159,7 +137,7 @@ def fused_up_relu2(
     tile_max = torch.empty(grid, dtype=torch.float32, device=device)
     if tokens and width:
         # The outputs are written as their bits (int16, uint8): the kernel rounds on the bits
-        _kernel(_interpreting())[grid](
+        _CODE.kernel("_up_relu2_kernel")[grid](
             n8, w8, pre.view(torch.int16), post.view(torch.int16), post8.view(torch.uint8),
             tile_max, a_scale, s_up, s_act, tokens, width, inner, n8.stride(0), n8.stride(1),
             w8.stride(0), w8.stride(1), width,
@@ -168,40 +146,6 @@ def fused_up_relu2(
             enable_fp_fusion=False,  # no product meets a sum: explicit, Triton's default changes
         )  # fmt: skip
     return pre, post, post8, tile_max
-
-
-def _interpreting() -> bool:
-    """TRITON_INTERPRET as Triton reads it when a kernel is decorated."""
-    from triton import knobs
-
-    return bool(knobs.runtime.interpret)
-
-
-def _device(fn: Callable) -> Callable:
-    """Marks `fn` as Triton code, decorated with triton.jit when the kernel is built."""
-    _DEVICE[fn.__name__] = fn
-    return fn
-
-
-@functools.cache
-def _jitted(interpret: bool) -> dict[str, Callable]:
-    """The kernel and its device functions decorated, once per mode (`interpret`: the cache's
-    key; Triton reads TRITON_INTERPRET when it decorates)."""
-    import triton
-
-    return {name: triton.jit(fn) for name, fn in _DEVICE.items()}
-
-
-def _kernel(interpret: bool) -> Callable:
-    """The kernel for this mode. Triton, compiled or interpreted, looks the functions a kernel
-    calls (and triton.language) up among its module's globals, so they are bound there, to
-    this mode's decorated functions, before each launch."""
-    global tl
-    import triton.language as tl
-
-    jitted = _jitted(interpret)
-    globals().update(jitted)
-    return jitted["_up_relu2_kernel"]
 
 
 @_device
