@@ -167,28 +167,25 @@ class FP8MlpFunction(torch.autograd.Function):
         s_up = bf16_scale(fc_t.abs().amax())
         fc8 = _e4m3(fc_t.float() / s_up)
         proj_t = c_proj if proj_in_out else c_proj.T  # (4d, d): out = post·proj_t
+        post8 = post_max = None
         if fused and down is not None:  # mlp.fp8_kernel=triton (model/triton_mlp.py)
             from model.triton_mlp import fused_up_relu2
 
-            s_act, s_w = down
-            pre, post, post8, tiles = fused_up_relu2(n8, fc8.T, a_safe / E4M3_MAX, s_up, s_act)
-            proj8 = _e4m3(proj_t.float() / s_w, E4M3_MAX)
-            out = scaled_mm(post8, proj8, s_act, s_w, torch.bfloat16, use_fast_accum=True)
+            pre, post, post8, tiles = fused_up_relu2(n8, fc8.T, a_safe / E4M3_MAX, s_up, down[0])
             post_max = tiles.amax()
-            ctx.mark_non_differentiable(post_max)
-            ctx.save_for_backward(n, pre, post, c_fc, c_proj)
-            ctx.in_out, ctx.dtypes = in_out, (w_fc.dtype, w_proj.dtype)
-            return out, post_max
-        pre = scaled_mm(n8, fc8, a_safe / E4M3_MAX, s_up, torch.bfloat16)
-        post = F.relu(pre).square()
+        else:
+            pre = scaled_mm(n8, fc8, a_safe / E4M3_MAX, s_up, torch.bfloat16)
+            post = F.relu(pre).square()
         if down is None:
             out = post @ proj_t
         else:
             s_act, s_w = down
-            post8 = _e4m3(post.float() / s_act, E4M3_MAX)  # post ≥ 0: min(·, 448)
+            if post8 is None:
+                post8 = _e4m3(post.float() / s_act, E4M3_MAX)  # post ≥ 0: min(·, 448)
             proj8 = _e4m3(proj_t.float() / s_w, E4M3_MAX)
             out = scaled_mm(post8, proj8, s_act, s_w, torch.bfloat16, use_fast_accum=True)
-        post_max = post.amax()
+        if post_max is None:
+            post_max = post.amax()
         ctx.mark_non_differentiable(post_max)
         ctx.save_for_backward(n, pre, post, c_fc, c_proj)
         ctx.in_out, ctx.dtypes = in_out, (w_fc.dtype, w_proj.dtype)
