@@ -95,6 +95,10 @@ class GPT(nn.Module):
         self._mask_kinds = mask_kinds(self.plan)  # (normal, paired): the masks to build
         self.micro_steps = 1  # the trainer sets its own (the property below)
         self._flops: StepFlops | None = None  # counted on first use (N needs the parameters)
+        if cfg.head.loss_kernel == "triton":  # the kernel as a torch op, before any compile
+            from model.triton_loss import ops
+
+            ops()
         self.reset_parameters()
 
     @property

@@ -40,7 +40,9 @@ compiled model agree):
 With model.mlp.fp8_kernel=triton (mlp.fp8=up_down) one Triton kernel computes pre, post,
 post₈ and the maxima of post by output tile from the FP8 GEMM's tiles (model/triton_mlp.py),
 where the torch path makes the product, then ReLU², the amax and post₈'s cast, each a pass
-over the T×4d activations; its roundings are these, in this order.
+over the T×4d activations; its roundings are these, in this order. Its backward's ∂pre is a
+second kernel, the product g·c_projᵀ with ·2·ReLU(pre) applied to each tile in registers, where
+the torch path writes the product and reads it back (its roundings, too, are the ones above).
 
 Slots: the record runs 8 ranks of one micro-batch each. A rank that takes k micro-steps per
 update (gradient accumulation: model.micro_steps) plays k of them: micro-step i is the record's
@@ -189,6 +191,7 @@ class FP8MlpFunction(torch.autograd.Function):
         ctx.mark_non_differentiable(post_max)
         ctx.save_for_backward(n, pre, post, c_fc, c_proj)
         ctx.in_out, ctx.dtypes = in_out, (w_fc.dtype, w_proj.dtype)
+        ctx.fused = fused and down is not None
         return out, post_max
 
     @staticmethod
@@ -198,7 +201,12 @@ class FP8MlpFunction(torch.autograd.Function):
         g = g.to(torch.bfloat16)
         grad_proj = post.T @ g if proj_in_out else g.T @ post  # as c_proj is stored
         proj_t = c_proj if proj_in_out else c_proj.T
-        d_pre = (g @ proj_t.T).mul_(2).mul_(F.relu(pre))  # 2·(g·c_projᵀ)·ReLU(pre), one rounding
+        if ctx.fused:  # the same ops in one kernel (model/triton_mlp.py)
+            from model.triton_mlp import fused_relu2_grad
+
+            d_pre = fused_relu2_grad(g.contiguous(), proj_t, pre)
+        else:  # 2·(g·c_projᵀ)·ReLU(pre), the product rounded to bf16, then the result once
+            d_pre = (g @ proj_t.T).mul_(2).mul_(F.relu(pre))
         grad_n = d_pre @ (c_fc.T if fc_in_out else c_fc)
         grad_fc = n.T @ d_pre if fc_in_out else d_pre.T @ n
         fc_dtype, proj_dtype = ctx.dtypes
@@ -213,6 +221,10 @@ class FP8Mlp:
         self.in_out = (cfg.fc_in_out, cfg.proj_in_out)
         self.state = FP8MlpState(cfg) if cfg.fp8 == "up_down" else None
         self.fused = cfg.fp8_kernel == "triton"
+        if self.fused:  # its kernels as torch ops, before anything is compiled
+            from model.triton_mlp import ops
+
+            ops()
 
     def __call__(self, fc: Tensor, proj: Tensor, x: Tensor, micro_steps: int) -> Tensor:
         """A training forward over x (..., d) with the weights `fc` and `proj`; updates the

@@ -57,6 +57,7 @@ which would need a host synchronisation).
 
 from __future__ import annotations  # the kernel's tl.constexpr: Triton reads it as text
 
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
@@ -86,9 +87,6 @@ def record_loss_rows_triton(
     (rows × V, e5m2)) for bf16 logits (rows × V), their shifted targets (rows × K, −1 dropped)
     and the weights (K,). `block`: logits per loop step (a power of two; default: the
     vocabulary's, at most 4,096). RuntimeError where it cannot run (`available`)."""
-    reason = available(logits.device)
-    if reason is not None:
-        raise RuntimeError(f"record_loss_rows_triton: {reason}")
     if logits.dtype != torch.bfloat16 or logits.dim() != 2:
         raise ValueError(
             f"logits must be bf16 (rows × V), got {logits.dtype} {tuple(logits.shape)}"
@@ -102,27 +100,62 @@ def record_loss_rows_triton(
         )
     cap, shift, divisor = cfg.softcap, cfg.softcap_shift, cfg.softcap_divisor or cfg.softcap / 4
     device = logits.device
+    shifted = shifted.to(device=device, dtype=torch.int64)
+    weights = weights.to(device=device, dtype=torch.float32)
+    if block is None:
+        block = min(MAX_BLOCK, 1 << max(vocab - 1, 1).bit_length())
+    form = [float(cap), float(shift), float(divisor), float(g_s)]
+    return ops().record_loss(logits, shifted, weights, form, block)
+
+
+def _launch(
+    logits: Tensor, shifted: Tensor, weights: Tensor, form: list[float], block: int
+) -> tuple[Tensor, Tensor]:
+    reason = available(logits.device)
+    if reason is not None:
+        raise RuntimeError(f"record_loss_rows_triton: {reason}")
+    cap, shift, divisor, g_s = form
+    rows, vocab = logits.shape
+    k = shifted.size(1)
+    device = logits.device
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    shifted = shifted.to(device=device, dtype=torch.int64).contiguous()
-    weights = weights.to(device=device, dtype=torch.float32).contiguous()
+    shifted, weights = shifted.contiguous(), weights.contiguous()
     # S_w and the coefficient by the torch ops record_loss_rows uses, so the same fp32 values;
     # passed as device scalars (no host synchronisation)
     s_w = weights.sum()
     coef = gradient_coefficient(cap, divisor, g_s, device)
-    g8 = torch.empty((rows, vocab), dtype=torch.float8_e5m2, device=device)
+    g8 = _outputs(logits)[1]
     row_loss = torch.empty(rows, dtype=torch.float32, device=device)
-    if block is None:
-        block = min(MAX_BLOCK, 1 << max(vocab - 1, 1).bit_length())
     if rows and vocab:
         _CODE.kernel("_record_loss_kernel")[(rows,)](
             logits, logits.stride(0), shifted, shifted.stride(0), weights, s_w, coef, row_loss,
-            g8.view(torch.uint8), g8.stride(0), vocab, float(cap), float(shift), float(divisor),
+            g8.view(torch.uint8), g8.stride(0), vocab, cap, shift, divisor,
             K=k, K_LANES=1 << max(k - 1, 0).bit_length(), BLOCK=block,
             num_warps=8 if block >= 2048 else 4,
             enable_fp_fusion=False,  # a·b + c rounded twice, as torch computes it
         )  # fmt: skip
     return row_loss.sum(), g8
+
+
+def _outputs(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """The loss (0-d) and G₈, empty (also the op's shapes for torch.compile)."""
+    total = logits.new_empty((), dtype=torch.float32)
+    return total, logits.new_empty(logits.shape, dtype=torch.float8_e5m2)
+
+
+_OPS: SimpleNamespace | None = None
+
+
+def ops() -> SimpleNamespace:
+    """The kernel as a torch op (`record_loss`), registered at the first call, opaque to
+    torch.compile (model/triton_mlp.py's `ops` says why); the model registers it when built."""
+    global _OPS
+    if _OPS is None:
+        op = torch.library.custom_op("gpt_speedrun::record_loss", mutates_args=())(_launch)
+        op.register_fake(lambda logits, *_: _outputs(logits))
+        _OPS = SimpleNamespace(record_loss=torch.ops.gpt_speedrun.record_loss.default)
+    return _OPS
 
 
 @_device

@@ -1,6 +1,6 @@
 """Record D's FP8 up projection and what follows it (model/mlp_fp8.py) as one Triton kernel:
 the e4m3 GEMM, its scales, ReLU² and the down projection's e4m3 quantisation of post, in one
-launch that writes every result of the tile it computes.
+launch that writes every result of the tile it computes; and its backward's ∂pre as a second.
 
 With n₈ (T×d, e4m3) the quantised normed input, W₈ = c_fc₈ (4d×d, e4m3, (out, in)), the fp32
 scalars a_scale = a/448 and s_up (a bf16 value) of mlp_fp8.py's forward, and the delayed scale
@@ -58,6 +58,22 @@ code, FP8 dot included. The kernel calls no function of triton.language that is 
 and when that was before TRITON_INTERPRET=1 was set (a test process) the interpreter cannot
 call them; tl.full and tl.reduce with this module's own combining function stand in.
 
+The backward (`fused_relu2_grad`), with g the gradient of the MLP's output (T×d, bf16) and
+c_proj as (4d, d) (bf16):
+
+    acc  = g·c_projᵀ                          exact bf16 products, fp32 sums
+    ∂pre = bf16(bf16(2·bf16(acc))·ReLU(pre))  mlp_fp8.py's (g·c_projᵀ)·2·ReLU(pre), its order
+
+where the torch path writes the T×4d product and reads it back with pre: here pre is read into
+the tile's epilogue and only ∂pre is written. The ·2 is exact in bf16 but for an overflow to
+infinity, which its own rounding keeps. Its sums differ from cuBLAS's or the CPU's in order only
+(the bound: tests/unit/test_triton_mlp.py). Under the interpreter the bf16 tiles are made fp32
+(exactly) before tl.dot: its dot reads bf16 as the integers of the bits; compiled, tl.dot takes
+bf16, the tensor cores' products being exact in fp32 too.
+
+Both kernels are torch ops (`ops`), so torch.compile calls them as they are, one opaque call in
+its graph each, and knows their output shapes without running them.
+
 NaN: an e4m3 NaN operand (0x7F) is read as 480 by the interpreter's upcast, so NaN operands
 are not covered on a CPU; a NaN pre (e.g. 0·inf from an infinite scale) goes through the
 epilogue as through torch's ops: ReLU and the clamp let it through, post₈ = 0x7F, the tile's
@@ -67,12 +83,13 @@ cannot check (numpy's maximum propagates NaN either way).
 
 from __future__ import annotations  # the kernel's tl.constexpr: Triton reads it as text
 
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from model.triton_code import TritonCode, available
+from model.triton_code import TritonCode, available, interpreting
 
 if TYPE_CHECKING:
     import triton.language as tl  # bound at run time by _CODE.kernel (no Triton on import)
@@ -83,6 +100,8 @@ E4M3_MAX = 448.0
 # 128 products a step (record D: d = 768, 6 steps), 3 K-steps' operands in flight (96 KB of
 # shared memory)
 BLOCKS = (128, 128, 128)
+# The backward's: bf16 operands, twice the bytes, so half the K-block (the same 96 KB in flight)
+GRAD_BLOCKS = (128, 128, 64)
 NUM_WARPS, NUM_STAGES = 8, 3
 _CODE = TritonCode(globals())  # the kernel and its device functions (model/triton_code.py)
 _device = _CODE.device
@@ -109,10 +128,8 @@ def fused_up_relu2(
     the maximum of post in each output tile (fp32, ⌈T/block_m⌉ × ⌈4d/block_n⌉; the layer's
     max post is its amax). `blocks`: (block_m, block_n, block_k), powers of two ≥ 16
     (default: BLOCKS, each at most its dimension's next power of two); `num_warps`,
-    `num_stages`: the compiled kernel's (the interpreter ignores them)."""
-    reason = available(n8.device)
-    if reason is not None:
-        raise RuntimeError(f"fused_up_relu2: {reason}")
+    `num_stages`: the compiled kernel's (the interpreter ignores them). A torch op (`ops`):
+    torch.compile calls it as it is. RuntimeError where it cannot run (`available`)."""
     if n8.dtype != E4M3 or w8.dtype != E4M3 or n8.dim() != 2 or w8.dim() != 2:
         raise ValueError(
             f"n8 (T×d) and w8 (4d×d) must be e4m3 matrices, got {n8.dtype} "
@@ -121,23 +138,68 @@ def fused_up_relu2(
     (tokens, inner), width = n8.shape, w8.size(0)
     if w8.size(1) != inner:
         raise ValueError(f"w8 must be 4d×{inner} (out, in), got {tuple(w8.shape)}")
-    device = n8.device
     a_scale, s_up, s_act = (
-        torch.as_tensor(s, dtype=torch.float32, device=device).reshape(())
+        torch.as_tensor(s, dtype=torch.float32, device=n8.device).reshape(())
         for s in (a_scale, s_up, s_act)
     )
-    block_m, block_n, block_k = blocks or tuple(
+    tile = list(blocks or _fitted(BLOCKS, (tokens, width, inner)))
+    return ops().up_relu2(n8, w8, a_scale, s_up, s_act, tile, num_warps, num_stages)
+
+
+def fused_relu2_grad(
+    g: Tensor,
+    w: Tensor,
+    pre: Tensor,
+    blocks: tuple[int, int, int] | None = None,
+    num_warps: int = NUM_WARPS,
+    num_stages: int = NUM_STAGES,
+) -> Tensor:
+    """The backward's ∂pre = 2·(g·c_projᵀ)·ReLU(pre) in one kernel (module docstring).
+
+    g: the gradient of the MLP's output (T×d, bf16); w: c_proj as (4d, d), bf16, any strides
+    (record D's (out, in) d×4d c_proj: its transposed view); pre: the forward's (T×4d, bf16).
+    Returns ∂pre (T×4d, bf16). `blocks`, `num_warps`, `num_stages`: as fused_up_relu2's
+    (default: GRAD_BLOCKS). A torch op, as fused_up_relu2."""
+    bf16 = torch.bfloat16
+    if g.dtype != bf16 or w.dtype != bf16 or pre.dtype != bf16 or g.dim() != 2 or w.dim() != 2:
+        raise ValueError(
+            f"g (T×d), w (4d×d) and pre (T×4d) must be bf16 matrices, got {g.dtype} "
+            f"{tuple(g.shape)}, {w.dtype} {tuple(w.shape)} and {pre.dtype} {tuple(pre.shape)}"
+        )
+    (tokens, inner), width = g.shape, w.size(0)
+    if w.size(1) != inner or pre.shape != (tokens, width):
+        raise ValueError(
+            f"w must be 4d×{inner} and pre {tokens}×4d, got {tuple(w.shape)} and {tuple(pre.shape)}"
+        )
+    tile = list(blocks or _fitted(GRAD_BLOCKS, (tokens, width, inner)))
+    return ops().relu2_grad(g, w, pre, tile, num_warps, num_stages)
+
+
+def _fitted(blocks: tuple[int, int, int], dims: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Each default block at most its dimension's next power of two (at least 16)."""
+    return tuple(  # type: ignore[return-value]
         min(b, max(16, 1 << max(dim - 1, 1).bit_length()))
-        for b, dim in zip(BLOCKS, (tokens, width, inner), strict=True)
+        for b, dim in zip(blocks, dims, strict=True)
     )
-    grid = (-(-tokens // block_m), -(-width // block_n))
-    pre = torch.empty((tokens, width), dtype=torch.bfloat16, device=device)
-    post = torch.empty_like(pre)
-    post8 = torch.empty((tokens, width), dtype=E4M3, device=device)
-    tile_max = torch.empty(grid, dtype=torch.float32, device=device)
+
+
+def _grid(tokens: int, width: int, tile: list[int]) -> tuple[int, int]:
+    return -(-tokens // tile[0]), -(-width // tile[1])
+
+
+def _launch_up_relu2(
+    n8: Tensor, w8: Tensor, a_scale: Tensor, s_up: Tensor, s_act: Tensor, tile: list[int],
+    num_warps: int, num_stages: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    reason = available(n8.device)
+    if reason is not None:
+        raise RuntimeError(f"fused_up_relu2: {reason}")
+    (tokens, inner), width = n8.shape, w8.size(0)
+    pre, post, post8, tile_max = _up_relu2_outputs(n8, w8, tile)
+    block_m, block_n, block_k = tile
     if tokens and width:
         # The outputs are written as their bits (int16, uint8): the kernel rounds on the bits
-        _CODE.kernel("_up_relu2_kernel")[grid](
+        _CODE.kernel("_up_relu2_kernel")[tile_max.shape](
             n8, w8, pre.view(torch.int16), post.view(torch.int16), post8.view(torch.uint8),
             tile_max, a_scale, s_up, s_act, tokens, width, inner, n8.stride(0), n8.stride(1),
             w8.stride(0), w8.stride(1), width,
@@ -146,6 +208,66 @@ def fused_up_relu2(
             enable_fp_fusion=False,  # no product meets a sum: explicit, Triton's default changes
         )  # fmt: skip
     return pre, post, post8, tile_max
+
+
+def _up_relu2_outputs(n8: Tensor, w8: Tensor, tile: list[int]) -> tuple[Tensor, ...]:
+    """fused_up_relu2's results, empty (also its op's shapes for torch.compile)."""
+    tokens, width = n8.size(0), w8.size(0)
+    pre = n8.new_empty((tokens, width), dtype=torch.bfloat16)
+    post8 = n8.new_empty((tokens, width), dtype=E4M3)
+    tile_max = n8.new_empty(_grid(tokens, width, tile), dtype=torch.float32)
+    return pre, torch.empty_like(pre), post8, tile_max
+
+
+def _launch_relu2_grad(
+    g: Tensor, w: Tensor, pre: Tensor, tile: list[int], num_warps: int, num_stages: int
+) -> Tensor:
+    reason = available(g.device)
+    if reason is not None:
+        raise RuntimeError(f"fused_relu2_grad: {reason}")
+    (tokens, inner), width = g.shape, w.size(0)
+    pre = pre.contiguous()
+    d_pre = _contiguous_like(pre)
+    block_m, block_n, block_k = tile
+    if tokens and width:
+        _CODE.kernel("_relu2_grad_kernel")[_grid(tokens, width, tile)](
+            g, w, pre.view(torch.int16), d_pre.view(torch.int16), tokens, width, inner,
+            g.stride(0), g.stride(1), w.stride(0), w.stride(1), width,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inner % block_k == 0,
+            UPCAST=interpreting(), num_warps=num_warps, num_stages=num_stages,
+            enable_fp_fusion=False,
+        )  # fmt: skip
+    return d_pre
+
+
+def _contiguous_like(pre: Tensor) -> Tensor:
+    return torch.empty_like(pre, memory_format=torch.contiguous_format)
+
+
+_OPS: SimpleNamespace | None = None
+
+
+def ops() -> SimpleNamespace:
+    """The kernels as torch ops (`up_relu2`, `relu2_grad`), registered at the first call: to
+    torch.compile each is one opaque call whose output shapes it knows without running it,
+    where a kernel launched from Python would be traced into (Triton's launcher, or its
+    interpreter on a CPU) and break the graph. The model registers them when it is built
+    (`FP8Mlp`), before anything is compiled."""
+    global _OPS
+    if _OPS is None:
+        up = torch.library.custom_op("gpt_speedrun::mlp_up_relu2", mutates_args=())(
+            _launch_up_relu2
+        )
+        up.register_fake(lambda n8, w8, a, s, s_act, tile, *_: _up_relu2_outputs(n8, w8, tile))
+        grad = torch.library.custom_op("gpt_speedrun::mlp_relu2_grad", mutates_args=())(
+            _launch_relu2_grad
+        )
+        grad.register_fake(lambda g, w, pre, *_: _contiguous_like(pre))
+        _OPS = SimpleNamespace(
+            up_relu2=torch.ops.gpt_speedrun.mlp_up_relu2.default,
+            relu2_grad=torch.ops.gpt_speedrun.mlp_relu2_grad.default,
+        )
+    return _OPS
 
 
 @_device
@@ -188,6 +310,47 @@ def _max_nan(a, b):
 
 
 @_device
+def _tile_dot(
+    a_ptr, b_ptr, rows, cols, tokens, width, inner: tl.constexpr, a_stride_t, a_stride_k,
+    b_stride_f, b_stride_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """A[rows]·B[cols]ᵀ in fp32 (BLOCK_M × BLOCK_N) for A (tokens × inner) and B (width ×
+    inner): exact products, summed in K-blocks of BLOCK_K. Rows and columns past the edge read
+    valid ones again (the caller does not store their results), so those loads need no mask;
+    a last partial K-block is loaded masked, as zeros, which add nothing. FP8: e4m3 operands,
+    whose partial sums are promoted to the fp32 accumulator after every K-block (module
+    docstring). UPCAST: bf16 operands made fp32 before the dot (exactly), for the interpreter,
+    whose dot reads bf16 as the integers of its bits."""
+    ks = tl.arange(0, BLOCK_K)
+    # int64 offsets: T·d may pass 2³¹ on a long sequence
+    a_rows = (rows % tokens).to(tl.int64)
+    b_cols = (cols % width).to(tl.int64)
+    a_ptrs = a_ptr + a_rows[:, None] * a_stride_t + ks[None, :] * a_stride_k
+    b_ptrs = b_ptr + b_cols[None, :] * b_stride_f + ks[:, None] * b_stride_k  # Bᵀ's tile
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)  # tl.zeros: module docstring
+    # inner (d) is a constexpr, one per model: Triton 3.6's interpreter under NumPy 2 cannot
+    # take a run-time scalar as a loop bound
+    for k0 in range(0, inner, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=(k0 + ks)[None, :] < inner, other=0.0)
+            b = tl.load(b_ptrs, mask=(k0 + ks)[:, None] < inner, other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if FP8:  # noqa: SIM108 (a constexpr branch: Triton compiles the one taken)
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)  # e4m3 on tensor cores
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * a_stride_k
+        b_ptrs += BLOCK_K * b_stride_k
+    return acc
+
+
+@_device
 def _up_relu2_kernel(
     n_ptr, w_ptr, pre_ptr, post_ptr, post8_ptr, tile_max_ptr, a_scale_ptr, s_up_ptr, s_act_ptr,
     tokens, width, inner: tl.constexpr, n_stride_t, n_stride_k, w_stride_f, w_stride_k, out_stride,
@@ -197,28 +360,10 @@ def _up_relu2_kernel(
     pid_n = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
-    # Rows and columns past the edge read valid ones again (their results are not stored), so
-    # the loads need no mask there; int64 offsets: T·d may pass 2³¹ on a long sequence
-    a_rows = (rows % tokens).to(tl.int64)
-    b_cols = (cols % width).to(tl.int64)
-    a_ptrs = n_ptr + a_rows[:, None] * n_stride_t + ks[None, :] * n_stride_k
-    b_ptrs = w_ptr + b_cols[None, :] * w_stride_f + ks[:, None] * w_stride_k  # W₈ᵀ's tile
-    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)  # tl.zeros: module docstring
-    # inner (d) is a constexpr, one per model: Triton 3.6's interpreter under NumPy 2 cannot
-    # take a run-time scalar as a loop bound
-    for k0 in range(0, inner, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:  # a last partial K-block: zeros add nothing
-            a = tl.load(a_ptrs, mask=(k0 + ks)[None, :] < inner, other=0.0)
-            b = tl.load(b_ptrs, mask=(k0 + ks)[:, None] < inner, other=0.0)
-        # e4m3 × e4m3 on the tensor cores, the partial sums promoted to the fp32 accumulator
-        # after each K-block (module docstring)
-        acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
-        a_ptrs += BLOCK_K * n_stride_k
-        b_ptrs += BLOCK_K * w_stride_k
+    acc = _tile_dot(
+        n_ptr, w_ptr, rows, cols, tokens, width, inner, n_stride_t, n_stride_k, w_stride_f,
+        w_stride_k, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, False,
+    )  # fmt: skip
     # The epilogue, in mlp_fp8.py's order (module docstring)
     scale = tl.load(a_scale_ptr) * tl.load(s_up_ptr)  # one fp32 product, as scaled_mm's
     pre = _bf16(acc * scale)
@@ -235,3 +380,30 @@ def _up_relu2_kernel(
     # post ≥ +0, so 0 outside the matrix leaves the tile's maximum alone
     top = tl.reduce(tl.where(inside, post, 0.0), None, _max_nan)
     tl.store(tile_max_ptr + pid_m * tl.num_programs(1) + pid_n, top)
+
+
+@_device
+def _relu2_grad_kernel(
+    g_ptr, w_ptr, pre_ptr, d_pre_ptr, tokens, width, inner: tl.constexpr, g_stride_t,
+    g_stride_k, w_stride_f, w_stride_k, out_stride, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _tile_dot(
+        g_ptr, w_ptr, rows, cols, tokens, width, inner, g_stride_t, g_stride_k, w_stride_f,
+        w_stride_k, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, False, UPCAST,
+    )  # fmt: skip
+    inside = (rows < tokens)[:, None] & (cols < width)[None, :]
+    offsets = rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
+    # pre read as its bits (the interpreter's bf16 casts: module docstring); exact in fp32
+    pre = (tl.load(pre_ptr + offsets, mask=inside, other=0).to(tl.int32) << 16).to(
+        tl.float32, bitcast=True
+    )
+    # The backward's ops, in mlp_fp8.py's order: the bf16 product, ·2 (exact, but for an
+    # overflow to inf, which the rounding keeps), ·ReLU(pre) rounded once
+    doubled = _bf16(_bf16(acc) * 2.0)
+    relu = tl.where(pre < 0.0, 0.0, pre)  # NaN goes through, as F.relu
+    tl.store(d_pre_ptr + offsets, _bf16_bits(_bf16(doubled * relu)), mask=inside)

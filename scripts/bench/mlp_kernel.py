@@ -1,4 +1,5 @@
-"""Benchmark record D's FP8 up projection and ReLU²: the torch path against the one Triton kernel.
+"""Benchmark record D's FP8 up projection and ReLU², and their backward's ∂pre: the torch path
+against the Triton kernels.
 
 From the same n₈ and c_fc₈ (model/mlp_fp8.py's quantisation of an RMS-normed n, T×d bf16,
 and of c_fc ~ U(±√3/√d), 4d×d), each computes pre, post, post₈ and the layer's max post:
@@ -16,6 +17,12 @@ whether they agree (tests/unit/test_triton_mlp.py's bounds, exit status 1 past t
 within one bf16 step on at most 10⁻³ of its values (the GEMMs sum in other orders; on Hopper
 they also differ in how often they promote the tensor cores' partial sums to fp32), post, post₈
 and the maximum equal to what torch's ops give from the kernel's own pre, bit for bit.
+
+The backward's ∂pre = 2·(g·c_projᵀ)·ReLU(pre) (mlp_fp8.py's backward) from the kernel's pre, a
+random g (T×d) and c_proj ~ U(±√3/√4d) (d×4d, (out, in)): torch's bf16 GEMM then ·2·ReLU(pre),
+eager and compiled, against `fused_relu2_grad` (one launch); they agree where at most 10⁻³ of
+∂pre differs and every value of both lies within the fp32 sums' error and two bf16 roundings
+of the float64 product (tests/unit/test_triton_mlp.py's bound).
 
     python scripts/bench/mlp_kernel.py                      # 16,384 × 768 → 3,072
     python scripts/bench/mlp_kernel.py --blocks 128 256 128 --warps 8 --stages 3
@@ -39,7 +46,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 
 from model.fp8 import scaled_mm
 from model.mlp_fp8 import E4M3_MAX, _e4m3, amax_scale, bf16_scale
-from model.triton_mlp import BLOCKS, NUM_STAGES, NUM_WARPS, available, fused_up_relu2
+from model.triton_mlp import (
+    BLOCKS,
+    NUM_STAGES,
+    NUM_WARPS,
+    available,
+    fused_relu2_grad,
+    fused_up_relu2,
+)
 
 MAX_DIFFERING = 1e-3  # as tests/unit/test_triton_mlp.py: the share of pre that may differ
 ACT_HEADROOM = 1.8  # mlp.fp8_act_headroom: s_act = 1.8·m/448
@@ -112,6 +126,39 @@ def agreement(name: str, got: Outputs, want: Outputs, s_act: Tensor) -> bool:
     return ok
 
 
+def grad_torch(g: Tensor, proj_t: Tensor, pre: Tensor) -> Tensor:
+    """mlp_fp8.py's backward's ∂pre (proj_t: c_proj as (4d, d))."""
+    return (g @ proj_t.T).mul_(2).mul_(F.relu(pre))
+
+
+def grad_agreement(name: str, got: Tensor, want: Tensor, g: Tensor, proj_t: Tensor, pre: Tensor):
+    """Prints how ∂pre `got` differs from eager torch's and whether both lie within the sums'
+    error bound of the float64 product; whether within the bounds."""
+    differs = int((got != want).sum())
+    r = F.relu(pre).double()
+    exact = g.double() @ proj_t.T.double()
+    sums = g.size(1) * 2**-24 * (g.double().abs() @ proj_t.T.double().abs())
+    bound = 2 * r * (2**-7 * exact.abs() + sums) * (1 + 2**-7)
+    inside = [bool(((x.double() - 2 * r * exact).abs() <= bound).all()) for x in (got, want)]
+    ok = differs <= MAX_DIFFERING * got.numel() and all(inside)
+    print(
+        f"∂pre {name} vs eager torch: differs in {differs:,} of {got.numel():,} "
+        f"({differs / got.numel():.1e}); within the sums' bound: {name} {inside[0]}, torch "
+        f"{inside[1]} | {'agree' if ok else 'DISAGREE'}"
+    )
+    return ok
+
+
+def interleaved_ms(fns: dict[str, Callable[[], object]], reps: int, inner: int) -> dict:
+    """Each function's median milliseconds over `reps` repetitions, in alternating order."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for rep in range(reps):
+        order = list(fns.items()) if rep % 2 == 0 else list(fns.items())[::-1]
+        for name, fn in order:
+            times[name].append(timed_ms(fn, inner))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=16384, help="T, tokens per rank")
@@ -155,12 +202,7 @@ def main() -> None:
         compiled = torch.compile(torch_path, options={"emulate_precision_casts": True})
         fns["torch compiled"] = lambda: compiled(n8, fc8_t, a_scale, s_up, s_act)
     results = {name: fn() for name, fn in fns.items()}  # compiles, warms caches
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for rep in range(args.reps):
-        order = list(fns.items()) if rep % 2 == 0 else list(fns.items())[::-1]
-        for name, fn in order:
-            times[name].append(timed_ms(fn, args.inner))
-    ms = {name: statistics.median(t) for name, t in times.items()}
+    ms = interleaved_ms(fns, args.reps, args.inner)
     width = 4 * args.d
     tflops = 2 * args.tokens * width * args.d / (ms["triton"] * 1e-3) / 1e12
     print(
@@ -177,6 +219,29 @@ def main() -> None:
     ok = agreement("triton", results["triton"], want, s_act)
     if "torch compiled" in results:
         agreement("torch compiled", results["torch compiled"], want, s_act)
+
+    # The backward's ∂pre, from the kernel's pre
+    gen = torch.Generator(device).manual_seed(1)
+    pre = results["triton"][0]
+    g = torch.randn(args.tokens, args.d, generator=gen, device=device).bfloat16()
+    bound = 3**0.5 / width**0.5
+    c_proj = (torch.rand(args.d, width, generator=gen, device=device) * 2 - 1) * bound
+    proj_t = c_proj.bfloat16().T  # (4d, d): the (out, in) c_proj's view, as the backward's
+    grad_fns: dict[str, Callable[[], object]] = {
+        "torch eager": lambda: grad_torch(g, proj_t, pre),
+        "triton": lambda: fused_relu2_grad(g, proj_t, pre),
+        "bf16 GEMM alone": lambda: g @ proj_t.T,
+    }
+    if not args.no_compile:
+        compiled_grad = torch.compile(grad_torch, options={"emulate_precision_casts": True})
+        grad_fns["torch compiled"] = lambda: compiled_grad(g, proj_t, pre)
+    grads = {name: fn() for name, fn in grad_fns.items()}
+    grad_ms = interleaved_ms(grad_fns, args.reps, args.inner)
+    print("∂pre: " + " | ".join(f"{name} {t:.3f} ms" for name, t in grad_ms.items()))
+    for name in ("torch eager", "torch compiled"):
+        if name in grad_ms:
+            print(f"∂pre triton / {name}: {grad_ms['triton'] / grad_ms[name]:.2f}")
+    ok = grad_agreement("triton", grads["triton"], grads["torch eager"], g, proj_t, pre) and ok
     sys.exit(0 if ok else 1)
 
 

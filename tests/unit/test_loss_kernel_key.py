@@ -57,6 +57,38 @@ def test_the_head_trains_through_the_kernel_as_through_torch(
     assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
 
 
+def test_a_compiled_head_calls_the_kernel_in_one_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile (fullgraph: a graph break fails) over the head and loss calls the kernel
+    as an opaque op, the loss and gradients equal to eager's through it."""
+    from model.triton_loss import ops
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    ops()  # as the model does when built
+    cfg = dataclasses.replace(HEAD, loss_kernel="triton")
+    g = torch.Generator().manual_seed(9)
+    w = (torch.randn(1000, 48, generator=g) * 0.05).bfloat16()
+    x = torch.randn(1, 12, 48, generator=g)
+    x = (x / x.pow(2).mean(-1, keepdim=True).sqrt()).bfloat16()
+    targets = torch.randint(0, 1000, (1, 12), generator=g)
+    weights = torch.tensor([1.0, 0.5, 0.25])
+    results = []
+    for backend in (None, "aot_eager"):
+        head = nn.Linear(48, 1000, bias=False).bfloat16()
+        with torch.no_grad():
+            head.weight.copy_(w)
+        inp = x.clone().requires_grad_()
+
+        def loss_of(inp, head=head):
+            return record_head_loss(head, inp, targets, weights, cfg, "pow2", 1)
+
+        fn = loss_of if backend is None else torch.compile(loss_of, backend=backend, fullgraph=True)
+        loss = fn(inp)
+        loss.backward()
+        results.append((loss.detach(), inp.grad, head.weight.grad))
+    for name, a, b in zip(("loss", "∂x", "∂W"), *results, strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_where_the_kernel_cannot_run_or_has_nothing_to_do_the_key_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

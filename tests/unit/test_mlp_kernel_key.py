@@ -39,13 +39,41 @@ def test_the_mlp_trains_through_the_kernel_as_through_torch(
     import model.triton_mlp as triton_mlp
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    calls, kernel = [], triton_mlp.fused_up_relu2
-    monkeypatch.setattr(triton_mlp, "fused_up_relu2", lambda *a: calls.append(1) or kernel(*a))
+    calls, up, grad = [], triton_mlp.fused_up_relu2, triton_mlp.fused_relu2_grad
+    monkeypatch.setattr(triton_mlp, "fused_up_relu2", lambda *a: calls.append("up") or up(*a))
+    monkeypatch.setattr(triton_mlp, "fused_relu2_grad", lambda *a: calls.append("grad") or grad(*a))
     want = run("torch", in_out)
     assert not calls
     got = run("triton", in_out)
-    assert calls == [1, 1], "the key reached the kernel, once a forward"
+    assert calls == ["up", "grad"] * 2, "the key reached both kernels, once a step"
     for name, a, b in zip(("out", "max post", "∂x", "∂c_fc", "∂c_proj"), want, got, strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_a_compiled_mlp_calls_the_kernels_in_one_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile (fullgraph: a graph break fails) over a training step of the MLP, its
+    backward included, calls both kernels as opaque ops, the output, max post and gradients
+    equal to eager's through them; a kernel launched from Python would be traced into."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cfg = MlpConfig(fp8="up_down", fp8_kernel="triton")
+    g = torch.Generator().manual_seed(5)
+    fc = ((torch.rand(256, 64, generator=g) - 0.5) * 0.4).bfloat16()
+    proj = ((torch.rand(64, 256, generator=g) - 0.5) * 0.1).bfloat16()
+    x = torch.randn(2, 40, 64, generator=g)
+    x = (x / x.pow(2).mean(-1, keepdim=True).sqrt()).bfloat16()
+    results = []
+    for backend in (None, "aot_eager"):
+        mlp = FP8Mlp(cfg)  # registers the ops, as the model does when built
+        w_fc, w_proj, inp = (t.clone().requires_grad_() for t in (fc, proj, x))
+
+        def step(w_fc, w_proj, inp, mlp=mlp):
+            return mlp(w_fc, w_proj, inp, 1).float().square().sum()
+
+        fn = step if backend is None else torch.compile(step, backend=backend, fullgraph=True)
+        loss = fn(w_fc, w_proj, inp)
+        loss.backward()
+        results.append((loss, mlp.state.act_max, inp.grad, w_fc.grad, w_proj.grad))
+    for name, a, b in zip(("loss", "max post", "∂x", "∂c_fc", "∂c_proj"), *results, strict=True):
         assert torch.equal(a, b), name
 
 
