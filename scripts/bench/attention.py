@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere
 
-from model.attention import attend
+from model.attend import attend
 from model.masks import EOT, build_masks
 from model.varlen import varlen_masks, varlen_support
 

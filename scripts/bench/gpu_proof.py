@@ -50,17 +50,17 @@ DOC = REPO / "docs" / "gpu-proof.md"  # the page whose markers --render writes b
 
 def run_part(
     name: str, device: str, toy: bool, data_dir: Path, partial: Path | None = None,
-    stages: list[int] | None = None, evaluation: bool = True,
+    stages: list[int] | None = None, evaluation: bool = True, sets: tuple[str, ...] = (),
 ) -> dict[str, Any]:  # fmt: skip
     """One part, in this process (the proof's child for it calls this); a preset part writes
-    its rows so far to `partial` as it goes, measures only `stages` (1-based; None: all) and
-    compiles its evaluation unless not `evaluation`."""
+    its rows so far to `partial` as it goes, measures only `stages` (1-based; None: all),
+    compiles its evaluation unless not `evaluation`, and takes the Hydra overrides `sets`."""
     from scripts.bench import proof_parts as parts
 
     if name == "env":
         return parts.environment(device)
     if name in parts.PRESETS:
-        return parts.preset(name, device, toy, partial, stages, evaluation)
+        return parts.preset(name, device, toy, partial, stages, evaluation, sets)
     if name == "head":
         return parts.head(device, toy)
     if name == "optimizer":
@@ -97,6 +97,7 @@ def run_capped(name: str, cap: float, args: argparse.Namespace, log: Path) -> di
             log,
             args.stages,
             not args.no_eval,
+            tuple(args.set),
         ),
     )
     child.start()
@@ -143,7 +144,7 @@ def _context() -> multiprocessing.context.BaseContext:
 
 def _child(
     name: str, device: str, toy: bool, data_dir: Path, result: Path, partial: Path, log: Path,
-    stages: list[int] | None = None, evaluation: bool = True,
+    stages: list[int] | None = None, evaluation: bool = True, sets: tuple[str, ...] = (),
 ) -> None:  # fmt: skip
     """A part in a child process: its own session, its output into the log, its result as
     JSON into `result` (a preset's rows so far into `partial` as it goes)."""
@@ -155,7 +156,7 @@ def _child(
     sys.stderr = os.fdopen(2, "w", buffering=1)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
     result.write_text(
-        json.dumps(run_part(name, device, toy, data_dir, partial, stages, evaluation))
+        json.dumps(run_part(name, device, toy, data_dir, partial, stages, evaluation, sets))
     )
     partial.unlink(missing_ok=True)
 
@@ -167,6 +168,8 @@ def prove(args: argparse.Namespace) -> dict[str, Any]:
     caps = {name: TOY_CAP if args.toy else cap for name, cap in CAPS.items()}
     caps |= args.cap
     results: dict[str, Any] = {"toy": args.toy, "device": args.device, "parts": {}}
+    if args.set:
+        results["sets"] = list(args.set)
     log = args.out / "gpu_proof.log"
     log.write_text("")
     for name in args.parts or list(CAPS):
@@ -228,6 +231,8 @@ def parse_args() -> argparse.Namespace:
         help="a preset part's stages or windows to measure, 1-based (default all)",
     )
     p.add_argument("--no-eval", action="store_true", help="preset parts skip evaluation")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Hydra override for every preset part (e.g. a kernel key)")  # fmt: skip
     p.add_argument("--render", type=Path, metavar="JSON", help="write JSON's tables to --doc")
     p.add_argument("--doc", type=Path, default=DOC, help="the page with the gpu-proof markers")
     args = p.parse_args()

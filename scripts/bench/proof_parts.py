@@ -103,14 +103,15 @@ QUIET = ["train.checkpoint_every=0", "train.checkpoint_at_end=false"]
 
 def preset(
     name: str, device: str, toy: bool, partial: Path | None = None,
-    stages: list[int] | None = None, evaluation: bool = True,
+    stages: list[int] | None = None, evaluation: bool = True, sets: tuple[str, ...] = (),
 ) -> dict[str, Any]:  # fmt: skip
     """A preset's compiled step at its representative windows and batch phases (`stages`,
-    1-based: some of them); the rows so far go to `partial` (JSON) as each is measured, for
-    a proof that stops the part; `evaluation`: its graph compiled last."""
+    1-based: some of them), with the Hydra overrides `sets`; the rows so far go to `partial`
+    (JSON) as each is measured, for a proof that stops the part; `evaluation`: its graph
+    compiled last. The result names the overrides beside the rows."""
     reset_compile_state()
     stages = stages or STAGES.get(name)
-    b = build(compose(name, device, toy, TOY_SETS if toy else []), WORLDS.get(name))
+    b = build(compose(name, device, toy, [*(TOY_SETS if toy else []), *sets]), WORLDS.get(name))
     where = None
     if partial is not None and name in PROFILED:
         where = partial.parent / f"profile_{name}.txt"
@@ -123,7 +124,7 @@ def preset(
 
     rows = bench_preset(name, b, 1 if toy else STEPS, WARMUP, peak_flops(b.rt.device), keep,
                         where, stages, evaluation)  # fmt: skip
-    return {"rows": rows}
+    return {"rows": rows, "sets": list(sets)} if sets else {"rows": rows}
 
 
 def optimizer(device: str, toy: bool) -> dict[str, Any]:

@@ -22,9 +22,13 @@ def tables(results: dict[str, Any]) -> str:
     )
     code = env.get("code") or {}
     commit = code.get("commit", "?")[:10] + (" (dirty)" if code.get("dirty") else "")
+    sets = sorted(
+        {*results.get("sets", []), *(s for p in parts.values() for s in p.get("sets", []))}
+    )
+    overrides = f" Preset overrides (--set): {', '.join(f'`{s}`' for s in sets)}." if sets else ""
     out = [
         f"{what}{env.get('device', results.get('device'))}, torch {env.get('torch', '?')}, "
-        f"CUDA {env.get('cuda') or '-'}, {env.get('date', '?')}, commit {commit}.",
+        f"CUDA {env.get('cuda') or '-'}, {env.get('date', '?')}, commit {commit}.{overrides}",
         "",
         PRESET_COLUMNS,
         "|---" * PRESET_COLUMNS.count(" | ") + "|---|",

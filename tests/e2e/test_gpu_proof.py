@@ -87,3 +87,40 @@ def test_render_refuses_a_page_without_markers(tmp_path: Path) -> None:
     (tmp_path / "gpu-proof.md").write_text("no markers\n")
     with pytest.raises(SystemExit, match="gpu-proof:begin"):
         render(tmp_path / "r.json", tmp_path / "gpu-proof.md")
+
+
+def test_set_reaches_the_preset_parts_and_the_tables() -> None:
+    """--set's overrides are composed into each preset part's config (a key that does not
+    exist is refused there, by name) and named above the tables."""
+    from scripts.bench.proof_parts import preset
+    from scripts.bench.proof_tables import tables
+
+    with pytest.raises(Exception, match=r"model\.no_such_key"):
+        preset("record_2024_11_06", "cpu", True, sets=("model.no_such_key=1",))
+    sets = ["model.mlp.fp8_kernel=triton", "model.head.loss_kernel=triton"]
+    done = {"status": "ok", "seconds": 1.0, "rows": []}
+    md = tables({"parts": {"record_2026_07_17": {**done, "sets": sets}}})
+    assert "Preset overrides (--set): `model.head.loss_kernel=triton`, `model.mlp" in md
+    assert "Preset overrides" not in tables({"parts": {"record_2026_07_17": done}})
+    failed = {"status": "failed", "seconds": 1.0, "note": "exit 1"}  # no rows: named all the same
+    md = tables({"sets": sets, "parts": {"record_2026_07_17": failed}})
+    assert "Preset overrides (--set): `model.head.loss_kernel=triton`" in md
+
+
+def test_the_kernels_command_keeps_its_order_and_budget(tmp_path: Path) -> None:
+    """scripts/bench/kernels_gpu.sh (the kernels' GPU command): with no budget left it runs
+    no step and says so for each, in its order; where varlen_attn cannot run (here: a CPU)
+    the varlen key is left out, with the reason."""
+    import os
+
+    out = tmp_path / "k"
+    env = {**os.environ, "BUDGET": "0", "PYTHON": sys.executable}
+    script = REPO / "scripts" / "bench" / "kernels_gpu.sh"
+    done = subprocess.run(["bash", str(script), str(out)], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = (out / "SUMMARY.md").read_text()
+    assert summary.startswith("varlen attention left out: no CUDA device\n")
+    steps = ["cold", "attention_stage1", "attention_stage3", "loss_kernel", "mlp_kernel", "warm"]
+    assert [line.split(":")[0][3:] for line in summary.splitlines()[1:]] == steps
+    assert summary.count("not run, the budget was spent") == len(steps)

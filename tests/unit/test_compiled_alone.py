@@ -1,4 +1,4 @@
-"""FlexAttention compiled on its own (model/attention.py, a CUDA model run eagerly): allowed the
+"""FlexAttention compiled on its own (model/attend.py, a CUDA model run eagerly): allowed the
 graphs record #89 needs, and failing rather than falling back to the uncompiled kernel, which
 materialises every score (the eager run's out-of-memory at its second stage). A counting
 backend stands in for inductor: the limit and the fallback are dynamo's, whatever compiles."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from model.attention import FLEX_RECOMPILES, compiled_alone
+from model.attend import FLEX_RECOMPILES, compiled_alone
 
 
 def double_sine(x: torch.Tensor) -> torch.Tensor:

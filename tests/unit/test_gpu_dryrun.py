@@ -45,7 +45,7 @@ needs_triton = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 PRELUDE = "from scripts.gpu_dryrun import fake_gpu\nfake_gpu.install()\nimport torch\n"
 
 FLEX = """
-from model.attention import attend
+from model.attend import attend
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 def old_attend(q, k, v, mask, scale):  # before the fix: YaRN's float64 scale as it is

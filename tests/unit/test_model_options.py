@@ -221,7 +221,7 @@ def test_the_dense_mask_is_the_rule() -> None:
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_attention_block_mask_equals_the_dense_mask() -> None:
     """FlexAttention (forward; its CPU backward is not implemented) against masked SDPA."""
-    from model.attention import attend
+    from model.attend import attend
 
     gen = torch.Generator().manual_seed(0)
     idx = torch.randint(0, 50257, (2, 256), generator=gen)

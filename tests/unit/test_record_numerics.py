@@ -285,7 +285,7 @@ def test_the_yarn_scale_multiplies_q_unrounded() -> None:
     """On SDPA's path the stage's attention scale multiplies the bf16 q as an fp32 number:
     one rounding of q·s, as the record's kernel scales in fp32. Rounding s to bf16 first
     (0.1 -> 0.10009765625) gives other bits."""
-    from model.attention import attend
+    from model.attend import attend
 
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 16, 8, generator=gen).bfloat16() for _ in range(3))
@@ -301,7 +301,7 @@ def test_the_yarn_scale_reaches_flex_as_fp32(monkeypatch: pytest.MonkeyPatch) ->
     """On FlexAttention's path the stage's float64 scale enters the score_mod as fp32, as a
     float scale enters the kernel: fp32 scores stay fp32 (a float64 factor would promote the
     kernel's softmax state and accumulator, which Triton's template refuses on a GPU)."""
-    import model.attention as attention
+    import model.attend as attention
 
     seen: list[torch.dtype] = []
 

@@ -85,7 +85,7 @@ def test_record_89s_toy_through_the_kernel_equals_sdpa(stand_in: None, step: int
     """One packed row as the record's: the loss and every gradient in training, the logits
     in evaluation, bit for bit (stage 1 and stage 3, YaRN's third scale). SDPA is handed the
     stage's scale as a float, as the kernel is (with YaRN's tensor it scales q first, one
-    rounding more, model/attention.py)."""
+    rounding more, model/attend.py)."""
     dense, flash = toy("sdpa"), toy("varlen")
     flash.load_state_dict(dense.state_dict())
     args = step_args(flash, step)
