@@ -311,17 +311,20 @@ def _max_nan(a, b):
 
 @_device
 def _tile_dot(
-    a_ptr, b_ptr, rows, cols, tokens, width, inner: tl.constexpr, a_stride_t, a_stride_k,
-    b_stride_f, b_stride_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    a_ptr, b_ptr, tokens, width, inner: tl.constexpr, a_stride_t, a_stride_k, b_stride_f,
+    b_stride_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
-    """A[rows]·B[cols]ᵀ in fp32 (BLOCK_M × BLOCK_N) for A (tokens × inner) and B (width ×
+    """(A[rows]·B[cols]ᵀ in fp32 (BLOCK_M × BLOCK_N), rows, cols) for this program's output
+    tile (program ids: its row and column of tiles), A (tokens × inner) and B (width ×
     inner): exact products, summed in K-blocks of BLOCK_K. Rows and columns past the edge read
     valid ones again (the caller does not store their results), so those loads need no mask;
     a last partial K-block is loaded masked, as zeros, which add nothing. FP8: e4m3 operands,
     whose partial sums are promoted to the fp32 accumulator after every K-block (module
     docstring). UPCAST: bf16 operands made fp32 before the dot (exactly), for the interpreter,
     whose dot reads bf16 as the integers of its bits."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     # int64 offsets: T·d may pass 2³¹ on a long sequence
     a_rows = (rows % tokens).to(tl.int64)
@@ -347,7 +350,7 @@ def _tile_dot(
             acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * a_stride_k
         b_ptrs += BLOCK_K * b_stride_k
-    return acc
+    return acc, rows, cols
 
 
 @_device
@@ -356,13 +359,9 @@ def _up_relu2_kernel(
     tokens, width, inner: tl.constexpr, n_stride_t, n_stride_k, w_stride_f, w_stride_k, out_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _tile_dot(
-        n_ptr, w_ptr, rows, cols, tokens, width, inner, n_stride_t, n_stride_k, w_stride_f,
-        w_stride_k, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, False,
+    acc, rows, cols = _tile_dot(
+        n_ptr, w_ptr, tokens, width, inner, n_stride_t, n_stride_k, w_stride_f, w_stride_k,
+        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, False,
     )  # fmt: skip
     # The epilogue, in mlp_fp8.py's order (module docstring)
     scale = tl.load(a_scale_ptr) * tl.load(s_up_ptr)  # one fp32 product, as scaled_mm's
@@ -379,7 +378,7 @@ def _up_relu2_kernel(
     tl.store(post8_ptr + offsets, _e4m3_byte(q), mask=inside)
     # post ≥ +0, so 0 outside the matrix leaves the tile's maximum alone
     top = tl.reduce(tl.where(inside, post, 0.0), None, _max_nan)
-    tl.store(tile_max_ptr + pid_m * tl.num_programs(1) + pid_n, top)
+    tl.store(tile_max_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), top)
 
 
 @_device
@@ -388,13 +387,9 @@ def _relu2_grad_kernel(
     g_stride_k, w_stride_f, w_stride_k, out_stride, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _tile_dot(
-        g_ptr, w_ptr, rows, cols, tokens, width, inner, g_stride_t, g_stride_k, w_stride_f,
-        w_stride_k, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, False, UPCAST,
+    acc, rows, cols = _tile_dot(
+        g_ptr, w_ptr, tokens, width, inner, g_stride_t, g_stride_k, w_stride_f, w_stride_k,
+        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, False, UPCAST,
     )  # fmt: skip
     inside = (rows < tokens)[:, None] & (cols < width)[None, :]
     offsets = rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
