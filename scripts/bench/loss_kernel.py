@@ -15,8 +15,9 @@ from the CPU's in a few bf16 steps: the bound is checked against that.
     python scripts/bench/loss_kernel.py                     # 16,384 × 50,304, K = 3
     python scripts/bench/loss_kernel.py --rows 4096 --reps 20 --block 2048
 
-Needs a CUDA GPU; on a CPU it exits saying so (the kernel's correctness on a CPU, through
-Triton's interpreter, is tests/unit/test_triton_loss.py's).
+Needs a CUDA GPU. `--device cpu` under TRITON_INTERPRET=1 runs the same code at a toy size
+(`--rows 8 --vocab 512 --reps 1 --no-compile`): the script's own check before a GPU session,
+whose times mean nothing (the kernel's correctness on a CPU is tests/unit/test_triton_loss.py's).
 """
 
 import argparse
@@ -62,12 +63,18 @@ def inputs(rows: int, vocab: int, device: torch.device) -> tuple[Tensor, Tensor,
     return z, shifted_targets(y, len(WEIGHTS)), weights
 
 
-def timed_ms(fn: Callable[[], object]) -> float:
-    torch.cuda.synchronize()
+def timed_ms(fn: Callable[[], object], device: torch.device) -> float:
+    sync(device)
     t0 = time.perf_counter()
     fn()
-    torch.cuda.synchronize()
+    sync(device)
     return (time.perf_counter() - t0) * 1000
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the GPU's queued work (a CPU's ops are done when they return)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def e5m2_order(g8: Tensor) -> Tensor:
@@ -98,13 +105,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--block", type=int, default=None, help="the kernel's logits a step")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile's form")
+    parser.add_argument("--device", default="cuda", help="cpu: a toy check, interpreted")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("loss_kernel.py needs a CUDA GPU (on a CPU: tests/unit/test_triton_loss.py)")
-    reason = available("cuda")
+    reason = available(device)
     if reason is not None:
         sys.exit(f"loss_kernel.py: {reason}")
-    device = torch.device("cuda")
     z, shifted, weights = inputs(args.rows, args.vocab, device)
     fns: dict[str, Callable[[], tuple[Tensor, Tensor]]] = {
         "torch eager": lambda: record_loss_rows(z, shifted, weights, RECORD, G_S),
@@ -120,9 +128,9 @@ def main() -> None:
     for rep in range(args.reps):
         order = list(fns.items()) if rep % 2 == 0 else list(fns.items())[::-1]
         for name, fn in order:
-            times[name].append(timed_ms(fn))
+            times[name].append(timed_ms(fn, device))
     ms = {name: statistics.median(t) for name, t in times.items()}
-    gpu = torch.cuda.get_device_name()
+    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreted)"
     print(f"{gpu}: {args.rows:,} rows × {args.vocab:,} logits, K = {len(WEIGHTS)}, medians of "
           f"{args.reps}")  # fmt: skip
     print(" | ".join(f"{name} {t:.2f} ms" for name, t in ms.items()))

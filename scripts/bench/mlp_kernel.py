@@ -27,8 +27,10 @@ of the float64 product (tests/unit/test_triton_mlp.py's bound).
     python scripts/bench/mlp_kernel.py                      # 16,384 × 768 → 3,072
     python scripts/bench/mlp_kernel.py --blocks 128 256 128 --warps 8 --stages 3
 
-Needs a CUDA GPU with FP8 (sm_89 or later); on a CPU it exits saying so (the kernel's
-correctness on a CPU, through Triton's interpreter, is tests/unit/test_triton_mlp.py's).
+Needs a CUDA GPU with FP8 (sm_89 or later). `--device cpu` under TRITON_INTERPRET=1 runs the
+same code at a toy size (`--tokens 64 --d 32 --reps 1 --inner 1 --no-compile`): the script's
+own check before a GPU session, whose times mean nothing (the kernels' correctness on a CPU is
+tests/unit/test_triton_mlp.py's).
 """
 
 import argparse
@@ -90,13 +92,13 @@ def epilogue(pre: Tensor, s_act: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return post, _e4m3(post.float() / s_act, E4M3_MAX), post.amax()
 
 
-def timed_ms(fn: Callable[[], object], inner: int) -> float:
+def timed_ms(fn: Callable[[], object], inner: int, device: torch.device) -> float:
     """Milliseconds a call of `fn` takes, the mean of `inner` calls queued back to back."""
-    torch.cuda.synchronize()
+    sync(device)
     t0 = time.perf_counter()
     for _ in range(inner):
         fn()
-    torch.cuda.synchronize()
+    sync(device)
     return (time.perf_counter() - t0) * 1000 / inner
 
 
@@ -126,6 +128,16 @@ def agreement(name: str, got: Outputs, want: Outputs, s_act: Tensor) -> bool:
     return ok
 
 
+def sync(device: torch.device) -> None:
+    """Wait for the GPU's queued work (a CPU's ops are done when they return)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def name_of(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreted)"
+
+
 def grad_torch(g: Tensor, proj_t: Tensor, pre: Tensor) -> Tensor:
     """mlp_fp8.py's backward's ∂pre (proj_t: c_proj as (4d, d))."""
     return (g @ proj_t.T).mul_(2).mul_(F.relu(pre))
@@ -149,13 +161,15 @@ def grad_agreement(name: str, got: Tensor, want: Tensor, g: Tensor, proj_t: Tens
     return ok
 
 
-def interleaved_ms(fns: dict[str, Callable[[], object]], reps: int, inner: int) -> dict:
+def interleaved_ms(
+    fns: dict[str, Callable[[], object]], reps: int, inner: int, device: torch.device
+) -> dict:
     """Each function's median milliseconds over `reps` repetitions, in alternating order."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for rep in range(reps):
         order = list(fns.items()) if rep % 2 == 0 else list(fns.items())[::-1]
         for name, fn in order:
-            times[name].append(timed_ms(fn, inner))
+            times[name].append(timed_ms(fn, inner, device))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -172,13 +186,14 @@ def main() -> None:
     parser.add_argument("--warps", type=int, default=NUM_WARPS)
     parser.add_argument("--stages", type=int, default=NUM_STAGES)
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile's form")
+    parser.add_argument("--device", default="cuda", help="cpu: a toy check, interpreted")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("mlp_kernel.py needs a CUDA GPU (on a CPU: tests/unit/test_triton_mlp.py)")
-    reason = available("cuda")
+    reason = available(device)
     if reason is not None:
         sys.exit(f"mlp_kernel.py: {reason}")
-    device = torch.device("cuda")
     n8, fc8_t, a_scale, s_up = operands(args.tokens, args.d, device)
     w8 = fc8_t.T  # c_fc₈ (4d×d, row-major)
     first = torch_path(n8, fc8_t, a_scale, s_up, torch.ones((), device=device))
@@ -202,11 +217,11 @@ def main() -> None:
         compiled = torch.compile(torch_path, options={"emulate_precision_casts": True})
         fns["torch compiled"] = lambda: compiled(n8, fc8_t, a_scale, s_up, s_act)
     results = {name: fn() for name, fn in fns.items()}  # compiles, warms caches
-    ms = interleaved_ms(fns, args.reps, args.inner)
+    ms = interleaved_ms(fns, args.reps, args.inner, device)
     width = 4 * args.d
     tflops = 2 * args.tokens * width * args.d / (ms["triton"] * 1e-3) / 1e12
     print(
-        f"{torch.cuda.get_device_name()}: T = {args.tokens:,}, d = {args.d}, 4d = {width:,}; "
+        f"{name_of(device)}: T = {args.tokens:,}, d = {args.d}, 4d = {width:,}; "
         f"tile {blocks}, {args.warps} warps, {args.stages} stages; s_act = {s_act.item():.4g}; "
         f"medians of {args.reps} × {args.inner} calls"
     )
@@ -236,7 +251,7 @@ def main() -> None:
         compiled_grad = torch.compile(grad_torch, options={"emulate_precision_casts": True})
         grad_fns["torch compiled"] = lambda: compiled_grad(g, proj_t, pre)
     grads = {name: fn() for name, fn in grad_fns.items()}
-    grad_ms = interleaved_ms(grad_fns, args.reps, args.inner)
+    grad_ms = interleaved_ms(grad_fns, args.reps, args.inner, device)
     print("∂pre: " + " | ".join(f"{name} {t:.3f} ms" for name, t in grad_ms.items()))
     for name in ("torch eager", "torch compiled"):
         if name in grad_ms:
