@@ -21,9 +21,7 @@ whose times mean nothing (the kernel's correctness on a CPU is tests/unit/test_t
 """
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 from model.config import HeadConfig
 from model.mtp import shifted_targets
 from model.record_loss import record_loss_rows
-from model.triton_loss import available, record_loss_rows_triton
+from model.triton_loss import record_loss_rows_triton
+from scripts.bench.kernel_timing import device_name, interleaved_ms, kernel_device
 
 RECORD = HeadConfig(
     softcap=23.0, softcap_form="sigmoid", softcap_shift=5.0, softcap_divisor=7.5,
@@ -61,20 +60,6 @@ def inputs(rows: int, vocab: int, device: torch.device) -> tuple[Tensor, Tensor,
     y = torch.randint(0, vocab, (rows // length, length), generator=gen, device=device)
     weights = torch.tensor(WEIGHTS, device=device)
     return z, shifted_targets(y, len(WEIGHTS)), weights
-
-
-def timed_ms(fn: Callable[[], object], device: torch.device) -> float:
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return (time.perf_counter() - t0) * 1000
-
-
-def sync(device: torch.device) -> None:
-    """Wait for the GPU's queued work (a CPU's ops are done when they return)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def e5m2_order(g8: Tensor) -> Tensor:
@@ -107,12 +92,7 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile's form")
     parser.add_argument("--device", default="cuda", help="cpu: a toy check, interpreted")
     args = parser.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("loss_kernel.py needs a CUDA GPU (on a CPU: tests/unit/test_triton_loss.py)")
-    reason = available(device)
-    if reason is not None:
-        sys.exit(f"loss_kernel.py: {reason}")
+    device = kernel_device("loss_kernel.py", args.device, "tests/unit/test_triton_loss.py")
     z, shifted, weights = inputs(args.rows, args.vocab, device)
     fns: dict[str, Callable[[], tuple[Tensor, Tensor]]] = {
         "torch eager": lambda: record_loss_rows(z, shifted, weights, RECORD, G_S),
@@ -124,13 +104,8 @@ def main() -> None:
         compiled = torch.compile(record_loss_rows)
         fns["torch compiled"] = lambda: compiled(z, shifted, weights, RECORD, G_S)
     results = {name: fn() for name, fn in fns.items()}  # compiles, warms caches
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for rep in range(args.reps):
-        order = list(fns.items()) if rep % 2 == 0 else list(fns.items())[::-1]
-        for name, fn in order:
-            times[name].append(timed_ms(fn, device))
-    ms = {name: statistics.median(t) for name, t in times.items()}
-    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreted)"
+    ms = interleaved_ms(fns, args.reps, 1, device)
+    gpu = device_name(device)
     print(f"{gpu}: {args.rows:,} rows × {args.vocab:,} logits, K = {len(WEIGHTS)}, medians of "
           f"{args.reps}")  # fmt: skip
     print(" | ".join(f"{name} {t:.2f} ms" for name, t in ms.items()))

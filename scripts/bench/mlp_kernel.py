@@ -34,9 +34,7 @@ tests/unit/test_triton_mlp.py's).
 """
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,10 +50,10 @@ from model.triton_mlp import (
     BLOCKS,
     NUM_STAGES,
     NUM_WARPS,
-    available,
     fused_relu2_grad,
     fused_up_relu2,
 )
+from scripts.bench.kernel_timing import device_name, interleaved_ms, kernel_device
 
 MAX_DIFFERING = 1e-3  # as tests/unit/test_triton_mlp.py: the share of pre that may differ
 ACT_HEADROOM = 1.8  # mlp.fp8_act_headroom: s_act = 1.8·m/448
@@ -92,16 +90,6 @@ def epilogue(pre: Tensor, s_act: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return post, _e4m3(post.float() / s_act, E4M3_MAX), post.amax()
 
 
-def timed_ms(fn: Callable[[], object], inner: int, device: torch.device) -> float:
-    """Milliseconds a call of `fn` takes, the mean of `inner` calls queued back to back."""
-    sync(device)
-    t0 = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    sync(device)
-    return (time.perf_counter() - t0) * 1000 / inner
-
-
 def same(a: Tensor, b: Tensor) -> bool:
     bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
     return a.dtype == b.dtype and torch.equal(a.view(bits), b.view(bits))
@@ -128,16 +116,6 @@ def agreement(name: str, got: Outputs, want: Outputs, s_act: Tensor) -> bool:
     return ok
 
 
-def sync(device: torch.device) -> None:
-    """Wait for the GPU's queued work (a CPU's ops are done when they return)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def name_of(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreted)"
-
-
 def grad_torch(g: Tensor, proj_t: Tensor, pre: Tensor) -> Tensor:
     """mlp_fp8.py's backward's ∂pre (proj_t: c_proj as (4d, d))."""
     return (g @ proj_t.T).mul_(2).mul_(F.relu(pre))
@@ -161,18 +139,6 @@ def grad_agreement(name: str, got: Tensor, want: Tensor, g: Tensor, proj_t: Tens
     return ok
 
 
-def interleaved_ms(
-    fns: dict[str, Callable[[], object]], reps: int, inner: int, device: torch.device
-) -> dict:
-    """Each function's median milliseconds over `reps` repetitions, in alternating order."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for rep in range(reps):
-        order = list(fns.items()) if rep % 2 == 0 else list(fns.items())[::-1]
-        for name, fn in order:
-            times[name].append(timed_ms(fn, inner, device))
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=16384, help="T, tokens per rank")
@@ -188,12 +154,7 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile's form")
     parser.add_argument("--device", default="cuda", help="cpu: a toy check, interpreted")
     args = parser.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("mlp_kernel.py needs a CUDA GPU (on a CPU: tests/unit/test_triton_mlp.py)")
-    reason = available(device)
-    if reason is not None:
-        sys.exit(f"mlp_kernel.py: {reason}")
+    device = kernel_device("mlp_kernel.py", args.device, "tests/unit/test_triton_mlp.py")
     n8, fc8_t, a_scale, s_up = operands(args.tokens, args.d, device)
     w8 = fc8_t.T  # c_fc₈ (4d×d, row-major)
     first = torch_path(n8, fc8_t, a_scale, s_up, torch.ones((), device=device))
@@ -221,7 +182,7 @@ def main() -> None:
     width = 4 * args.d
     tflops = 2 * args.tokens * width * args.d / (ms["triton"] * 1e-3) / 1e12
     print(
-        f"{name_of(device)}: T = {args.tokens:,}, d = {args.d}, 4d = {width:,}; "
+        f"{device_name(device)}: T = {args.tokens:,}, d = {args.d}, 4d = {width:,}; "
         f"tile {blocks}, {args.warps} warps, {args.stages} stages; s_act = {s_act.item():.4g}; "
         f"medians of {args.reps} × {args.inner} calls"
     )
