@@ -2,7 +2,7 @@
 
     python -m scripts.bench.gpu_proof                          # on the GPU: results/gpu_proof/
     python -m scripts.bench.gpu_proof --toy --device cpu       # the plumbing, in seconds
-    python -m scripts.bench.gpu_proof --render results/gpu_proof/gpu_proof.json  # -> docs/
+    python -m scripts.bench.gpu_proof --render docs/gpu-proof/2026-11-26-h100.json  # -> docs/
 
 It runs the parts of `scripts/bench/proof_parts.py` one after another, each in a process of its
 own under its own time cap (`CAPS`, `--cap part=seconds`) and all of them under `--budget`: a
@@ -14,8 +14,11 @@ head, fsdp and offloaded optimizer state against ddp, a 100-step run of the newe
 the sample corpus (its loss must fall and stay finite), and the environment.
 
 Out: `gpu_proof.json` (every number), `gpu_proof.md` (the tables) and `gpu_proof.log` (each
-part's output) in `--out`. `--render` writes a JSON's tables into docs/gpu-proof.md between
-the `gpu-proof` markers, so the published GPU tables are always one run's numbers.
+part's output) in `--out`. `--render JSON` writes a JSON's tables into docs/gpu-proof.md
+(`--doc`) between the `gpu-proof` markers, so the published GPU tables are always one run's
+numbers: the published run's JSON is in docs/gpu-proof/, a new run's is
+results/gpu_proof/gpu_proof.json. `--check` writes nothing and fails where the page's tables
+are not the JSON's.
 """
 
 import argparse
@@ -46,6 +49,7 @@ BUDGET_S = sum(CAPS.values())  # ~37 min; `--budget 570` fits a ten-minute slot,
 MIN_PART_S = 10  # a part is not started with less time than this left
 BEGIN, END = "<!-- gpu-proof:begin -->", "<!-- gpu-proof:end -->"
 DOC = REPO / "docs" / "gpu-proof.md"  # the page whose markers --render writes between
+SHIPPED = REPO / "docs" / "gpu-proof"  # the JSONs of the runs that page publishes
 
 
 def run_part(
@@ -203,15 +207,41 @@ def markdown(results: dict[str, Any]) -> str:
     return tables(results)
 
 
-def render(json_path: Path, page: Path) -> None:
-    """Replace a page's text between the gpu-proof markers by the tables of `json_path`."""
+def render(json_path: Path, page: Path, check: bool = False) -> None:
+    """Replace a page's text between the gpu-proof markers by the tables of `json_path`, and
+    say so; `check`: write nothing, and exit 1 where the page's tables are not those. Bad input
+    (a file that is not there, a JSON that is no proof's) is one line of error."""
+    if not json_path.is_file():
+        shipped = ", ".join(str(f.relative_to(REPO)) for f in sorted(SHIPPED.glob("*.json")))
+        raise SystemExit(
+            f"gpu_proof: no file {json_path} to render; a proof run (python -m "
+            "scripts.bench.gpu_proof) writes results/gpu_proof/gpu_proof.json"
+            + (f", and the published run's JSON is {shipped}" if shipped else "")
+        )
+    if not page.is_file():
+        raise SystemExit(f"gpu_proof: no page {page} to write the tables into (--doc)")
     text = page.read_text()
     if BEGIN not in text or END not in text:
-        raise SystemExit(f"{page} has no {BEGIN} ... {END} section to write the tables into")
-    results = json.loads(json_path.read_text())
+        raise SystemExit(f"gpu_proof: {page} has no {BEGIN} ... {END} section to write into")
+    try:
+        results = json.loads(json_path.read_text())
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"gpu_proof: {json_path} is not JSON: {e}") from None
+    if not isinstance(results, dict) or not isinstance(results.get("parts"), dict):
+        raise SystemExit(f"gpu_proof: {json_path} is not a proof's JSON (it has no parts)")
     head, rest = text.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
-    page.write_text(f"{head}{BEGIN}\n{markdown(results)}\n{END}{tail}")
+    new = f"{head}{BEGIN}\n{markdown(results)}\n{END}{tail}"
+    where = f"{page}, between {BEGIN} and {END}"
+    if check:
+        if new != text:
+            raise SystemExit(f"gpu_proof: {where}: not the tables of {json_path} (render it)")
+        print(f"gpu_proof: {where}: the tables of {json_path}")
+    elif new == text:
+        print(f"gpu_proof: {where}: already the tables of {json_path}, left as it was")
+    else:
+        page.write_text(new)
+        print(f"gpu_proof: wrote the tables of {json_path} into {where}")
 
 
 def parse_args() -> argparse.Namespace:
@@ -235,6 +265,8 @@ def parse_args() -> argparse.Namespace:
                    help="a Hydra override for every preset part (e.g. a kernel key)")  # fmt: skip
     p.add_argument("--render", type=Path, metavar="JSON", help="write JSON's tables to --doc")
     p.add_argument("--doc", type=Path, default=DOC, help="the page with the gpu-proof markers")
+    p.add_argument("--check", action="store_true",
+                   help="with --render: write nothing, fail if --doc's tables differ")  # fmt: skip
     args = p.parse_args()
     unknown = [n for n in args.parts if n not in CAPS]
     if unknown:
@@ -245,8 +277,10 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if args.check and not args.render:
+        raise SystemExit("gpu_proof: --check goes with --render JSON")
     if args.render:
-        render(args.render, args.doc)
+        render(args.render, args.doc, args.check)
         return
     results = prove(args)
     (args.out / "gpu_proof.json").write_text(json.dumps(results, indent=1) + "\n")

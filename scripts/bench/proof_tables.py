@@ -5,11 +5,17 @@ from typing import Any
 
 from scripts.bench.preset_rows import eval_cell, kinds_cell
 
-PRESET_COLUMNS = (
-    "| preset | window (blocks, long/short) | GPUs | tokens/step/GPU | ms/step (period mean) "
-    "| normal / Adam ms | record ms/step/GPU | tokens/s | MFU | compile s (train / eval) "
-    "| graphs | graph breaks | recompiles |"
-)
+# The preset table's columns. Every part runs on one device: a row's `world` is the run whose
+# one GPU's share it measured ("as 1 GPU of"), never the GPUs it ran on. That column and the
+# normal and Adam steps' medians beside the period mean come only where some row records them:
+# a JSON from before they were measured has neither, and its table claims neither.
+HEAD = ("preset", "window (blocks, long/short)")
+SHARE = ("as 1 GPU of",)
+TOKENS = ("tokens/step/GPU",)
+KINDS = ("ms/step (period mean)", "normal / Adam ms")
+STEP = ("ms/step",)
+TAIL = ("record ms/step/GPU", "tokens/s", "MFU", "compile s (train / eval)", "graphs",
+        "graph breaks", "recompiles")  # fmt: skip
 
 
 def tables(results: dict[str, Any]) -> str:
@@ -30,12 +36,8 @@ def tables(results: dict[str, Any]) -> str:
         f"{what}{env.get('device', results.get('device'))}, torch {env.get('torch', '?')}, "
         f"CUDA {env.get('cuda') or '-'}, {env.get('date', '?')}, commit {commit}.{overrides}",
         "",
-        PRESET_COLUMNS,
-        "|---" * PRESET_COLUMNS.count(" | ") + "|---|",
     ]
-    for part in parts.values():
-        if "preset" in _first(part):
-            out += [_preset_row(r) for r in part["rows"]]
+    out += _presets([r for p in parts.values() if "preset" in _first(p) for r in p["rows"]])
     out += _optimizer(parts.get("optimizer"))
     out += _head(parts.get("head")) + _strategies(parts.get("strategies"))
     out += _real_run(parts.get("real_run")) + _status(parts)
@@ -47,11 +49,20 @@ def _first(part: dict) -> dict:
     return rows[0]
 
 
-def _preset_row(r: dict) -> str:
+def _presets(rows: list[dict]) -> list[str]:
+    """The preset rows' table, with the optional columns that some row records."""
+    share = any("world" in r for r in rows)
+    kinds = any("normal_ms" in r or "adam_ms" in r for r in rows)
+    columns = (*HEAD, *(SHARE if share else ()), *TOKENS, *(KINDS if kinds else STEP), *TAIL)
+    out = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+    return out + [_preset_row(r, share, kinds) for r in rows]
+
+
+def _preset_row(r: dict, share: bool, kinds: bool) -> str:
     warm = f"{r['warmup_s']:.1f}" + eval_cell(r.get("eval_warmup_s"))
     cells = [
-        r["preset"], r["window"], str(r.get("world", 8)), f"{r['tokens']:,}",
-        f"{r['step_ms']:.1f}", kinds_cell(r),
+        r["preset"], r["window"], *([str(r.get("world", "-"))] if share else []),
+        f"{r['tokens']:,}", f"{r['step_ms']:.1f}", *([kinds_cell(r)] if kinds else []),
         f"{r['record_ms']:.1f}" if r.get("record_ms") else "-", f"{r['tokens_per_s']:,.0f}",
         f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-", warm, str(r["graphs"]),
         str(r["graph_breaks"]), str(r["recompiles"]),
@@ -62,8 +73,9 @@ def _preset_row(r: dict) -> str:
 def _optimizer(part: dict | None) -> list[str]:
     if not part or not part.get("rows"):
         return []
-    out = ["", "| optimizer step alone, record #89's shapes | GPUs (rank 0's share) | mode "
-           "| normal ms | Adam ms | period mean ms |", "|---|---|---|---|---|---|"]  # fmt: skip
+    out = ["", "| optimizer step alone, record #89's shapes | as 1 GPU of (rank 0's share) "
+           "| mode | normal ms | Adam ms | period mean ms |",
+           "|---|---|---|---|---|---|"]  # fmt: skip
     for r in part["rows"]:
         cells = [f"{r[k]:.2f}" if r.get(k) is not None else "-"
                  for k in ("normal_ms", "adam_ms", "period_ms")]  # fmt: skip
