@@ -4,10 +4,17 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from data.config import DataConfig
-from data.loader import Batch, TokenLoader, val_batches
+from data.loader import Batch, NoBatch, TokenLoader, val_batches
 from data.pieces import PieceLoader
 from data.shards import CorpusFiles
 from data.synthetic import SyntheticLoader, synthetic_val_batches
+
+# What to do when a batch does not fit the embedded corpus (data.source=sample).
+SAMPLE_AT_FULL_SIZE = (
+    "data=sample is a small corpus: a record preset runs on it at toy size (smaller "
+    "train.batch_size, train.seq_len and train.stages.rows.N.seq_len, as in the toy commands of "
+    "README's 'First hour'), or at full size on its real corpus, data=fineweb10b (docs/data.md)"
+)
 
 
 def find_shards(cfg: DataConfig) -> CorpusFiles:
@@ -107,18 +114,26 @@ def build_data(
         files = build_sample_corpus(
             Path(cfg.cache_dir).expanduser(), cfg.val_fraction, progress=progress
         )
-    loader: TokenLoader | PieceLoader
-    if cfg.align == "pieces":
-        loader = PieceLoader(
-            files.train, batch_size, seq_len, cfg.max_piece_len, rank=rank, world_size=world_size
-        )
-    else:
-        loader = TokenLoader(
-            files.train, batch_size, seq_len, rank=rank, world_size=world_size, align=cfg.align
-        )
+    try:
+        loader = _train_loader(cfg, files.train, batch_size, seq_len, rank, world_size)
+    except NoBatch as e:
+        if cfg.source != "sample":
+            raise
+        # The loader knows the shards' sizes, not that they are the embedded corpus: a batch
+        # it cannot hold is a full-size preset on it, and the fix is the toy or the real corpus.
+        raise NoBatch(f"{e}; {SAMPLE_AT_FULL_SIZE}") from e
 
     def sample_val() -> Iterable[Batch]:
         return val_batches(files.val, val_tokens, val_batch_size, val_seq_len, rank, world_size)
 
     sample_val()  # fail now, not at the first evaluation, if the val set is too small
     return loader, sample_val
+
+
+def _train_loader(
+    cfg: DataConfig, train: list[Path], batch_size: int, seq_len: int, rank: int, world_size: int
+) -> TokenLoader | PieceLoader:
+    """The training loader that cuts rows as data.align says."""
+    if cfg.align == "pieces":
+        return PieceLoader(train, batch_size, seq_len, cfg.max_piece_len, rank, world_size)
+    return TokenLoader(train, batch_size, seq_len, rank, world_size, align=cfg.align)

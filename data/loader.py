@@ -21,6 +21,11 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 _ROW_ALIGNS = ("stream", "bos")
 
 
+class NoBatch(ValueError):
+    """No training shard can cut one global batch of the asked size: the shards are too small
+    for train.batch_size and the sequence length (data/build.py adds what the corpus is)."""
+
+
 def check_layout(batch_size: int, seq_len: int, rank: int, world_size: int) -> None:
     if batch_size < 1:
         raise ValueError(f"train.batch_size must be >= 1, got {batch_size}")
@@ -82,7 +87,7 @@ class TokenLoader:
         # Headers only: validates every shard up front without reading its tokens.
         self._lengths = [read_header(f) for f in self.files]
         if max(self._lengths) < span + 1:
-            raise ValueError(
+            raise NoBatch(
                 f"no training shard holds one global batch: train.batch_size={batch_size} x "
                 f"train.seq_len={seq_len} needs {span + 1} tokens, the largest of "
                 f"{[str(f) for f in self.files]} has {max(self._lengths)}"
@@ -154,7 +159,7 @@ class TokenLoader:
         """Where the next global batch of the stream starts in the current shard."""
         span = self.batch_size * seq_len
         if span + 1 > max(self._lengths):  # else the loop below would never end
-            raise ValueError(
+            raise NoBatch(
                 f"no training shard holds one global batch of train.batch_size="
                 f"{self.batch_size} x {seq_len} tokens (+1), the largest has "
                 f"{max(self._lengths)}"
@@ -172,7 +177,7 @@ class TokenLoader:
                 break
             self._advance_shard()
         else:
-            raise ValueError(
+            raise NoBatch(
                 f"no training shard holds {self.batch_size} document-aligned rows of "
                 f"{self.seq_len + 1} tokens (data.align=bos): {[str(f) for f in self.files]}"
             )

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.loader import Batch, check_divisible, check_layout
+from data.loader import Batch, NoBatch, check_divisible, check_layout
 from data.passes import Passes
 from data.shards import check_token_ids, load_shard, read_header
 from data.tokenizer import EOT, GPT2_VOCAB_SIZE
@@ -140,7 +140,7 @@ class PieceLoader:
         self._lengths = [read_header(f) for f in self.files]
         need = batch_size * (seq_len + 1)
         if max(self._lengths) < need:
-            raise ValueError(
+            raise NoBatch(
                 f"no training shard holds one global batch: train.batch_size={batch_size} "
                 f"buffers of train.seq_len={seq_len} + 1 tokens need {need}, the largest of "
                 f"{[str(f) for f in self.files]} has {max(self._lengths)}"
@@ -185,7 +185,7 @@ class PieceLoader:
                 f"no training shard holds a document start (token {EOT}), which "
                 f"data.align=pieces cuts at: {names}"
             )
-        return ValueError(
+        return NoBatch(
             f"no training shard holds train.batch_size={self.batch_size} buffers of "
             f"{seq_len + 1} tokens packed from documents of at most "
             f"data.max_piece_len={self.max_piece_len} tokens (data.align=pieces): {names}"

@@ -2,7 +2,8 @@
 exact line on stderr, through the real `python train.py`: a key put in the wrong group (no
 near spelling in its own) names the keys of that name elsewhere and the group's own keys; a
 seed outside numpy's range names `seed` and the range; `-m` with `--cfg` or `--help`, which
-Hydra refuses with a traceback, names the command that shows a job's config. Each fails
+Hydra refuses with a traceback, names the command that shows a job's config; a row past the
+end of the stage table, which Hydra reports in a block, names the rows there are. Each fails
 before Hydra makes a run directory or imports torch, in a second or two.
 """
 
@@ -47,6 +48,9 @@ CASES = [
      "separate commands, and Hydra does one per launch; without -m: python train.py --cfg job"),
     (["-m", "seed=0,1", "--help"], "--help describes one run's config, and seed=0,1 is a "
      "sweep; for the sweep's first job: python train.py seed=0 --help"),
+    (["experiment=record_2026_07_17", "train.stages.rows.5.seq_len=128", "--cfg", "job"],
+     "cannot set train.stages.rows.5.seq_len=128: train.stages.rows has 3 rows (0..2); to add "
+     "rows, give the whole list: 'train.stages.rows=[{...}, ...]'"),
 ]  # fmt: skip
 
 

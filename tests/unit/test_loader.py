@@ -129,6 +129,23 @@ def test_shards_too_small_for_one_batch(tmp_path):
     assert x.shape == (3, 5)
 
 
+def test_a_batch_the_sample_corpus_cannot_hold_names_the_toy(tmp_path):
+    """data=sample is small: a full-size batch on it says what to do, its numbers kept."""
+    from data.build import build_data
+    from data.config import DataConfig
+    from data.corpus.sample import corpus_dir
+
+    cache = corpus_dir(tmp_path, DataConfig().val_fraction)  # a built sample-corpus cache
+    cache.mkdir(parents=True)
+    write_shard(cache / "train_000000.bin", np.arange(50))
+    write_shard(cache / "val_000000.bin", np.arange(100))
+    with pytest.raises(ValueError, match=r"train\.batch_size=4 x train\.seq_len=16 needs 65 "
+                       r"tokens, the largest of .* has 50; data=sample is a small corpus: a "
+                       r"record preset runs on it at toy size .*data=fineweb10b"):  # fmt: skip
+        build_data(DataConfig(cache_dir=str(tmp_path)), batch_size=4, seq_len=16,
+                   val_tokens=64, seed=0)  # fmt: skip
+
+
 def test_no_files():
     with pytest.raises(ValueError, match="no training shards"):
         TokenLoader([], batch_size=2, seq_len=8)

@@ -107,3 +107,31 @@ def test_a_config_files_error_is_one_line(tmp_path: Path) -> None:
     assert str(e.value).endswith(f", in the config file {conf / 'experiment' / 'mine.yaml'}")
     with pytest.raises(ValueError, match=r"^Could not override 'hydra\.job\.x'\. To append"):
         compose_and_validate(["hydra.job.x=1"], CONF)
+
+
+# Record #89's stage table has three rows; train.stages.rows.5 is past its end.
+PAST_THE_END = ["experiment=record_2026_07_17", "data=sample", "train.stages.rows.5.seq_len=128"]
+NO_ROW_5 = (
+    "cannot set train.stages.rows.5.seq_len=128: train.stages.rows has 3 rows (0..2); to add "
+    "rows, give the whole list: 'train.stages.rows=[{...}, ...]'"
+)
+
+
+@pytest.mark.parametrize("command", [[], ["--cfg", "job"], ["--info"]], ids=["run", "cfg", "info"])
+def test_a_row_past_the_end_names_the_rows_there_are(command: list[str]) -> None:
+    """Before Hydra composes, in one line: a run and the commands that show its config."""
+    with pytest.raises(ValueError) as e:
+        check_command_line([*PAST_THE_END, *command], CONF, Config)
+    assert str(e.value) == NO_ROW_5
+
+
+def test_the_row_count_is_the_tables_as_overridden() -> None:
+    """The rows the other overrides leave: none in the default config, one once replaced."""
+    with pytest.raises(ValueError, match=r"^cannot set train\.stages\.rows\.0\.seq_len=8: "
+                       r"train\.stages\.rows has no rows; to add rows"):  # fmt: skip
+        compose_and_validate(["train.stages.rows.0.seq_len=8"], CONF)  # the default: no table
+    with pytest.raises(ValueError, match=r"\.rows\.2={seq_len: 8}: train\.stages\.rows has 1 "
+                       r"row \(0\); to add rows"):  # fmt: skip
+        compose_and_validate(
+            ["train.stages.rows=[{seq_len: 16}]", "train.stages.rows.2={seq_len: 8}"], CONF
+        )

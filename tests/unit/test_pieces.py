@@ -288,6 +288,31 @@ def test_build_data_makes_a_piece_loader(tmp_path):
     assert len(gx) == 5 and torch.equal(gx, wx) and torch.equal(gy, wy)
 
 
+def test_a_full_size_batch_on_the_sample_corpus_names_the_toy_and_the_real_corpus(tmp_path):
+    """A record preset at full size on data=sample (#89: 8 buffers of 49,153 tokens): the
+    error keeps its numbers and keys and says what to do; on shards of one's own it does not."""
+    from data.corpus.sample import corpus_dir
+
+    cache = corpus_dir(tmp_path, DataConfig().val_fraction)  # a built sample-corpus cache
+    cache.mkdir(parents=True)
+    write_shard(cache / "train_000000.bin", np.array([B, *range(1, 10)] * 10))  # 100 tokens
+    write_shard(cache / "val_000000.bin", np.arange(100))
+    # The header fits 2 x 31 tokens, but pieces of at most 4 tokens leave 40 of them.
+    sample = DataConfig(cache_dir=str(tmp_path), align="pieces", max_piece_len=4)
+    numbers = r"train\.batch_size=2 buffers of 31 tokens .*data\.max_piece_len=4 .*\.bin'\]; "
+    with pytest.raises(ValueError, match=numbers) as e:
+        build_data(sample, batch_size=2, seq_len=30, val_tokens=64, seed=0)
+    hint = e.value.args[0].split("]; ", 1)[1]
+    assert hint.startswith("data=sample is a small corpus: a record preset runs on it at toy size")
+    for part in ("train.batch_size", "train.seq_len", "train.stages.rows.N.seq_len",
+                 "README's 'First hour'", "data=fineweb10b (docs/data.md)"):  # fmt: skip
+        assert part in hint
+    own = DataConfig(source="shards", dir=str(cache), train_files="train_*.bin",
+                     val_files="val_*.bin", align="pieces", max_piece_len=4)  # fmt: skip
+    with pytest.raises(ValueError, match=r"data\.align=pieces\): \[.*\.bin'\]$"):
+        build_data(own, batch_size=2, seq_len=30, val_tokens=64, seed=0)
+
+
 def test_stage_lengths_with_a_loader_of_one_length_are_refused_before_work() -> None:
     from tests.helpers import compose_config
     from trainer.config import to_config

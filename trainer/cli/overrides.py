@@ -19,7 +19,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from trainer.cli.keys import known_key, listed, row_key
@@ -41,8 +41,9 @@ COMMANDS = {
 
 def check_command_line(argv: list[str], conf_dir: Path, schema: Any) -> None:
     """Raise ValueError for the first override in `argv` (train.py's arguments) that names an
-    unknown key or group option, or gives a value the key's type rejects, and for flags Hydra
-    would refuse with a traceback."""
+    unknown key or group option, or gives a value the key's type rejects, for flags Hydra
+    would refuse with a traceback, and for a single run's config that does not compose (or,
+    for a run, does not validate)."""
     # Private, as Hydra 1.3 has no public parser for its flags: hydra.main parses sys.argv with
     # this one (hydra/main.py), so `-m`, `--cfg hydra`, an abbreviated `--multi` and the
     # overrides read here exactly as the run reads them; a copy of its 15 flags would drift.
@@ -55,6 +56,8 @@ def check_command_line(argv: list[str], conf_dir: Path, schema: Any) -> None:
     _check_commands(args, argv)
     if not (args.multirun or args.cfg or args.info or args.help or args.hydra_help):
         compose_and_validate(args.overrides, conf_dir)
+    elif args.cfg or args.info:  # they show one run's config as composed, valid or not
+        compose_run(args.overrides, conf_dir)
 
 
 def _check_commands(args: argparse.Namespace, argv: list[str]) -> None:
@@ -118,18 +121,9 @@ def compose_and_validate(overrides: list[str], conf_dir: Path) -> None:
     hydra.main composes twice itself (for hydra.mode, then the run's config), takes no config
     composed before, and calls a callback's on_run_start only after both compositions, whose
     errors it prints as blocks of lines. It costs about 0.4 s in a fresh process (0.2 s warm)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
+    from trainer.config import to_config
 
-    from trainer.config import Config, register_configs, to_config
-
-    register_configs()  # the schema Hydra checks the YAML against (idempotent)
-    try:
-        # On exit Hydra's global state is as before, as hydra.main needs it.
-        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ValueError(_composition_error(e, OmegaConf.structured(Config), conf_dir)) from e
+    cfg = compose_run(overrides, conf_dir)
     with open_dict(cfg):
         hydra_cfg = cfg.pop("hydra")
     refuse_multirun_only(hydra_cfg, overrides, conf_dir)
@@ -140,10 +134,35 @@ def compose_and_validate(overrides: list[str], conf_dir: Path) -> None:
         raise ValueError(_one_line(e)) from e
 
 
-def _composition_error(e: Exception, root: DictConfig, conf_dir: Path) -> str:
+def compose_run(overrides: list[str], conf_dir: Path) -> DictConfig:
+    """The config of a single run as Hydra composes it, its `hydra` node included; Hydra's or
+    OmegaConf's error composing it as a one-line ValueError."""
+    from hydra.errors import HydraException
+
+    from trainer.config import Config
+
+    try:
+        return _compose(overrides, conf_dir)
+    except (HydraException, OmegaConfBaseException) as e:
+        root = OmegaConf.structured(Config)
+        raise ValueError(_composition_error(e, root, conf_dir, overrides)) from e
+
+
+def _compose(overrides: list[str], conf_dir: Path) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+
+    from trainer.config import register_configs
+
+    register_configs()  # the schema Hydra checks the YAML against (idempotent)
+    # On exit Hydra's global state is as before, as hydra.main needs it.
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+
+
+def _composition_error(e: Exception, root: DictConfig, conf_dir: Path, overrides: list[str]) -> str:
     """Hydra's error composing the config as one line. A key that a config file (an
     experiment of one's own) sets and the schema lacks is named as on the command line, with
-    the keys meant."""
+    the keys meant; a row past the end of a list of rows, with the rows there are."""
     cause = e.__cause__ or e.__context__  # OmegaConf's error, which Hydra raised its own from
     key = getattr(cause, "full_key", None)
     if isinstance(cause, ConfigKeyError) and key and not key.startswith("hydra."):
@@ -154,14 +173,44 @@ def _composition_error(e: Exception, root: DictConfig, conf_dir: Path) -> str:
         except ValueError as unknown:
             where = f"the config file {path}" if path and path.is_file() else "a config file"
             return f"{unknown}, in {where}"
-    override = re.match(r"Error merging override (\S+)", str(e))
+    override = re.match(r"Error merging override (.+)", str(e))  # its whole first line
     row = re.search(r"full_key: (\S+)\[(\d+)\]", str(cause))
     if override and row and row_key(root, f"{row.group(1)}.{row.group(2)}"):
-        return (
-            f"cannot set {override.group(1)}: {row.group(1)} has no row {row.group(2)} (rows "
-            f"count from 0; more rows take the whole list, {row.group(1)}=[{{...}}, ...])"
-        )
+        return _no_such_row(override.group(1), row.group(1), int(row.group(2)), overrides, conf_dir)
     return _one_line(e)
+
+
+def _no_such_row(override: str, rows: str, index: int, overrides: list[str], conf_dir: Path) -> str:
+    """The error for `override`, which sets row `index` of the list of rows `rows` past its
+    end: how many rows the list has and how to add one (OmegaConf grows no list by index)."""
+    count = _row_count(rows, overrides, conf_dir)
+    if count is None:  # the other overrides do not compose either: that error comes next
+        has = f"has no row {index} (rows count from 0)"
+    else:
+        shown = {0: "no rows", 1: "1 row (0)"}.get(count, f"{count} rows (0..{count - 1})")
+        has = f"has {shown}"
+    add = f"to add rows, give the whole list: '{rows}=[{{...}}, ...]'"
+    return f"cannot set {override}: {rows} {has}; {add}"
+
+
+def _row_count(rows: str, overrides: list[str], conf_dir: Path) -> int | None:
+    """How many rows the list `rows` holds once `overrides` are applied, composed without the
+    ones that set a row by index (they cannot change the count, and one of them failed); None
+    where that does not compose."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    others = [
+        line
+        for line, o in zip(overrides, parsed, strict=True)
+        if o.is_delete() or not o.key_or_group.startswith(f"{rows}.")
+    ]
+    try:
+        found = OmegaConf.select(_compose(others, conf_dir), rows)
+    except (HydraException, OmegaConfBaseException):
+        return None
+    return len(found) if isinstance(found, ListConfig) else None
 
 
 def _one_line(e: Exception) -> str:
