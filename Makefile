@@ -1,15 +1,34 @@
-# Two commands from a fresh machine (Python >= 3.10 with venv):
-#   make train   -> builds .venv, the sample corpus, and trains the default model
+# Two commands from a fresh machine (Python >= 3.10 with venv), on a CPU or a GPU machine alike:
+#   make train   -> builds .venv, the sample corpus, and trains the default model in outputs/first
 #   make test    -> builds .venv and runs the test suite (both tiers, on 2 cores)
 # make test-unit runs the fast tier alone (tests/unit), for the edit-test loop.
-# Extra Hydra overrides for train: make train ARGS="optim=adamw train.steps=100"
-# TORCH picks the torch build installed first; the default is the CPU-or-local 2.13.0 wheel.
-# On a GPU machine use e.g. TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128".
+# Extra Hydra overrides for train: make train ARGS="optim=adamw train.steps=100" (a run with
+# ARGS gets its own outputs/<date>/<time>/ unless RUN=DIR names one).
+# Rerunning `make train` continues outputs/first where it stopped (a finished run returns at once).
 
 PYTHON ?= python3
 VENV ?= .venv
-TORCH ?= torch==2.13.0
+TORCH_VERSION ?= 2.13.0
 ARGS ?=
+# The default run's directory when no ARGS are given, so that README's "First hour" finds it
+RUN ?= $(if $(ARGS),,outputs/first)
+
+# TORCH: the torch build installed first, by default the one that fits this machine. On Linux,
+# PyPI's torch wheel is the CUDA build (several GB), right where nvidia-smi answers and
+# useless without a GPU, where PyTorch's CPU index has the CPU build; elsewhere (macOS) PyPI's
+# wheel is the CPU build. Name another to override, e.g. for CUDA 12.8:
+#   make train TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+ifeq ($(HAS_GPU),yes)
+TORCH ?= torch==$(TORCH_VERSION)
+TORCH_WHY := an NVIDIA GPU answers (nvidia-smi): the CUDA build, several GB
+else ifeq ($(shell uname -s),Linux)
+TORCH ?= torch==$(TORCH_VERSION)+cpu --extra-index-url https://download.pytorch.org/whl/cpu
+TORCH_WHY := no NVIDIA GPU: the CPU build, about 200 MB
+else
+TORCH ?= torch==$(TORCH_VERSION)
+TORCH_WHY := not Linux: PyPI's build for this system
+endif
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -18,7 +37,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	@echo "== installing $(TORCH) into $(VENV) (the CUDA build is several GB; see README)"
+	@echo "== installing $(TORCH) into $(VENV) ($(if $(filter command line environment,$(origin TORCH)),as TORCH says,$(TORCH_WHY)))"
 	$(BIN)/python -m pip install $(TORCH)
 	@echo "== installing the project and its dependencies (pyproject.toml) with uv (~10x pip's speed)"
 	$(BIN)/python -m pip install "uv>=0.9,<1"
@@ -26,7 +45,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 train: $(STAMP)
-	$(BIN)/python train.py $(ARGS)
+	$(BIN)/python train.py $(if $(RUN),hydra.run.dir=$(RUN)) $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=15

@@ -22,7 +22,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 # A collective waiting for a rank that has gone fails within a minute rather than hangs.
 QUICK = [*TINY, "dist.timeout_s=60"]
 # A frame of the project's own code in a traceback (torch's and torchrun's frames aside).
-PROJECT_FRAME = re.compile(rf'File "{re.escape(str(REPO))}/(?!\.venv/)')
+PROJECT_FRAME = re.compile(rf'File "{re.escape(str(REPO))}/(?!\.venv)')
 
 
 def launch(cmd: list[str], cwd: Path, timeout: float = 100) -> subprocess.CompletedProcess:

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,11 +73,15 @@ def test_stopped_run_prints_the_command_that_continues_it(
     cmd = [sys.executable, str(REPO / "train.py"), *args]  # the default run directory
     status, out = sigterm_after(cmd, tmp_path, None, 5)
     assert status == 143, out[-3000:]
-    found = re.search(r"To continue: python train\.py (.+)$", out, re.MULTILINE)
+    found = re.search(r"To continue: (\S+) train\.py (.+)$", out, re.MULTILINE)
     assert found, out[-3000:]
-    printed = shlex.split(found.group(1))
+    # The interpreter that ran, by the name the shell knows it: `python` only where that is
+    # it (an active virtualenv); a run of .venv's python unactivated (make train) gets its path
+    python = shutil.which("python") if found.group(1) == "python" else found.group(1)
+    assert python is not None and Path(python).absolute() == Path(sys.executable).absolute()
+    printed = shlex.split(found.group(2))
     run_dir = Path(next(a for a in printed if a.startswith("hydra.run.dir=")).split("=", 1)[1])
-    again = [sys.executable, str(REPO / "train.py"), *printed]
+    again = [python, str(REPO / "train.py"), *printed]
     done = subprocess.run(again, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     steps = [r["step"] for r in _records(run_dir if run_dir.is_absolute() else tmp_path / run_dir)]

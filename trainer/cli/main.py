@@ -4,6 +4,7 @@ continues them, the resolved config into the run's log file."""
 import logging
 import os
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -91,4 +92,19 @@ def continue_command(run_dir: str) -> str:
     tail = shlex.join([*args, f"hydra.run.dir={run_dir}"])
     if under_torchelastic():  # this process can't see torchrun's own flags
         return f"the same torchrun command, with train.py {tail}"
-    return f"python train.py {tail}"
+    return f"{python_command()} train.py {tail}"
+
+
+def python_command() -> str:
+    """How the user's shell calls this interpreter: `python` where that is the one on PATH (an
+    active virtualenv, or a plain install), else its path. `make train` runs .venv's python
+    without activating it, and a plain `python` there lacks the project's packages."""
+    on_path = shutil.which("python")
+    # Not resolved: a virtualenv's python is a link to the base interpreter, which lacks them
+    here = Path(sys.executable).absolute()
+    if on_path is not None and Path(on_path).absolute() == here:
+        return "python"
+    try:
+        return shlex.quote(str(here.relative_to(Path.cwd())))
+    except ValueError:
+        return shlex.quote(str(here))
