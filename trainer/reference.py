@@ -7,6 +7,12 @@ tokens per step changed by stage (else step × 524,288, the first records' batch
 matched by tokens, not steps or time, so a run of another batch schedule or on other hardware
 still reads the curve right.
 
+A curve fits only the run it describes: a `# run:` line in its CSV names its corpus and model
+(`# run: data=fineweb n_layer=11 n_embd=768`), and a run that differs in any of them (a record
+preset at toy size, or on the embedded sample) is not shown the curve (`misfit`): its loss at
+those tokens and a time to a target the run cannot reach would only mislead. A CSV without the
+line is shown to any run.
+
 The estimate at an evaluation of loss v after this run's T tokens: the curve's tokens T(v)
 where it first had loss v, and T(target) where it first reached the target; the run needs
 about T(target) − T(v) more tokens (it is where the curve was at T(v), and goes on as the
@@ -18,6 +24,7 @@ import csv
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 CURVES_DIR = Path(__file__).resolve().parents[1] / "scripts" / "reference"
 DEFAULT_TOKENS_PER_STEP = 524_288  # 8 GPUs × 64 sequences × 1,024 tokens
@@ -64,6 +71,7 @@ class Curve:
     tokens: tuple[int, ...]
     val_loss: tuple[float, ...]
     train_time_ms: tuple[float | None, ...]
+    run: tuple[tuple[str, str], ...] = ()  # the `# run:` line's (key, value) pairs
 
     @property
     def tokens_per_step(self) -> int:
@@ -104,7 +112,11 @@ class Curve:
 def load_curve(name: str) -> Curve:
     """The curve `name` (a file stem in scripts/reference/ or a CSV path)."""
     path = curve_path(name)
-    rows = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+    lines = path.read_text().splitlines()
+    rows = [line for line in lines if not line.startswith("#")]
+    run = next((x.split(":", 1)[1].split() for x in lines if x.startswith("# run:")), [])
+    if any("=" not in pair for pair in run):
+        raise ValueError(f"{path}: its '# run:' line must be key=value pairs, got {run}")
     steps, tokens, losses, times = [], [], [], []
     for row in csv.DictReader(rows):
         steps.append(int(row["step"]))
@@ -115,7 +127,27 @@ def load_curve(name: str) -> Curve:
         times.append(float(row["train_time_ms"]) if row.get("train_time_ms") else None)
     if len(steps) < 2 or any(b <= a for a, b in pairwise(tokens)):
         raise ValueError(f"{path}: a curve needs 2 or more evaluations in token order")
-    return Curve(path.stem, tuple(steps), tuple(tokens), tuple(losses), tuple(times))
+    pairs = tuple(tuple(pair.split("=", 1)) for pair in run)
+    return Curve(path.stem, tuple(steps), tuple(tokens), tuple(losses), tuple(times), pairs)
+
+
+def run_facts(data: Any, model: Any) -> dict[str, str]:
+    """What a curve's `# run:` line is compared with, for a run of `data` and `model` (the
+    config's groups): its corpus (FineWeb where its shards are named so) and its shape."""
+    corpus = data.source
+    if corpus == "shards" and "fineweb" in f"{data.dir} {data.val_files}".lower():
+        corpus = "fineweb"
+    return {"data": corpus, "n_layer": str(model.n_layer), "n_embd": str(model.n_embd)}
+
+
+def misfit(curve: Curve, facts: dict[str, str]) -> str | None:
+    """Why `curve` does not describe a run of `facts` (`run_facts`), or None when it does."""
+    differ = [(k, v) for k, v in curve.run if k in facts and facts[k] != v]
+    if not differ:
+        return None
+    theirs = ", ".join(f"{k}={v}" for k, v in differ)
+    ours = ", ".join(f"{k}={facts[k]}" for k, _ in differ)
+    return f"it was measured at {theirs}, this run has {ours}"
 
 
 def target_eta_s(

@@ -45,7 +45,7 @@ from trainer.observe.flops import peak_flops
 from trainer.observe.metrics import METRICS_FILE, MetricsSink
 from trainer.observe.progress import Progress
 from trainer.observe.provenance import code_version
-from trainer.reference import load_curve
+from trainer.reference import Curve, load_curve, misfit, run_facts
 from trainer.run_dir import check_writable, set_aside_previous
 from trainer.runtime import Runtime, cpu_threads, init_runtime, resolve_param_dtype, seed_everything
 from trainer.schedule import Schedule
@@ -151,9 +151,26 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
         loop = Loop(
             stepper, val_batches, t, sink, checkpoints, stop=stop, peak_flops=peak,
             code=code_version(), data_epoch=lambda: loader.epoch,
-            reference=load_curve(t.reference.curve) if t.reference.curve else None,
+            reference=reference_curve(conf, sink),
         )  # fmt: skip
         return loop.run(start)
+
+
+def reference_curve(conf: Config, sink: MetricsSink) -> Curve | None:
+    """`train.reference.curve` where it describes this run; None, said once, where it does not
+    (a record preset at toy size or on the sample corpus: the record's loss at these tokens and
+    a time to its target would mislead)."""
+    if not conf.train.reference.curve:
+        return None
+    curve = load_curve(conf.train.reference.curve)
+    why = misfit(curve, run_facts(conf.data, conf.model))
+    if why is not None:
+        sink.info(
+            "train.reference.curve=%s is not shown (no reference loss, no time to target): %s",
+            curve.name, why,
+        )  # fmt: skip
+        return None
+    return curve
 
 
 def data_wrap_warning(conf: Config, loader: Any, schedule: Schedule, start: Progress) -> str | None:

@@ -12,9 +12,10 @@ from stages import Stage, StageTable
 from tests.helpers import TINY, compose_config
 from train import train
 from trainer.config import TrainConfig
+from trainer.observe.console import run_summary
 from trainer.observe.metrics import step_rates
 from trainer.observe.progress import Progress
-from trainer.reference import ReferenceConfig, load_curve, target_eta_s
+from trainer.reference import ReferenceConfig, load_curve, misfit, run_facts, target_eta_s
 from trainer.runtime import init_runtime
 
 CURVE = "step,val_loss,tokens\n0,10.0,0\n1,5.0,100\n2,4.0,200\n3,3.0,300\n"
@@ -97,3 +98,65 @@ def test_a_run_logs_the_reference_and_its_time_to_target(
         more = (11 - 3.5) / 8 * 512 - (11 - min(r["val_loss"], 11)) / 8 * 512
         assert math.isclose(r["target_eta_s"], more * per_token, rel_tol=1e-9)
     assert "reference 7.0000" in caplog.text and "to target ~" in caplog.text
+
+
+RECORDS = ("record_2024_11_06", "record_2025_01_26", "record_2025_11_29", "record_2026_07_17",
+           "record_medium_2025_12_31")  # fmt: skip
+
+
+def test_a_record_curve_fits_its_preset_alone() -> None:
+    """Each record preset at its own size on FineWeb fits its curve; the same preset at toy
+    width, at another depth or on the sample corpus does not, and the reason names the keys."""
+    for preset in RECORDS:
+        conf = compose_config([f"experiment={preset}"])
+        curve = load_curve(conf.train.reference.curve)
+        assert dict(curve.run)["data"] == "fineweb", preset  # each built-in curve says its run
+        assert misfit(curve, run_facts(conf.data, conf.model)) is None, preset
+        toy = compose_config([f"experiment={preset}", "model.n_embd=64", "data=sample"])
+        why = misfit(curve, run_facts(toy.data, toy.model))
+        assert why is not None and "data=sample" in why and "n_embd=64" in why, (preset, why)
+        deeper = compose_config([f"experiment={preset}", f"model.n_layer={conf.model.n_layer + 1}"])
+        assert "n_layer=" in (misfit(curve, run_facts(deeper.data, deeper.model)) or ""), preset
+
+
+def test_a_curve_with_a_bad_run_line_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "curve.csv"
+    path.write_text("# run: data=fineweb twelve\n" + CURVE)
+    with pytest.raises(ValueError, match="key=value pairs"):
+        load_curve(str(path))
+
+
+def test_a_run_unlike_the_curve_is_not_shown_it(
+    tmp_path: Path, corpus_cache: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tiny run on the sample corpus with record #9's FineWeb curve: no reference loss and
+    no time to target in its records or console, and one line saying why."""
+    overrides = [*TINY, f"run_dir={tmp_path / 'run'}", f"data.cache_dir={corpus_cache}",
+                 "train.reference.curve=modded_2024-11-06_shortcuts_tweaks"]  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        train(compose_config(overrides))
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(x) for x in lines]
+    assert not any("reference_val_loss" in r or "target_eta_s" in r for r in records)
+    assert "| reference " not in caplog.text and "to target ~" not in caplog.text
+    assert "is not shown" in caplog.text and "data=sample" in caplog.text
+
+
+def test_the_summary_gives_the_train_time_or_says_why_not() -> None:
+    """A run inside the records' untimed warm-up says so, with the time those steps took."""
+    short = Progress(step=3, tokens=96, val_loss=9.0, untimed_s=4.2)
+    line = run_summary(short, untimed_steps=10)
+    assert "not measured: all 3 steps are within train.untimed_steps=10" in line
+    assert "3 untimed steps took 4.2s" in line
+    long = Progress(step=12, tokens=384, train_time_s=2.0, val_loss=8.0, untimed_s=4.2)
+    assert "train time 2.0s (1000 ms/step) (10 untimed steps took 4.2s)" in run_summary(long, 10)
+    assert run_summary(Progress(step=4, train_time_s=2.0, val_loss=8.0), 0).endswith(
+        "train time 2.0s (500 ms/step)"
+    )
+
+
+def test_progress_keeps_the_untimed_steps_apart() -> None:
+    p = Progress()
+    p.advance(10, 3.0, timed=False)
+    p.advance(10, 1.0, timed=True)
+    assert (p.train_time_s, p.untimed_s, p.step, p.tokens) == (1.0, 3.0, 2, 20)

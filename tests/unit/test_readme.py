@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import compose_config
 from trainer.cli.overrides import check_command_line, compose_and_validate
 from trainer.config import Config
 
@@ -208,3 +209,37 @@ def test_no_file_cites_a_document_outside_the_project() -> None:
         if OUTSIDE.search(line)
     ]
     assert not cites, f"these lines cite files outside the project: {cites}"
+
+
+TOY_RUNS = [
+    (shown, args)
+    for page, shown, args in TRAIN
+    if page == "README.md"
+    and "data=sample" in args
+    and any(a.startswith("experiment=record") for a in args)
+]
+
+
+@pytest.mark.parametrize(("shown", "args"), TOY_RUNS, ids=[s[:60] for s, _ in TOY_RUNS])
+def test_the_readmes_record_toys_read_their_data_once(
+    shown: str, args: list[str], corpus_cache: Path, tmp_path: Path
+) -> None:
+    """A toy the README shows does not wrap the sample corpus: its training loss would fall
+    partly by memorisation, and the run would say so at startup (trainer/session.py)."""
+    from data.build import build_data
+    from trainer.config import to_config
+    from trainer.observe.progress import Progress
+    from trainer.schedule import Schedule
+    from trainer.session import data_wrap_warning
+
+    conf = to_config(
+        compose_config([*args, f"data.cache_dir={corpus_cache}", f"run_dir={tmp_path}"])
+    )
+    t = conf.train
+    loader, _ = build_data(
+        conf.data, batch_size=t.batch_size, seq_len=t.seq_len, val_tokens=t.val_tokens,
+        val_batch_size=t.val_rows(1), val_seq_len=t.val_seq_len or t.seq_len, seed=conf.seed,
+        rank=0, world_size=1, progress=False,
+    )  # fmt: skip
+    schedule = Schedule.for_run(t, conf.optim, conf.model, conf.data)
+    assert data_wrap_warning(conf, loader, schedule, Progress()) is None, shown

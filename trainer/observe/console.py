@@ -50,8 +50,13 @@ def run_summary(p: Progress, untimed_steps: int) -> str:
     timed = p.step - untimed_steps
     if timed > 0:
         timing = f"train time {p.train_time_s:.1f}s ({p.train_time_s * 1000 / timed:.0f} ms/step)"
-    else:
-        timing = f"train time not measured (train.untimed_steps={untimed_steps})"
+    else:  # a short run (a record preset's toy) that never left the records' untimed steps
+        timing = (
+            f"train time not measured: all {p.step} steps are within train.untimed_steps="
+            f"{untimed_steps}, the warm-up the records leave out of their time"
+        )
+    if untimed_steps and p.untimed_s:  # a save from before untimed_s was kept has none
+        timing += f" ({min(p.step, untimed_steps)} untimed steps took {p.untimed_s:.1f}s)"
     skipped = f", {p.skipped_steps} steps skipped (non-finite)" if p.skipped_steps else ""
     return (
         f"done: {p.step} steps, {p.tokens} tokens, final val loss {p.val_loss:.4f}, "

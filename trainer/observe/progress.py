@@ -9,6 +9,7 @@ class Progress:
     step: int = 0  # optimizer steps done
     tokens: int = 0  # training tokens consumed
     train_time_s: float = 0.0  # time in training steps (evaluation and saving excluded)
+    untimed_s: float = 0.0  # time in the steps train.untimed_steps leaves out of train_time_s
     val_loss: float | None = None  # the latest validation loss
     # The step val_loss was measured after; None in a save from before it was kept. A stop
     # that cuts the final evaluation short leaves an older loss: the resume measures it again.
@@ -21,7 +22,10 @@ class Progress:
         """One more optimizer step, of `tokens` tokens in `seconds` (counted in the train time
         when `timed`: the records time from train.untimed_steps on)."""
         self.step, self.tokens = self.step + 1, self.tokens + tokens
-        self.train_time_s += seconds if timed else 0.0
+        if timed:
+            self.train_time_s += seconds
+        else:
+            self.untimed_s += seconds
 
     def reached(self, target: float) -> bool:
         """Whether the latest validation loss reached `target` (train.target_val_loss; 0: none)."""
