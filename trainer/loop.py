@@ -15,7 +15,7 @@ from trainer.config import TrainConfig
 from trainer.forward import evaluate
 from trainer.launch.signals import Stopped, StopRequests
 from trainer.nonfinite import on_nonfinite
-from trainer.observe.console import StepLog, run_summary
+from trainer.observe.console import StepLog, format_step, run_summary
 from trainer.observe.metrics import (
     EvalProgress,
     MetricsSink,
@@ -67,15 +67,15 @@ class Loop:
         self._saved_step = p.step  # a fresh start has nothing to save, a resume saved this
         if p.step == 0:
             self._begin(p)
+        elif p.val_step != p.step and p.step < self.cfg.steps and self._val_due(p.step):
+            self._complete(p)  # a stop cut this step's evaluation short: measure it now
         self.stepper.model.train()
         while p.step < self.cfg.steps and not p.reached(self.cfg.target_val_loss):
             # One process acts on a stop request before the step; several agree in its reduction
             if self.stepper.rt.world_size == 1 and self.stop is not None and self.stop.requested:
                 self._checkpoint(p, True)
             rec, stop_now = self._train_step(p)
-            if p.step == self.cfg.steps or (
-                self.cfg.val_every and p.step % self.cfg.val_every == 0
-            ):
+            if p.step == self.cfg.steps or self._val_due(p.step):
                 stop_now = not self._evaluate(p, rec) or stop_now
             self._log.write(rec)
             self._checkpoint(p, stop_now)
@@ -91,14 +91,24 @@ class Loop:
 
     def _finish(self, p: Progress) -> float:
         if p.val_step != p.step:  # resumed from a save without its final val loss
-            # Its own record, so that metrics.jsonl shows the run finished (scripts/report.py
-            # counts a run by the validation loss at its last step)
-            rec = {"step": p.step, "tokens": p.tokens, "train_time_ms": p.train_time_s * 1000}
-            if not self._evaluate(p, rec):
-                self._checkpoint(p, True)
-            self._log.write(rec)
+            # metrics.jsonl must show the run finished (scripts/report.py counts a run by the
+            # validation loss at its last step)
+            self._complete(p)
         self.sink.info("%s", run_summary(p, self.cfg.untimed_steps))
         return p.val_loss
+
+    def _val_due(self, step: int) -> bool:
+        return bool(self.cfg.val_every) and step % self.cfg.val_every == 0
+
+    def _complete(self, p: Progress) -> None:
+        """The evaluation of step `p.step` that its run did not finish (a stop cut it short, or
+        the save came before it), added to that step's record: the resumed curve is then the
+        curve of a run that never stopped, an evaluation at every step it evaluates at."""
+        rec = {"step": p.step, "tokens": p.tokens, "train_time_ms": p.train_time_s * 1000}
+        if not self._evaluate(p, rec):
+            self._checkpoint(p, True)  # stopped again, inside it
+        self.sink.amend(rec)
+        self.sink.info(format_step(rec, self.cfg.steps))
 
     def _train_step(self, p: Progress) -> tuple[dict, bool]:
         """One optimizer step; advances `p` and returns the step's record and whether to stop."""

@@ -305,3 +305,21 @@ def test_changed_values_are_named_and_take_effect(
     assert torch.get_num_threads() == 1, "the caller's threads are put back"
     groups = final_state(tmp_path)["optimizers"][-1]["param_groups"]
     assert {g["initial_lr"] for g in groups if g["name"] == "head"} == {0.001}
+
+
+@pytest.mark.slow
+def test_a_stop_inside_an_evaluation_resumes_to_the_same_curve(
+    tmp_path: Path, corpus_cache: Path
+) -> None:
+    """The SIGTERM of step 10 lands before that step's evaluation (train.val_every=5), which it
+    cuts short: the save of step 10 has no val loss. The resumed run measures it first, into
+    step 10's record, so metrics.jsonl is the uninterrupted run's, each step once."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    common = ("train.steps=12",)
+    run(straight, corpus_cache, *common)
+    stopped = run_until_stopped(resumed, corpus_cache, *common, "train.fault.signal_at_step=10")
+    assert (stopped.signal_name, stopped.step) == ("SIGTERM", 10)
+    assert "val_loss" not in records(resumed)[-1], "the stop did not cut the evaluation short"
+    run(resumed, corpus_cache, *common)
+    assert losses(resumed) == losses(straight)
+    assert [r["step"] for r in records(resumed)] == list(range(13))

@@ -71,6 +71,26 @@ class MetricsSink:
         if self.wandb is not None:
             self.wandb.log(record)
 
+    def amend(self, record: dict[str, Any]) -> None:
+        """Add `record`'s fields to the file's last record where that is of the same step, else
+        append it as `write` does: a resumed run measuring the evaluation that a stop cut short
+        completes that step's record, so the curve holds each step once, as in a run that never
+        stopped."""
+        if self._file is not None:
+            self._file.close()
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+            if lines and _step_of(lines[-1]) == record["step"]:
+                lines[-1] = json.dumps({**json.loads(lines[-1]), **record})
+                tmp = self.path.with_name(f".{self.path.name}.tmp")
+                tmp.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+                os.replace(tmp, self.path)
+            else:
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(record) + "\n")
+            self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        if self.wandb is not None:
+            self.wandb.log(record)
+
     def info(self, msg: str, *args: Any) -> None:
         if self.enabled:
             log.info(msg, *args)
