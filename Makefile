@@ -35,10 +35,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: train test test-unit test-emulated-bf16 lint bench dryrun clean-venv
 
+# torch alone from the index TORCH names; its dependencies come from PyPI with the rest,
+# through uv, so that an index holding only torch's builds is asked for nothing else.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	@echo "== installing $(TORCH) into $(VENV) ($(if $(filter command line environment,$(origin TORCH)),as TORCH says,$(TORCH_WHY)))"
-	$(BIN)/python -m pip install $(TORCH)
+	$(BIN)/python -m pip install --no-deps $(TORCH)
 	@echo "== installing the project and its dependencies (pyproject.toml) with uv (~10x pip's speed)"
 	$(BIN)/python -m pip install "uv>=0.9,<1"
 	$(BIN)/uv pip install --python $(BIN)/python ".[dev]"

@@ -17,28 +17,20 @@ process saw (threads, load average); docs/checkpoints.md says what exact resume 
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a file: the repository's packages come first
+    sys.path.insert(0, str(REPO))
+
+from scripts.bench.busy import busy_processes  # noqa: E402
+
 CHECKPOINTS = "checkpoints"
-
-
-def busy(seconds: float) -> None:
-    """Keep one core busy with products until `seconds` have passed (a load process)."""
-    import numpy as np
-
-    a = np.random.default_rng(0).random((256, 256))
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        a = a @ a
-        a /= np.abs(a).max()
 
 
 def losses(metrics: Path) -> dict[int, float | None]:
@@ -123,23 +115,14 @@ def main(argv: list[str] | None = None) -> int:
             f"resume_check: {run_dir} ran to step {max(own, default=0)}: it must pass step "
             f"{args.step + args.steps} (--step + --steps) to compare with"
         )
-    loads = [mp.Process(target=busy, args=(24 * 3600,), daemon=True) for _ in range(args.load)]
-    for proc in loads:
-        proc.start()
     exact = 0
-    try:
-        with tempfile.TemporaryDirectory(prefix="resume_check-") as tmp:
-            for i in range(args.times):
-                load = os.getloadavg()[0]
-                resumed, _ = resume_once(
-                    run_dir, args.step, args.steps, Path(tmp) / str(i), args.extra
-                )
-                verdict = compare(own, resumed, args.step, args.steps)
-                exact += verdict == "bit for bit"
-                print(f"resume {i + 1}/{args.times} (load {load:.1f}): {verdict}", flush=True)
-    finally:
-        for proc in loads:
-            proc.terminate()
+    with busy_processes(args.load), tempfile.TemporaryDirectory(prefix="resume_check-") as tmp:
+        for i in range(args.times):
+            load = os.getloadavg()[0]
+            resumed, _ = resume_once(run_dir, args.step, args.steps, Path(tmp) / str(i), args.extra)
+            verdict = compare(own, resumed, args.step, args.steps)
+            exact += verdict == "bit for bit"
+            print(f"resume {i + 1}/{args.times} (load {load:.1f}): {verdict}", flush=True)
     print(f"{exact} of {args.times} resumes bit for bit ({args.load} busy processes beside)")
     return 0 if exact == args.times else 1
 
