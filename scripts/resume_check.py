@@ -2,9 +2,10 @@
 finished run many times, optionally with busy processes beside it, and compare each resumed
 step's training loss with the run's own.
 
-    python -m scripts.resume_check outputs/first --step 50 --times 8 --load 2
-    python -m scripts.resume_check outputs/first --step 50 --steps 3   # 3 steps after the save
-    python -m scripts.resume_check outputs/first --step 50 --with train.threads=1   # 1 thread
+    python train.py hydra.run.dir=outputs/keep train.checkpoint_keep=4   # saves 50-200 kept
+    python -m scripts.resume_check outputs/keep --step 50 --times 8 --load 2
+    python -m scripts.resume_check outputs/keep --step 50 --steps 3   # 3 steps after the save
+    python -m scripts.resume_check outputs/keep --step 50 --with train.threads=1   # 1 thread
 
 The run must have kept the checkpoint (`train.checkpoint_keep`) and run past it. Each resume
 is a fresh process in a scratch copy of the run directory (its `.hydra/` overrides, the save
