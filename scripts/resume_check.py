@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             verdict = compare(own, resumed, args.step, args.steps)
             exact += verdict == "bit for bit"
             print(f"resume {i + 1}/{args.times} (load {load:.1f}): {verdict}", flush=True)
-    print(f"{exact} of {args.times} resumes bit for bit ({args.load} busy processes beside)")
+    busy = f"{args.load} busy process{'' if args.load == 1 else 'es'}"
+    print(f"{exact} of {args.times} resumes bit for bit ({busy} beside)")
     return 0 if exact == args.times else 1
 
 
