@@ -54,7 +54,15 @@ def parse_args() -> argparse.Namespace:
         help="the optimizer step alone: kernel launches, eager against compiled",
     )
     p.add_argument("--world", type=int, default=1,
-                   help="with --optimizer: rank 0's share of this many ranks")  # fmt: skip
+                   help="with --optimizer or --ledger: rank 0's share of this many ranks",
+                   )  # fmt: skip
+    p.add_argument(
+        "--ledger",
+        action="store_true",
+        help="count a normal and an Adam step per stage (FLOPs, bytes, launches, collectives) "
+        "and estimate their ms on an H100 and an H200 (docs/ledger.md)",
+    )
+    p.add_argument("--json", type=Path, help="with --ledger: every launch counted, into this file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a Hydra override (repeatable)")  # fmt: skip
     return p.parse_args()
@@ -95,6 +103,8 @@ def main() -> int:
     sets = [*(GPU_TOY[args.experiment] if toy else []), *args.set]
     if args.optimizer:
         return optimizer(args, gpu.compose(args.experiment, "cuda", toy, sets))
+    if args.ledger:
+        return ledger(args, gpu, gpu.compose(args.experiment, "cuda", toy, sets))
     b = gpu.build(gpu.compose(args.experiment, "cuda", toy, sets))
     steps = gpu.window_steps(b)
     if args.stages != "all":
@@ -129,6 +139,38 @@ def optimizer(args: argparse.Namespace, conf: object) -> int:
         print(f"| {r['mode']} | {r.get('normal', '-')} | {r.get('adam', '-')} |")
     print(f"({time.perf_counter() - t0:.0f} s, {compiles()} Triton compiles)", flush=True)
     return 0
+
+
+def ledger(args: argparse.Namespace, gpu: object, conf: object) -> int:
+    """--ledger: each stage's normal and Adam step counted, with their estimates."""
+    from scripts.gpu_dryrun.calibrate import constants
+    from scripts.gpu_dryrun.ledger import load_shim
+    from scripts.gpu_dryrun.measure import preset_ledgers
+    from scripts.gpu_dryrun.report import ledger_table, write_json
+
+    t0 = time.perf_counter()
+    stages = None if args.stages == "all" else int(args.stages)
+    steps = preset_ledgers(gpu, conf, args.world, stages, load_shim())
+    size = "full" if args.full else "GPU toy"
+    print(f"{args.experiment} ({size}), rank 0 of {args.world}:")
+    ms = gpu.RECORD_STEP_MS.get(args.experiment)
+    print(ledger_table(steps, constants(), lambda step: record_step_ms(ms, conf, step)))
+    if args.json is not None:
+        meta = {"experiment": args.experiment, "full": args.full, "world": args.world,
+                "set": args.set}  # fmt: skip
+        write_json(args.json, meta, steps)
+        print(f"every launch: {args.json}")
+    print(f"({time.perf_counter() - t0:.0f} s, {compiles()} Triton compiles)", flush=True)
+    return 0
+
+
+def record_step_ms(ms: object, conf: object, step: int) -> float | None:
+    """The record's own per-GPU ms at `step` (its stage's where it gives one per stage)."""
+    from stages import stage_index
+
+    if isinstance(ms, tuple):
+        return ms[stage_index(step, conf.train.scheduled_steps, len(ms))]
+    return ms
 
 
 def compiles() -> int:

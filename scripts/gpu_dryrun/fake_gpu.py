@@ -33,6 +33,9 @@ TRITON_PROPS = {
     "warpSize": 32, "sm_clock_rate": 1980000, "mem_clock_rate": 2619000, "mem_bus_width": 5120,
 }  # fmt: skip
 LAUNCHES = [0]  # Triton launches skipped so far
+# Called at each skipped launch with the kernel's name, its arguments and what the kernel
+# declares through Triton's launch_metadata (or None): the ledger's hook (ledger.py).
+ON_LAUNCH: list = []
 COMPILES = [0]  # triton.compile calls so far (a kernel in one configuration each)
 
 
@@ -203,11 +206,18 @@ def _install_triton() -> None:
     from triton.runtime import driver
 
     class Launcher:
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            pass
+        def __init__(self, src: object = None, *args: object, **kwargs: object) -> None:
+            self.name = getattr(src, "name", None) or "triton"
 
+        # Triton calls a launcher with (grid x, y, z, stream, function, packed metadata,
+        # launch metadata, enter hook, exit hook, *the kernel's arguments)
         def __call__(self, *args: object, **kwargs: object) -> None:
             LAUNCHES[0] += 1
+            if ON_LAUNCH:
+                meta = args[6] if len(args) > 6 else None
+                declared = meta.get() if hasattr(meta, "get") else None
+                for hook in ON_LAUNCH:
+                    hook(self.name, args[9:], declared)
 
     class DryRunDriver(CudaDriver):  # a CudaDriver, so inductor keeps it as the active one
         launcher_cls = Launcher

@@ -1,0 +1,51 @@
+"""The ledger as a table, and as JSON (every launch): `python -m scripts.gpu_dryrun --ledger`."""
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from scripts.gpu_dryrun.estimate import Constants, estimate_ms
+from scripts.gpu_dryrun.ledger import PHASES
+from scripts.gpu_dryrun.measure import StepLedger
+
+PARTS = ("attention", "mlp", "head", "optimizer")
+
+
+def ledger_table(steps: list[StepLedger], c: Constants,
+                 record_ms: Callable[[int], float | None]) -> str:  # fmt: skip
+    """Per counted step: FLOPs by phase and by part, bytes, launches and collective bytes by
+    phase, the estimates, and the record's own ms beside them."""
+    head = ["step", "kind", "tokens", "TFLOP fwd/bwd/opt", "TFLOP attn/mlp/head/opt",
+            "GB fwd/bwd/opt", "launches fwd/bwd/opt", "wire MB", "H100 ms", "H200 ms",
+            "record ms"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in steps:
+        t = s.ledger.table()
+
+        def by(key: str, scale: float, fmt: str, t: dict = t) -> str:
+            return " / ".join(format(t.get(p, {}).get(key, 0.0) / scale, fmt) for p in PHASES)
+
+        parts = " / ".join(
+            f"{sum(t.get(p, {}).get(f'flops:{part}', 0.0) for p in PHASES) / 1e12:.2f}"
+            for part in PARTS
+        )
+        wire = sum(t.get(p, {}).get("collective_bytes", 0.0) for p in PHASES) / 1e6
+        rec = record_ms(s.step)
+        lines.append(
+            f"| {s.step} | {s.kind} | {s.tokens:,} | {by('flops', 1e12, '.2f')} | {parts} | "
+            f"{by('bytes', 1e9, '.2f')} | {by('launches', 1, '.0f')} | {wire:.1f} | "
+            f"{estimate_ms(s.ledger, 'H100', c):.1f} | {estimate_ms(s.ledger, 'H200', c):.1f} | "
+            f"{'-' if rec is None else f'{rec:.1f}'} |"
+        )
+    lines.append(f"\nConstants: {c}")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, meta: dict[str, Any], steps: list[StepLedger]) -> None:
+    """All of it or nothing: written beside `path`, then renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**meta, "steps": [s.to_json() for s in steps]}))
+    tmp.replace(path)
