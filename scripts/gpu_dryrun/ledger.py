@@ -256,10 +256,21 @@ def load_shim() -> Any:
 
 
 def enable_estimates() -> None:
-    """inductor writes its bytes and FLOPs estimate into each kernel it generates."""
+    """inductor writes its bytes and FLOPs estimate into each kernel it generates, and Triton
+    stops at PTX: the ledger reads the kernels, not their machine code, and ptxas is most of
+    a full-size compile (over 20 minutes for one of record #89's mask kernels on a CPU core).
+    Triton then keeps its cache apart (a cubin here is empty bytes, which the dry run must not
+    load)."""
+    import os
+
     import torch._inductor.config as inductor
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    from scripts.gpu_dryrun import fake_gpu
 
     inductor.benchmark_kernel = True
+    os.environ["TRITON_CACHE_DIR"] = str(fake_gpu.CACHE / "triton-ledger")
+    CUDABackend.make_cubin = lambda self, src, metadata, opt, capability: b""
 
 
 def install(recorder: Recorder) -> Callable[[], None]:

@@ -49,3 +49,45 @@ def write_json(path: Path, meta: dict[str, Any], steps: list[StepLedger]) -> Non
     tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({**meta, "steps": [s.to_json() for s in steps]}))
     tmp.replace(path)
+
+
+def read_json(path: Path) -> tuple[dict, list[StepLedger]]:
+    """A file `--ledger --json` wrote: its meta and its counted steps."""
+    from scripts.gpu_dryrun.ledger import Ledger
+
+    data = json.loads(path.read_text())
+    steps = [
+        StepLedger(s["step"], s["kind"], s["tokens"], Ledger.from_json(s["launches"]))
+        for s in data.pop("steps")
+    ]
+    return data, steps
+
+
+def main() -> int:
+    """The table again from a saved ledger, with the constants as they are now (after a
+    refit, say): no compile, a second."""
+    import argparse
+
+    from scripts.bench.presets import RECORD_STEP_MS, compose
+    from scripts.gpu_dryrun.__main__ import GPU_TOY, record_step_ms
+    from scripts.gpu_dryrun.calibrate import constants
+
+    p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    p.add_argument("ledger", type=Path, help="a file written by --ledger --json")
+    path = p.parse_args().ledger
+    if not path.is_file():
+        raise SystemExit(f"gpu_dryrun.report: no file {path}; write one with --ledger --json")
+    meta, steps = read_json(path)
+    toy = [] if meta["full"] else GPU_TOY.get(meta["experiment"], [])
+    conf = compose(meta["experiment"], "cuda", not meta["full"], [*toy, *meta.get("set", [])])
+    ms = RECORD_STEP_MS.get(meta["experiment"])
+    size = "full" if meta["full"] else "GPU toy"
+    print(f"{meta['experiment']} ({size}), rank 0 of {meta['world']}:")
+    print(ledger_table(steps, constants(), lambda step: record_step_ms(ms, conf, step)))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

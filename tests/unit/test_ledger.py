@@ -262,3 +262,30 @@ def test_flex_attention_is_credited_with_the_pairs_its_mask_lets_through() -> No
     assert [x.flops for x in got.launches] == [3e11, 7.5e11, 0.0, 1e9]
     assert [x.bytes for x in got.launches] == [x.bytes for x in ledger.launches]
     assert got.launches[0].part == got.launches[1].part == "attention"
+
+
+def test_a_saved_ledger_is_tabled_again_and_a_missing_one_named(tmp_path: Path) -> None:
+    """`python -m scripts.gpu_dryrun.report FILE` prints the table of a file `--ledger --json`
+    wrote (here one written by hand: a product and an Adam step's exchange), and names the
+    file it cannot find."""
+    from scripts.gpu_dryrun.measure import StepLedger
+    from scripts.gpu_dryrun.report import write_json
+
+    ledger = Ledger([
+        Launch("mm", "library", "BFloat16", 989.4e12 * 1e-3, 1e6, "forward", "mlp"),
+        Launch("all_gather", "collective", "", 0.0, 450e6, "optimizer", "optimizer", 0),
+    ])  # fmt: skip
+    path = tmp_path / "l.json"
+    meta = {"experiment": "record_2026_07_17", "full": True, "world": 8, "set": []}
+    write_json(path, meta, [StepLedger(0, "adam", 16384, ledger)])
+    run = [sys.executable, "-m", "scripts.gpu_dryrun.report"]
+    done = subprocess.run([*run, str(path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| 0 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:4] == ["adam", "16,384", "0.99 / 0.00 / 0.00"]
+    assert cells[7] == "450.0" and cells[10] == "31.5"  # wire MB; the record's stage 1 ms
+    missing = subprocess.run([*run, str(tmp_path / "none.json")], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert missing.returncode != 0 and "no file" in missing.stderr and "none.json" in missing.stderr
