@@ -114,24 +114,24 @@ def measure(rows: list[Measured]) -> None:
             print(f"  {r.name}: {path.relative_to(ROOT)}", flush=True)
 
 
-def measured_rows() -> list:
-    """The calibration rows whose ledgers are here, as estimate.Row."""
+def measured_rows(names: list[str] | None = None) -> list:
+    """The calibration rows whose ledgers are here (those named, or all), as estimate.Row."""
     from scripts.gpu_dryrun.estimate import GPUS, Row, Terms
     from scripts.gpu_dryrun.ledger import Ledger
 
     rows = []
     for r in MEASURED:
         path = LEDGERS / f"{slug(r.name)}.json"
-        if path.exists():
+        if path.exists() and (not names or r.name in names):
             ledger = Ledger.from_json(json.loads(path.read_text())["launches"])
             rows.append(Row(r.name, Terms.of(ledger, GPUS[r.gpu]), r.ms))
     return rows
 
 
-def fit_and_report() -> int:
+def fit_and_report(args_rows: list[str]) -> int:
     from scripts.gpu_dryrun.estimate import fit, leave_one_out
 
-    rows = measured_rows()
+    rows = measured_rows(args_rows)
     if len(rows) < 4:
         raise SystemExit(
             f"calibrate fit: {len(rows)} of {len(MEASURED)} rows have a ledger in "
@@ -140,12 +140,17 @@ def fit_and_report() -> int:
         )
     c = fit(rows)
     loo = dict((r.name, ms) for r, ms in leave_one_out(rows))
-    print("| row | measured ms | estimate ms | ratio | leave-one-out ms | ratio |")
-    print("|---|---|---|---|---|---|")
+    where = {m.name: m for m in MEASURED}
+    print("| row | GPU, commit | step | launches | measured ms | estimate ms | ratio | "
+          "leave-one-out ms | ratio |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        est = r.terms.seconds(c) * 1e3
-        print(f"| {r.name} | {r.measured_ms:.1f} | {est:.1f} | {est / r.measured_ms:.2f} | "
+        est, m = r.terms.seconds(c) * 1e3, where[r.name]
+        print(f"| {r.name} | {m.gpu}, {m.commit} | {m.kind} | {r.terms.launches:,} | "
+              f"{r.measured_ms:.1f} | {est:.1f} | {est / r.measured_ms:.2f} | "
               f"{loo[r.name]:.1f} | {loo[r.name] / r.measured_ms:.2f} |")  # fmt: skip
+    worst = max(abs(loo[r.name] / r.measured_ms - 1) for r in rows)
+    print(f"\nLeave-one-out: every row within {worst:.0%} of its measurement.")
     print(f"\nConstants: {c}")
     FITTED.write_text(json.dumps({"constants": c.__dict__, "rows": [r.name for r in rows]},
                                  indent=1) + "\n")  # fmt: skip
@@ -165,13 +170,13 @@ def constants() -> "object":
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=["measure", "fit"])
-    p.add_argument("rows", nargs="*", help="rows to measure, by name (default: all)")
+    p.add_argument("rows", nargs="*", help="rows to measure or fit to, by name (default: all)")
     args = p.parse_args()
-    if args.what == "fit":
-        return fit_and_report()
     names = {r.name for r in MEASURED}
     if unknown := [n for n in args.rows if n not in names]:
         raise SystemExit(f"calibrate: no row {unknown[0]!r}; rows: {', '.join(sorted(names))}")
+    if args.what == "fit":
+        return fit_and_report(args.rows)
     measure([r for r in MEASURED if not args.rows or r.name in args.rows])
     return 0
 
