@@ -106,7 +106,12 @@ def measure(rows: list[Measured]) -> None:
                                 str(tree)], check=False)  # fmt: skip
         starts = sorted({s["step"] for s in steps})
         for r in group:
-            step = next(s for s in steps if s["step"] == starts[r.stage] and s["kind"] == r.kind)
+            found = [s for s in steps if s["step"] == starts[r.stage] and s["kind"] == r.kind]
+            if not found:
+                kinds = sorted({(s["step"], s["kind"]) for s in steps})
+                raise SystemExit(f"calibrate: {r.name}: no {r.kind} step at step "
+                                 f"{starts[r.stage]} among those counted: {kinds}")  # fmt: skip
+            step = found[0]
             path = LEDGERS / f"{slug(r.name)}.json"
             tmp_path = path.with_suffix(".tmp")
             tmp_path.write_text(json.dumps({"measured": r.__dict__, **step}))

@@ -260,7 +260,7 @@ def enable_estimates() -> None:
     stops at PTX: the ledger reads the kernels, not their machine code, and ptxas is most of
     a full-size compile (over 20 minutes for one of record #89's mask kernels on a CPU core).
     Triton then keeps its cache apart (a cubin here is empty bytes, which the dry run must not
-    load)."""
+    load), and so does inductor."""
     import os
 
     import torch._inductor.config as inductor
@@ -270,6 +270,11 @@ def enable_estimates() -> None:
 
     inductor.benchmark_kernel = True
     os.environ["TRITON_CACHE_DIR"] = str(fake_gpu.CACHE / "triton-ledger")
+    # inductor's caches apart too, one per shim: AOTAutograd's cache keys a graph before the
+    # shim's kernel choices (flash attention or SDPA's math path) shape it
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(fake_gpu.CACHE)
+    shim = fake_gpu.shim_path().stem
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, f"ledger-{shim}")
     CUDABackend.make_cubin = lambda self, src, metadata, opt, capability: b""
 
 

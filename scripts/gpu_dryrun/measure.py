@@ -44,13 +44,25 @@ class StepLedger:
                 "launches": self.ledger.to_json()}  # fmt: skip
 
 
-def step_kind(opt: Any) -> str:
-    full = getattr(opt, "full_next", None)
-    return "adam" if full is None or full() else "normal"
+class Kinds:
+    """Which kind of step comes next, normal or Adam. The optimizer says (`full_next`,
+    `period`); one from before it could (an older commit's, calibrate.py) updates Adam on
+    every k-th call (optim.adamw.update_every = k), counted here from its first call."""
 
+    def __init__(self, opt: Any, conf: Any) -> None:
+        self.opt, self.calls = opt, 0
+        self.every = max(1, int(getattr(conf.optim.adamw, "update_every", 1)))
 
-def period(opt: Any) -> int:
-    return opt.period() if hasattr(opt, "period") else 1
+    def period(self) -> int:
+        return self.opt.period() if hasattr(self.opt, "period") else self.every
+
+    def next(self) -> str:
+        if hasattr(self.opt, "full_next"):
+            return "adam" if self.opt.full_next() else "normal"
+        return "adam" if (self.calls + 1) % self.every == 0 else "normal"
+
+    def stepped(self) -> None:
+        self.calls += 1
 
 
 def build(gpu: ModuleType, conf: Any, world: int, recorder: Recorder) -> Any:
@@ -126,13 +138,15 @@ def preset_ledgers(gpu: ModuleType, conf: Any, world: int, stages: int | None,
         b.opt.step = optimizer_step
         steps = gpu.window_steps(b)[:stages]
         rng, out = np.random.default_rng(0), []
+        kinds = Kinds(b.opt, conf)
         for s in steps:
             args = gpu.model_args(b, s)
             tokens = b.rows * gpu.seq_len(b, s)
-            for _ in range(period(b.opt)):  # every kind of step compiles
+            for _ in range(kinds.period()):  # every kind of step compiles
                 gpu.train_step(b, s, gpu.random_batch(b.rows, gpu.seq_len(b, s), rng), args)
-            for _ in range(period(b.opt)):
-                kind = step_kind(b.opt)
+                kinds.stepped()
+            for _ in range(kinds.period()):
+                kind = kinds.next()
                 batch = gpu.random_batch(b.rows, gpu.seq_len(b, s), rng)
                 with recorder.recording():
                     gpu.train_step(b, s, batch, args)
@@ -143,6 +157,7 @@ def preset_ledgers(gpu: ModuleType, conf: Any, world: int, stages: int | None,
                 ledger = recorder.take()
                 attention = attention_flops(b, model, batch[0], args)
                 out.append(StepLedger(s, kind, tokens, with_attention(ledger, attention)))
+                kinds.stepped()
         return out
     finally:
         remove()

@@ -289,3 +289,21 @@ def test_a_saved_ledger_is_tabled_again_and_a_missing_one_named(tmp_path: Path) 
     missing = subprocess.run([*run, str(tmp_path / "none.json")], cwd=ROOT,
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     assert missing.returncode != 0 and "no file" in missing.stderr and "none.json" in missing.stderr
+
+
+def test_an_older_optimizer_steps_adam_every_kth_call() -> None:
+    """An optimizer from before `period` and `full_next` (a calibration row's commit): with
+    optim.adamw.update_every = 2 its first call is a normal step and its second an Adam
+    step, and a period is two calls; one that says so itself is asked."""
+    from types import SimpleNamespace
+
+    from scripts.gpu_dryrun.measure import Kinds
+
+    conf = SimpleNamespace(optim=SimpleNamespace(adamw=SimpleNamespace(update_every=2)))
+    kinds, seen = Kinds(object(), conf), []
+    for _ in range(4):
+        seen.append(kinds.next())
+        kinds.stepped()
+    assert kinds.period() == 2 and seen == ["normal", "adam", "normal", "adam"]
+    new = SimpleNamespace(period=lambda: 3, full_next=lambda: True)
+    assert Kinds(new, conf).period() == 3 and Kinds(new, conf).next() == "adam"
