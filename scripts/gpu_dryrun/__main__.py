@@ -83,6 +83,8 @@ def main() -> int:
             f"gpu_dryrun: no GPU toy size for {args.experiment!r} (have: {', '.join(GPU_TOY)});"
             " pass --full, or --set the shapes"
         )
+    if args.json is not None and not args.ledger:
+        raise SystemExit("gpu_dryrun: --json writes the ledger's launches; add --ledger")
     if args.stages != "all" and not (args.stages.isdigit() and int(args.stages) >= 1):
         raise SystemExit(
             f"gpu_dryrun: --stages takes a count of 1 or more, or 'all'; got {args.stages!r}"

@@ -157,8 +157,10 @@ def fit_and_report(args_rows: list[str]) -> int:
     worst = max(abs(loo[r.name] / r.measured_ms - 1) for r in rows)
     print(f"\nLeave-one-out: every row within {worst:.0%} of its measurement.")
     print(f"\nConstants: {c}")
-    FITTED.write_text(json.dumps({"constants": c.__dict__, "rows": [r.name for r in rows]},
-                                 indent=1) + "\n")  # fmt: skip
+    tmp = FITTED.with_suffix(".tmp")  # whole or not at all: a fit cut short keeps the last one
+    tmp.write_text(json.dumps({"constants": c.__dict__, "rows": [r.name for r in rows]},
+                              indent=1) + "\n")  # fmt: skip
+    tmp.replace(FITTED)
     return 0
 
 

@@ -178,6 +178,7 @@ def test_the_h100s_e5m2_error_is_raised_and_the_fix_compiles(tmp_path: Path, old
     [
         (["--experiment", "record_2024_11_04"], "no GPU toy size for 'record_2024_11_04'"),
         (["--stages", "0"], "--stages takes a count of 1 or more, or 'all'; got '0'"),
+        (["--json", "ledger.json"], "--json writes the ledger's launches; add --ledger"),
     ],
 )
 def test_bad_input_is_refused_by_name(argv: list[str], says: str) -> None:
