@@ -51,6 +51,10 @@ class TritonCode:
     def __init__(self, namespace: dict[str, Any]) -> None:
         self.namespace = namespace
         self.functions: dict[str, Callable] = {}  # undecorated, by name
+        # A kernel's declared cost, by name: Triton's launch_metadata hook, (grid, compiled
+        # metadata, {argument: value}) -> {"flops8" | "flops16" | "flops", "bytes"}; read only
+        # where a launch hook is set (a profiler, the step ledger: docs/ledger.md)
+        self.costs: dict[str, Callable] = {}
         self._by_mode: dict[bool, dict[str, Callable]] = {}
 
     def device(self, fn: Callable) -> Callable:
@@ -66,6 +70,7 @@ class TritonCode:
 
         mode = interpreting()
         if mode not in self._by_mode:
-            self._by_mode[mode] = {n: triton.jit(fn) for n, fn in self.functions.items()}
+            self._by_mode[mode] = {n: triton.jit(fn, launch_metadata=self.costs.get(n))
+                                   for n, fn in self.functions.items()}  # fmt: skip
         self.namespace.update(self._by_mode[mode], tl=tl)
         return self._by_mode[mode][name]

@@ -263,6 +263,16 @@ def _e5m2_satfinite(g):
     return (tl.where(nan, 0x7F, byte) | sign).to(tl.uint8)
 
 
+def _loss_cost(grid: object, metadata: object, args: dict) -> dict:
+    """The kernel's declared bytes: each row's bf16 logits read twice (the two loops), G₈
+    written once (a byte a logit), the targets and the row's loss; no products."""
+    rows, vocab = grid[0], args["vocab"]
+    return {"bytes": rows * (vocab * (2 + 2 + 1) + args["K"] * 8 + 4)}
+
+
+_CODE.costs["_record_loss_kernel"] = _loss_cost
+
+
 @_device
 def _record_loss_kernel(
     z_ptr, z_stride, y_ptr, y_stride, w_ptr, s_w_ptr, coef_ptr, loss_ptr, g_ptr, g_stride,

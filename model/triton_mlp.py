@@ -83,6 +83,7 @@ cannot check (numpy's maximum propagates NaN either way).
 
 from __future__ import annotations  # the kernel's tl.constexpr: Triton reads it as text
 
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -379,6 +380,20 @@ def _up_relu2_kernel(
     # post ≥ +0, so 0 outside the matrix leaves the tile's maximum alone
     top = tl.reduce(tl.where(inside, post, 0.0), None, _max_nan)
     tl.store(tile_max_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), top)
+
+
+def _product_cost(flops_key: str) -> Callable:
+    """A tile-product kernel's declared cost: 2·tokens·width·inner FLOPs of its operands'
+    kind (e4m3: "flops8", bf16: "flops16"); its bytes are its tensors' (the ledger's count)."""
+
+    def cost(grid: object, metadata: object, args: dict) -> dict:
+        return {flops_key: 2.0 * args["tokens"] * args["width"] * args["inner"]}
+
+    return cost
+
+
+_CODE.costs["_up_relu2_kernel"] = _product_cost("flops8")
+_CODE.costs["_relu2_grad_kernel"] = _product_cost("flops16")
 
 
 @_device

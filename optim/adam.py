@@ -20,7 +20,11 @@ The two placements differ only in where ε enters (ε·√(1 − β₂ᵗ) again
   the gradients of steps s−1 and s. The partial sum is optimizer state ("grad_sum", with the
   number of gradients in it, "pending"), so a checkpoint taken inside a pair resumes exactly
   and the loop clears every gradient every step. A step skipped by the loop (non-finite) adds
-  nothing: the pair then spans it.
+  nothing: the pair then spans it. Sharded over ranks (`comm`), each rank sums its own
+  gradients and the sum is averaged over ranks once, at the update, as the records do (no
+  exchange on the steps between); a checkpoint inside a pair then holds every rank's partial
+  sum, stacked (`state_dict`), and one resumed on another number of ranks hands rank 0 the
+  sum they average to.
 - A parameter attribute `lr_mul` (set by optim/build.py from `optim.lr_mul`) multiplies its LR.
 - `tie` (optim/tied.py, `optim.tie_embed_head_until`): the token table's summed gradient joins
   the head's, the head takes the step and the table follows it, until their split.
@@ -49,7 +53,7 @@ from torch import Tensor
 from optim.adam_fused import TensorSettings
 from optim.adam_fused import compiled as fused_compiled
 from optim.adam_fused import host_values as fused_values
-from optim.adam_shards import AdamShards
+from optim.adam_shards import AdamShards, grad_or_zeros
 from optim.adam_table import Row
 from optim.config import AdamWConfig
 from optim.shards import Comm
@@ -99,6 +103,10 @@ class Adam(torch.optim.Optimizer):
         held = [p for g in self.param_groups for p in g["params"]]
         self.shards = AdamShards(held, comm) if comm is not None else None
         self.defer_finish = False  # CombinedOptimizer finishes a sharded step itself
+        # Sharded with a period: each rank sums its own gradients between updates (module
+        # docstring), reduced at the update; set when that sum went into the exchange
+        self.local_sums = self.shards is not None and settings.update_every > 1
+        self._sums_started = False
         if self.shards is not None:
             for p in held:  # every rank's state exists from the start (checkpoints gather it)
                 self._state(p)
@@ -117,9 +125,37 @@ class Adam(torch.optim.Optimizer):
                                ("pending", torch.float32), ("step", torch.float32)):  # fmt: skip
                 if key in saved and key in state:
                     state[key] = saved[key].to(state[key].device, dtype, copy=True)
+            if "grad_sum" in saved and "grad_sum" in state:
+                state["grad_sum"] = self._loaded_sum(p, saved["grad_sum"])
             if self.shards is not None:  # this rank's rows of the whole saved state
                 for key, value in state.items():
-                    state[key] = self.shards.mine(p, value)
+                    if key != "grad_sum" or not self.local_sums:
+                        state[key] = self.shards.mine(p, value)
+
+    def _loaded_sum(self, p: Tensor, saved: Tensor) -> Tensor:
+        """A saved partial sum of a pair as this run keeps it. Saved stacked (a sharded run's
+        ranks' own sums, `state_dict`) or whole (a sum of averaged gradients). Kept by rank
+        (local_sums): the same number of ranks take their own; otherwise rank 0 takes what
+        the saved sums average to times this run's world and the others zeros, so that the
+        update's average over ranks is the saved one. Kept averaged: the average."""
+        saved = saved.to(p.device, p.dtype)
+        ranks = saved.shape[0] if saved.ndim == p.ndim + 1 else 0
+        if (saved.shape[1:] if ranks else saved.shape) != p.shape:
+            raise ValueError(
+                f"Adam's saved gradient sum {tuple(saved.shape)} fits neither the parameter "
+                f"{tuple(p.shape)} nor a stack of its ranks' sums: the checkpoint is another "
+                "model's (train.resume)"
+            )
+        if not self.local_sums:
+            return saved.sum(0).div_(ranks) if ranks else saved.clone()
+        assert self.shards is not None  # local_sums implies sharded
+        world, rank = self.shards.world, self.shards.comm.rank
+        if ranks == world:
+            return saved[rank].clone()
+        if rank:
+            return torch.zeros_like(p)
+        mean = saved.sum(0).div_(ranks) if ranks else saved
+        return mean.mul(world)
 
     def state_dict(self) -> dict[str, Any]:
         """torch's state dict; sharded, every tensor's state is gathered whole from the
@@ -134,7 +170,12 @@ class Adam(torch.optim.Optimizer):
             # run would go on with them in place of its rows
             state = dict(sd["state"].get(i, {}))
             for key, value in state.items():
-                state[key] = self.shards.whole(p, value)
+                if key == "grad_sum" and self.local_sums:
+                    # every rank's own sum inside a pair; between pairs all are zeros
+                    inside = int(state["pending"]) > 0
+                    state[key] = self.shards.stacked(value) if inside else value.clone()
+                else:
+                    state[key] = self.shards.whole(p, value)
             if state:
                 sd["state"][i] = state
         return sd
@@ -148,8 +189,8 @@ class Adam(torch.optim.Optimizer):
             state["step"] = torch.zeros((), dtype=torch.float32)
             state["exp_avg"] = torch.zeros_like(like, dtype=dtype)
             state["exp_avg_sq"] = torch.zeros_like(like, dtype=dtype)
-            if self.hp.update_every > 1:
-                state["grad_sum"] = torch.zeros_like(like)
+            if self.hp.update_every > 1:  # this rank's own sum, whole, where local_sums
+                state["grad_sum"] = torch.zeros_like(p if self.local_sums else like)
                 state["pending"] = torch.zeros((), dtype=torch.float32)
         return state
 
@@ -162,9 +203,25 @@ class Adam(torch.optim.Optimizer):
         return k == 1 or pending == k - 1
 
     def start_exchange(self) -> None:
-        """optim.distribute=sharded: start the gradient reductions (no-op otherwise)."""
-        if self.shards is not None:
+        """optim.distribute=sharded: start the gradient reductions (no-op otherwise); with a
+        period, only at the update, of each rank's sum over the period."""
+        if self.shards is None:
+            return
+        if not self.local_sums:
             self.shards.start()
+        elif not self._sums_started and self.updates_next():
+            self.shards.start(self._add_local())
+            self._sums_started = True
+
+    def _add_local(self) -> dict[Tensor, Tensor]:
+        """local_sums: this step's gradients added into this rank's sums ({p: its sum});
+        under optim.tie_sum=step E's joins W's first, as one tensor's gradient would."""
+        ready = [(p, grad_or_zeros(p), self._state(p), group)
+                 for group in self.param_groups for p in group["params"]]  # fmt: skip
+        if self.tie is not None and self.tie.per_step:
+            ready = self.tie.join_step(ready, self.state)
+        torch._foreach_add_([st["grad_sum"] for _, _, st, _ in ready], [g for _, g, _, _ in ready])
+        return {p: st["grad_sum"] for p, _, st, _ in ready}
 
     def finish_exchange(self) -> None:
         """optim.distribute=sharded: every rank's updated rows into place (no-op otherwise)."""
@@ -206,6 +263,8 @@ class Adam(torch.optim.Optimizer):
         """(p, its gradient or k-step sum, state, group) of every tensor whose update is due
         at this call (none between the k steps of optim.adamw.update_every); the gradient of
         a sharded tensor is its rows' average over ranks."""
+        if self.local_sums:
+            return self._due_local()
         reduced = self.shards.gradients() if self.shards is not None else {}
         ready = []
         for group in self.param_groups:
@@ -227,6 +286,22 @@ class Adam(torch.optim.Optimizer):
                 raise RuntimeError("Adam's tensors reached an update apart (optim.adamw)")
             return []
         return [(p, st["grad_sum"], st, group) for p, _, st, group in ready]
+
+    def _due_local(self) -> list[tuple[Tensor, Tensor, dict, dict]]:
+        """`_due` where each rank sums its own gradients (local_sums): between updates the
+        gradient joins this rank's sum and nothing is exchanged; at the update each
+        gradient is the sums' average over ranks (this rank's rows of a sharded tensor)."""
+        held = [(p, self._state(p), g) for g in self.param_groups for p in g["params"]]
+        if not self.updates_next():
+            self._add_local()
+            torch._foreach_add_([st["pending"] for _, st, _ in held], 1.0)
+            return []
+        self.start_exchange()  # a no-op when the loop started it
+        self._sums_started = False
+        assert self.shards is not None  # local_sums implies sharded
+        reduced = self.shards.gradients()
+        torch._foreach_add_([st["pending"] for _, st, _ in held], 1.0)
+        return [(p, reduced[p], st, group) for p, st, group in held]
 
     def _update_fused(self, due: list[tuple[Tensor, Tensor, dict, dict]]) -> None:
         """Every due update in one call of optim/adam_fused.py's (compiled) function."""

@@ -9,9 +9,10 @@ rows, which are averaged whole, and the collectives around the update.
   buffer and updated on every rank alike (record #52: the collectives of many small pieces
   would cost more than the update they would spread).
 
-The gradient is reduced every step, also on steps where Adam does not update
-(optim.adamw.update_every = 2): the sum of two steps' gradients is then a sum of averages, as
-under DDP, and its partial sum stays optimizer state that does not depend on the world size.
+Where Adam updates every k-th step only (optim.adamw.update_every = k > 1), each rank sums
+its own gradients over the k steps and the sum is reduced once, at the update (optim/adam.py),
+as the records do: the steps between move nothing over the wire. The rank's partial sum is
+optimizer state; `stacked` gathers every rank's for a checkpoint taken inside the k steps.
 """
 
 from collections.abc import Sequence
@@ -60,15 +61,21 @@ class AdamShards:
         rows = self.rows.get(p)
         return p.detach() if rows is None else p.detach()[rows.start : rows.stop]
 
-    def start(self) -> None:
-        """Start every reduction: the sharded tensors' rows, the small ones' all-reduce."""
+    def start(self, sources: dict[Tensor, Tensor] | None = None) -> None:
+        """Start every reduction: the sharded tensors' rows, the small ones' all-reduce; of
+        `sources[p]` in place of each gradient where given (the sum over k steps)."""
         if self._started:
             return
+        sources = sources or {}
+
+        def grad(p: Tensor) -> Tensor:
+            return sources[p] if p in sources else grad_or_zeros(p)
+
         for ps, ex in self.exchanges:
-            ex.reduce([_grad(p) for p in ps])
+            ex.reduce([grad(p) for p in ps])
         self._reducing = []
         for ps, flat in self.small:
-            torch._foreach_copy_(_pieces(flat, ps), [_grad(p).reshape(-1) for p in ps])
+            torch._foreach_copy_(_pieces(flat, ps), [grad(p).reshape(-1) for p in ps])
             if self.world > 1:
                 flat.div_(self.world)
             self._reducing.append(self.comm.all_reduce(flat))
@@ -108,6 +115,17 @@ class AdamShards:
             return value
         return gather_rows(value, rows.rows, self.comm)
 
+    def stacked(self, value: Tensor) -> Tensor:
+        """Every rank's `value` (a whole-shaped tensor of its own), stacked in rank order
+        (a collective; under `LocalView` the other ranks' are zeros)."""
+        flat = value.detach().reshape(-1).contiguous()
+        out = torch.zeros(self.world * flat.numel(), dtype=flat.dtype, device=flat.device)
+        if self.comm.local:
+            out[self.comm.rank * flat.numel() : (self.comm.rank + 1) * flat.numel()] = flat
+        else:
+            wait(self.comm.all_gather(out, flat))
+        return out.view(self.world, *value.shape)
+
     def mine(self, p: Tensor, value: Tensor) -> Tensor:
         """This rank's rows of a whole row-shaped state tensor of `p` (a copy)."""
         rows = self.rows.get(p)
@@ -116,7 +134,7 @@ class AdamShards:
         return value[rows.start : rows.stop].clone()
 
 
-def _grad(p: Tensor) -> Tensor:
+def grad_or_zeros(p: Tensor) -> Tensor:
     return p.grad if p.grad is not None else torch.zeros_like(p)
 
 

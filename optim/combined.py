@@ -155,7 +155,7 @@ class CombinedOptimizer:
             live = self.flat_state()
             if live.keys() == values.keys():
                 for key, target in live.items():
-                    flat.copy_global(target, values[key])
+                    flat.copy_global(target, flat.whole_sum(key, target, values[key]))
                 return
             if any(getattr(opt, "sharded", False) for opt in self.parts):
                 differ = sorted(live.keys() ^ values.keys())[:3]

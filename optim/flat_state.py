@@ -69,6 +69,15 @@ def to_positional(
     return states
 
 
+def whole_sum(key: str, target: Tensor, saved: Tensor) -> Tensor:
+    """`saved` as `target` keeps it: an Adam pair's partial sum saved by sharded ranks, one
+    stacked per rank (optim/adam.py), is kept whole here as the sum of averaged gradients,
+    their mean; anything else as it is."""
+    if key.endswith("/grad_sum") and saved.ndim == target.ndim + 1:
+        return saved.sum(0).div_(saved.shape[0])
+    return saved
+
+
 @torch.no_grad()
 def copy_global(target: Tensor, whole: Tensor) -> None:
     """Fill `target` (a plain tensor, or a dim-0 shard of a DTensor) from the whole tensor."""

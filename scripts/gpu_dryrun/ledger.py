@@ -278,11 +278,16 @@ def enable_estimates() -> None:
     CUDABackend.make_cubin = lambda self, src, metadata, opt, capability: b""
 
 
+def _no_hook(metadata: object) -> None:
+    """A launch enter hook that does nothing (see `install`)."""
+
+
 def install(recorder: Recorder) -> Callable[[], None]:
     """Hooks: inductor's kernel runs, other Triton launches, Tensor.backward. Returns the
     function that removes them."""
     import torch
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    from triton import knobs
 
     from scripts.gpu_dryrun import fake_gpu
 
@@ -311,12 +316,19 @@ def install(recorder: Recorder) -> Callable[[], None]:
     torch.Tensor.backward = in_backward(backward)
     torch.autograd.backward = in_backward(autograd_backward)
     fake_gpu.ON_LAUNCH.append(recorder.triton_kernel)
+    # Triton evaluates a kernel's launch_metadata (its declared FLOPs and bytes) only while
+    # an enter hook is set (3.9's default is an empty chain; older ones leave None); the
+    # pretend launcher never calls the hook itself
+    entered = knobs.runtime.launch_enter_hook
+    if entered is None:
+        knobs.runtime.launch_enter_hook = _no_hook
 
     def remove() -> None:
         CachingAutotuner.run = run
         torch.Tensor.backward = backward
         torch.autograd.backward = autograd_backward
         fake_gpu.ON_LAUNCH.remove(recorder.triton_kernel)
+        knobs.runtime.launch_enter_hook = entered
 
     return remove
 

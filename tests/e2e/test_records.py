@@ -205,13 +205,15 @@ def test_record_d_toy_same_curve_on_two_ranks_and_resumes_around_the_split(
     tmp_path: Path, corpus_cache: Path
 ) -> None:
     """Record D at toy size through its three stages (one uninterrupted run, the reference): the
-    loss falls; 2 ranks give its curve (1e-3), with the preset's optim.distribute=sharded (each
-    rank updates its share of the banks and tables); one process resumes bit for bit from the
-    save after update 4 (an even step, Adam holding its gradient, the head still tied), and two
-    sharded ranks from the save after update 5 (the split just made, E's state rows taken from
-    W's; the save gathered from both ranks), the FP8 scales mid-sequence at both. The saves
-    are the uninterrupted runs' own, resumed into new run directories (a stop's save is the
-    same save: tests/e2e/test_resume.py stops and resumes)."""
+    loss falls; 2 ranks give its curve (5e-3: measured 2e-3 at most, each rank summing its own
+    bf16 gradients over Adam's pair before they are averaged, as the record's ranks do, where
+    one process sums each step's two micro-steps first), with the preset's
+    optim.distribute=sharded (each rank updates its share of the banks and tables); one process
+    resumes bit for bit from the save after update 4 (an even step, Adam holding its gradient,
+    the head still tied), and two sharded ranks from the save after update 5 (the split just
+    made, E's state rows taken from W's; the save gathered from both ranks), the FP8 scales
+    mid-sequence at both. The saves are the uninterrupted runs' own, resumed into new run
+    directories (a stop's save is the same save: tests/e2e/test_resume.py stops and resumes)."""
     run_d(tmp_path / "one", corpus_cache, "train.checkpoint_every=4", "train.checkpoint_keep=2")
     want = curve(tmp_path / "one")
     assert [r[0] for r in want] == list(range(9)) and want[-1][2] < want[0][2] - 0.3
@@ -220,7 +222,7 @@ def test_record_d_toy_same_curve_on_two_ranks_and_resumes_around_the_split(
     two = curve(tmp_path / "two")
     for (step, *a), (_, *b) in zip(want, two, strict=True):
         for x, y in zip(a, b, strict=True):
-            assert (x is None) == (y is None) and (x is None or x == pytest.approx(y, abs=1e-3)), (
+            assert (x is None) == (y is None) and (x is None or x == pytest.approx(y, abs=5e-3)), (
                 step, x, y,
             )  # fmt: skip
     resumed = tmp_path / "resumed"

@@ -161,6 +161,28 @@ def test_two_ranks_resume_continues_the_curve(tmp_path: Path, corpus_cache: Path
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+def test_two_sharded_ranks_stopped_inside_a_pair_resume_bit_for_bit(
+    tmp_path: Path, corpus_cache: Path
+) -> None:
+    """optim.distribute=sharded with Adam every other step: each rank sums its own two
+    gradients and only the sum is exchanged (optim/adam.py), so a stop inside a pair saves
+    both ranks' partial sums; the resumed run is the straight one bit for bit."""
+    common = ("optim.distribute=sharded", *BANKED)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    on_two_ranks(straight, corpus_cache, *common)
+    on_two_ranks(resumed, corpus_cache, *common, "train.fault.signal_at_step=9")
+    assert checkpoint.find_latest(resumed / "checkpoints").name == "step_000009"
+    saved = final_state(resumed)["optimizers"]
+    stacked = [v for opt in saved for st in opt["state"].values() for k, v in st.items()
+               if k == "grad_sum" and v.ndim and v.shape[0] == 2 and v.abs().sum() > 0]  # fmt: skip
+    assert stacked, "the stop inside a pair saved every rank's partial sum"
+    on_two_ranks(resumed, corpus_cache, *common)
+    assert losses(resumed) == losses(straight)
+    assert_bitwise(final_state(resumed), final_state(straight))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
 def test_one_rank_checkpoint_resumes_on_two_ranks(tmp_path: Path, corpus_cache: Path) -> None:
     one = tmp_path / "one"
     run(one, corpus_cache)

@@ -4,7 +4,11 @@ stacks, MLP matrices with LR factors, Adam's tables with the tie and its split, 
 
 - each rank gets its own gradients, the reference their average (a/2 + b/2, the sum the
   reduce-scatter forms): the parameters after every step and the whole optimizer state
-  (`state_dict`, gathered from the owners) equal one process's bit for bit. Newton–Schulz
+  (`state_dict`, gathered from the owners) equal one process's bit for bit. Where Adam
+  updates every other step, each rank sums its own two gradients and only the sums are
+  averaged (the records' order): the reference's Adam then gets zeros, then that average;
+- a state saved inside a pair (every rank's own partial sum, stacked) and loaded into fresh
+  ranks continues the run bit for bit; Newton–Schulz
   runs in fp32 here: in bf16 a CPU's batched matmul may round a matrix by what else is in
   its batch, and a rank batches fewer matrices than one process (the record's toy on two
   ranks shows bf16: tests/e2e/test_records.py);
@@ -56,10 +60,12 @@ def gradients(params: list, world: int) -> list[list[list[torch.Tensor]]]:
              for _ in range(world)] for _ in range(STEPS)]  # fmt: skip
 
 
-def train(parts: list, params: list, grads: list) -> list[list[torch.Tensor]]:
-    """The parameters after each step, `grads[step]` per parameter."""
+def train(parts: list, params: list, grads: list, first_step: int = 0
+          ) -> list[list[torch.Tensor]]:  # fmt: skip
+    """The parameters after each step, `grads[step]` per parameter (the run's steps counted
+    from `first_step`)."""
     out = []
-    for step, gs in enumerate(grads):
+    for step, gs in enumerate(grads, start=first_step):
         for opt in parts:
             for group in opt.param_groups:
                 group["lr"] = group["lr"] * (0.9 if step else 1.0)
@@ -82,12 +88,23 @@ def _rank_main(rank: int, world: int, out: str) -> None:
         states = [opt.state_dict() for opt in parts]
         # A one-process state loaded here, then gathered back (the checkpoint round trip)
         ref_parts, ref_params = build(preset)
-        train(ref_parts, ref_params, [_average(g) for g in grads])
+        train(ref_parts, ref_params, reference(ref_parts, ref_params, grads))
         fresh, _ = build(preset, ProcessComm(dist.group.WORLD))
         for opt, ref in zip(fresh, ref_parts, strict=True):
             opt.load_state_dict(ref.state_dict())
         round_trip = [opt.state_dict() for opt in fresh]
-        results[preset] = (curve, states, round_trip)
+        # Stopped inside a pair (after step 3 of 4), saved, loaded into fresh ranks, resumed
+        first, first_params = build(preset, ProcessComm(dist.group.WORLD))
+        train(first, first_params, [g[rank] for g in grads[:3]])
+        saved = [opt.state_dict() for opt in first]
+        later, later_params = build(preset, ProcessComm(dist.group.WORLD))
+        for opt, state in zip(later, saved, strict=True):
+            opt.load_state_dict(state)
+        with torch.no_grad():
+            for p, q in zip(later_params, first_params, strict=True):
+                p.copy_(q)
+        resumed = train(later, later_params, [g[rank] for g in grads[3:]], first_step=3)[-1]
+        results[preset] = (curve, states, round_trip, resumed)
     # Banks on ranks whose gradients DDP all-reduces would each run every bank: refused
     try:
         Muon(muon_params(settings(PRESETS[-1]), torch.bfloat16), settings(PRESETS[-1]).muon,
@@ -101,6 +118,33 @@ def _rank_main(rank: int, world: int, out: str) -> None:
 def _average(per_rank: list[list[torch.Tensor]]) -> list[torch.Tensor]:
     """What the sharded reduction gives: each rank's gradient halved, then summed."""
     return [a / 2 + b / 2 for a, b in zip(*per_rank, strict=True)]
+
+
+def reference(parts: list, params: list, grads: list) -> list[list[torch.Tensor]]:
+    """One process's gradients [step][parameter] for the two ranks' `grads`: the average,
+    and for an Adam that updates every k-th step, zeros until the update and then the
+    average of each rank's own sum of the k gradients (summed in order from zeros, as a
+    rank sums them)."""
+    out = [_average(g) for g in grads]
+    adam = parts[-1]
+    k = adam.hp.update_every
+    if k == 1:
+        return out
+    held = {id(p) for g in adam.param_groups for p in g["params"]}
+    for i, p in enumerate(params):
+        if id(p) not in held:
+            continue
+        for end in range(k - 1, len(grads), k):
+            sums = []
+            for rank in range(2):
+                total = torch.zeros_like(p)
+                for step in range(end - k + 1, end + 1):
+                    total += grads[step][rank][i]
+                sums.append(total)
+            for step in range(end - k + 1, end):
+                out[step][i] = torch.zeros_like(p)
+            out[end][i] = sums[0] / 2 + sums[1] / 2
+    return out
 
 
 def _states_equal(a: list[dict], b: list[dict]) -> bool:
@@ -124,15 +168,17 @@ def test_two_sharded_ranks_are_one_process_bit_for_bit(tmp_path: Path) -> None:
     for preset in PRESETS:
         parts, params = build(preset)
         grads = gradients(params, 2)
-        want = train(parts, params, [_average(g) for g in grads])
+        want = train(parts, params, reference(parts, params, grads))
         want_states = [opt.state_dict() for opt in parts]
         for rank in range(2):
-            curve, states, round_trip = torch.load(tmp_path / f"rank{rank}.pt")[preset]
+            curve, states, round_trip, resumed = torch.load(tmp_path / f"rank{rank}.pt")[preset]
             for step, (a, b) in enumerate(zip(curve, want, strict=True)):
                 same = [torch.equal(x, y) for x, y in zip(a, b, strict=True)]
                 assert all(same), (preset, rank, step, same)
             assert _states_equal(states, want_states), (preset, rank)
             assert _states_equal(round_trip, want_states), (preset, rank)
+            same = [torch.equal(x, y) for x, y in zip(resumed, curve[-1], strict=True)]
+            assert all(same), (preset, rank, "resumed inside a pair", same)
 
 
 def _rank_same_grads(rank: int, world: int, out: str) -> None:

@@ -87,3 +87,16 @@ def test_init_state_creates_the_first_steps_state_without_moving_anything() -> N
     assert opt.param_groups[0]["lr"] == 0.1  # restored
     flat.init_state(opt)  # nothing missing: no step at all
     assert state["step"].item() == 0
+
+
+def test_a_pairs_sums_saved_per_rank_load_whole_as_their_mean() -> None:
+    """Sharded ranks save an Adam pair's partial sums stacked (optim/adam.py); a layout that
+    keeps the sum whole (replicated, FSDP's rows) takes their mean, the sum of averages."""
+    target = torch.zeros(4, 3)
+    stacked = torch.stack([torch.full((4, 3), 1.0), torch.full((4, 3), 3.0)])
+    assert torch.equal(flat.whole_sum("embed/embed.weight/grad_sum", target, stacked),
+                       torch.full((4, 3), 2.0))  # fmt: skip
+    whole = torch.ones(4, 3)
+    assert flat.whole_sum("embed/embed.weight/grad_sum", target, whole) is whole
+    moments = torch.ones(2, 4, 3)  # another key is never folded (its shape error stays)
+    assert flat.whole_sum("embed/embed.weight/exp_avg", target, moments) is moments

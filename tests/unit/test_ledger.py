@@ -104,6 +104,43 @@ dump(rec.take())
 
 
 @needs_shim
+def test_the_projects_triton_kernels_declare_their_products_and_their_bytes(
+    tmp_path: Path,
+) -> None:
+    """model/triton_mlp.py's FP8 up projection, (T × d)·(4d × d)ᵀ with T = 256, d = 64:
+    2·T·4d·d FP8 FLOPs (its launch_metadata) and its tensors' bytes; model/triton_loss.py's
+    loss over 8 rows of 512 bf16 logits, K = 3: its logits read twice, G₈ written, the
+    targets and the rows' losses, and no FLOPs."""
+    rows = counted(
+        """
+from model.config.head import HeadConfig
+from model.triton_loss import record_loss_rows_triton
+from model.triton_mlp import fused_up_relu2
+n8 = torch.zeros(256, 64, device="cuda").to(torch.float8_e4m3fn)
+w8 = torch.zeros(256, 64, device="cuda").to(torch.float8_e4m3fn)
+one = torch.ones((), device="cuda")
+z = torch.zeros(8, 512, device="cuda", dtype=torch.bfloat16)
+y = torch.zeros(8, 3, device="cuda", dtype=torch.int64)
+w = torch.ones(3, device="cuda")
+cfg = HeadConfig(softcap=23.0, softcap_form="sigmoid", softcap_shift=5.0, softcap_divisor=7.5)
+for counting in (False, True):
+    with rec.recording() if counting else rec.muted():
+        fused_up_relu2(n8, w8, one, one, one)
+        record_loss_rows_triton(z, y, w, cfg, 0.75 / 448)
+dump(rec.take())
+""",
+        tmp_path,
+    )
+    up, loss = [r for r in rows if r["source"] == "triton"]
+    assert up["kernel"] == "_up_relu2_kernel" and up["launches"] == 1
+    assert (up["flops"], up["dtype"]) == (2.0 * 256 * 256 * 64, "float8")
+    tile_max = 2 * 2 * 4  # fp32, one per 128 × 128 tile
+    assert up["bytes"] == 2 * 256 * 64 + 256 * 256 * (2 + 2 + 1) + tile_max + 3 * 4
+    assert loss["kernel"] == "_record_loss_kernel" and loss["flops"] == 0
+    assert loss["bytes"] == 8 * (512 * (2 + 2 + 1) + 3 * 8 + 4)
+
+
+@needs_shim
 def test_attention_is_the_flash_kernel_a_gpu_runs_not_the_math_path(tmp_path: Path) -> None:
     """Causal SDPA in bf16, compiled: one flash forward of 4·B·H·T²·D / 2 FLOPs (the kernel
     skips the masked half) reading q, k, v and writing the output and its log-sum-exp, and one
