@@ -56,7 +56,7 @@ from optim.adam_fused import host_values as fused_values
 from optim.adam_shards import AdamShards, grad_or_zeros
 from optim.adam_table import Row
 from optim.config import AdamWConfig
-from optim.shards import Comm
+from optim.shards import Comm, Sum
 from optim.tied import TiedEmbedHead
 
 MOMENT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # "param": the parameter's
@@ -171,9 +171,10 @@ class Adam(torch.optim.Optimizer):
             state = dict(sd["state"].get(i, {}))
             for key, value in state.items():
                 if key == "grad_sum" and self.local_sums:
-                    # every rank's own sum inside a pair; between pairs all are zeros
+                    # every rank's own sum inside a pair; between pairs none is kept (the
+                    # last period's first gradient stays in the buffer, unread)
                     inside = int(state["pending"]) > 0
-                    state[key] = self.shards.stacked(value) if inside else value.clone()
+                    state[key] = self.shards.stacked(value) if inside else torch.zeros_like(value)
                 else:
                     state[key] = self.shards.whole(p, value)
             if state:
@@ -210,18 +211,27 @@ class Adam(torch.optim.Optimizer):
         if not self.local_sums:
             self.shards.start()
         elif not self._sums_started and self.updates_next():
-            self.shards.start(self._add_local())
+            self.shards.start(self._add_local(last=True))
             self._sums_started = True
 
-    def _add_local(self) -> dict[Tensor, Tensor]:
-        """local_sums: this step's gradients added into this rank's sums ({p: its sum});
-        under optim.tie_sum=step E's joins W's first, as one tensor's gradient would."""
+    def _add_local(self, last: bool = False) -> dict[Tensor, Tensor | Sum]:
+        """local_sums: this step's gradients into this rank's sums, under optim.tie_sum=step
+        with E's joined to W's first, as one tensor's gradient would be. The period's first
+        gradient is copied in (no zeroing after an update); at its last step (`last`) the
+        sum is not written back but returned as {p: Sum(its sum, this gradient)}, added as
+        the exchange packs it (one pass over the tables instead of three)."""
         ready = [(p, grad_or_zeros(p), self._state(p), group)
                  for group in self.param_groups for p in group["params"]]  # fmt: skip
         if self.tie is not None and self.tie.per_step:
             ready = self.tie.join_step(ready, self.state)
-        torch._foreach_add_([st["grad_sum"] for _, _, st, _ in ready], [g for _, g, _, _ in ready])
-        return {p: st["grad_sum"] for p, _, st, _ in ready}
+        sums, grads = [st["grad_sum"] for _, _, st, _ in ready], [g for _, g, _, _ in ready]
+        if last:
+            return {p: Sum(total, g) for (p, *_), total, g in zip(ready, sums, grads, strict=True)}
+        if int(ready[0][2]["pending"]) == 0:  # the first of the period
+            torch._foreach_copy_(sums, grads)
+        else:
+            torch._foreach_add_(sums, grads)
+        return {}
 
     def finish_exchange(self) -> None:
         """optim.distribute=sharded: every rank's updated rows into place (no-op otherwise)."""
@@ -247,7 +257,8 @@ class Adam(torch.optim.Optimizer):
             if tie is not None:
                 tie.after(self.state, self._target)
             if self.hp.update_every > 1:
-                torch._foreach_zero_([st["grad_sum"] for _, _, st, _ in ready])
+                if not self.local_sums:  # local_sums copies the next period's first in
+                    torch._foreach_zero_([st["grad_sum"] for _, _, st, _ in ready])
                 torch._foreach_zero_([st["pending"] for _, _, st, _ in ready])
             if self.shards is not None:
                 self.shards.gather()

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from optim.shards import Comm, RowExchange, Rows, cut, gather_rows, wait
+from optim.shards import Comm, RowExchange, Rows, Sum, cut, gather_rows, wait
 
 # A tensor this large (and with at least as many rows as ranks) is cut into rows.
 SHARD_MIN_VALUES = 1 << 16
@@ -61,21 +61,26 @@ class AdamShards:
         rows = self.rows.get(p)
         return p.detach() if rows is None else p.detach()[rows.start : rows.stop]
 
-    def start(self, sources: dict[Tensor, Tensor] | None = None) -> None:
+    def start(self, sources: dict[Tensor, Tensor | Sum] | None = None) -> None:
         """Start every reduction: the sharded tensors' rows, the small ones' all-reduce; of
-        `sources[p]` in place of each gradient where given (the sum over k steps)."""
+        `sources[p]` in place of each gradient where given (the sum over k steps, or a `Sum`
+        of its last two terms, added as it is packed)."""
         if self._started:
             return
         sources = sources or {}
 
-        def grad(p: Tensor) -> Tensor:
+        def grad(p: Tensor) -> Tensor | Sum:
             return sources[p] if p in sources else grad_or_zeros(p)
+
+        def whole(p: Tensor) -> Tensor:  # a small tensor's Sum added in place (a few values)
+            g = grad(p)
+            return g.a.add_(g.b) if isinstance(g, Sum) else g
 
         for ps, ex in self.exchanges:
             ex.reduce([grad(p) for p in ps])
         self._reducing = []
         for ps, flat in self.small:
-            torch._foreach_copy_(_pieces(flat, ps), [grad(p).reshape(-1) for p in ps])
+            torch._foreach_copy_(_pieces(flat, ps), [whole(p).reshape(-1) for p in ps])
             if self.world > 1:
                 flat.div_(self.world)
             self._reducing.append(self.comm.all_reduce(flat))

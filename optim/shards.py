@@ -92,6 +92,14 @@ class LocalView:
         t.mul_(self.world)
 
 
+@dataclass(frozen=True)
+class Sum:
+    """a + b, added as it is packed for a reduction (one pass: not written back to a)."""
+
+    a: Tensor
+    b: Tensor
+
+
 def wait(handle: "dist.Work | None") -> None:
     if handle is not None:
         handle.wait()
@@ -174,13 +182,16 @@ class RowExchange:
             else:
                 _copy_rows(slots, t.reshape(c.rows, c.size), c, to_slots=True)
 
-    def reduce(self, tensors: Sequence[Tensor | Sequence[Tensor]]) -> None:
-        """Start the reduction of `tensors` (each whole, or a list of its rows): pack, divide
-        by W, reduce-scatter."""
+    def reduce(self, tensors: Sequence[Tensor | Sum | Sequence[Tensor]]) -> None:
+        """Start the reduction of `tensors` (each whole, a `Sum` of two whole ones, or a list
+        of its rows): pack, divide by W, reduce-scatter."""
         dsts, srcs = [], []
         for i, t in enumerate(tensors):
             slots, c = self._slots(self.send, i), self.cuts[i]
-            if isinstance(t, (list, tuple)):
+            if isinstance(t, Sum):
+                _copy_rows(slots, t.a.reshape(c.rows, c.size), c, to_slots=True,
+                           plus=t.b.reshape(c.rows, c.size))  # fmt: skip
+            elif isinstance(t, (list, tuple)):
                 for j, row in enumerate(t):
                     dsts.append(slots[j // c.chunk, j % c.chunk])
                     srcs.append(row.reshape(-1))
@@ -234,15 +245,23 @@ class RowExchange:
             torch._foreach_copy_(dsts, srcs)
 
 
-def _copy_rows(slots: Tensor, whole: Tensor, c: Rows, to_slots: bool) -> None:
+def _copy_rows(slots: Tensor, whole: Tensor, c: Rows, to_slots: bool,
+               plus: Tensor | None = None) -> None:  # fmt: skip
     """Copy between a (W, c, size) slot view and a (rows, size) tensor, into the slots or out
-    of them; the padding rows are left as they are."""
+    of them (into them, whole + `plus` where given); the padding rows are left as they are."""
     full = c.rows // c.chunk if c.chunk else 0  # ranks holding c rows
     rest = c.rows - full * c.chunk
-    pairs = [(slots[:full], whole[: full * c.chunk].view(full, c.chunk, c.size))]
-    if rest:
-        pairs.append((slots[full, :rest], whole[full * c.chunk :]))
-    for s, w in pairs:
+
+    def parts(t: Tensor) -> list[Tensor]:
+        out = [t[: full * c.chunk].view(full, c.chunk, c.size)]
+        return [*out, t[full * c.chunk :]] if rest else out
+
+    targets = [slots[:full]] + ([slots[full, :rest]] if rest else [])
+    if plus is not None:
+        for s, w, q in zip(targets, parts(whole), parts(plus), strict=True):
+            torch.add(w, q, out=s)
+        return
+    for s, w in zip(targets, parts(whole), strict=True):
         (s if to_slots else w).copy_(w if to_slots else s)
 
 
