@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from tests.dist_utils import RankCrashed, run_ranks
 
@@ -20,7 +21,11 @@ def _tally(out: str, rank: int) -> int:
 
 
 def _crash_first(rank: int, world: int, out: str, always: bool) -> None:
-    if (_tally(out, rank) == 0 or always) and rank == 0:
+    before = _tally(out, rank)
+    # Both ranks have counted this call before rank 0 dies: a loaded machine may otherwise
+    # kill rank 0 while rank 1 is still joining the group, and rank 1's call never happens
+    dist.barrier()
+    if (before == 0 or always) and rank == 0:
         os.abort()  # SIGABRT, as glibc's heap check does
 
 
