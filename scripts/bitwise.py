@@ -1,4 +1,4 @@
-"""Do two commits compute the same thing? Train the default run and records A–D at toy size,
+"""Do two commits compute the same thing? Train the default run, records A–D and M at toy size,
 on 1 and 2 ranks, in this tree and in another commit's, and compare the final checkpoints
 bit for bit (every parameter, buffer and optimizer tensor) and the logged losses.
 
@@ -63,6 +63,18 @@ CASES: dict[str, dict[str, list[str]]] = {
                  "train.batch_size=2", "train.micro_batch_size=1", "train.steps=8",
                  "train.extension_steps=1",
                  "train.val_every=9", "data.max_piece_len=64", "optim.tie_embed_head_until=5",
+                 "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2"],
+    },
+    # record M's toy of tests/e2e/test_records.py: 8 of its 16 layers, its twelve stages one
+    # step each, the head tied until step 3
+    "M": {
+        "base": ["experiment=record_medium_2025_12_31", "model.n_layer=8",
+                 "model.residual.skips=[[3,4],[2,5],[1,5]]", "model.residual.backout_layer=5",
+                 "model.n_embd=64", "model.n_head=4", "model.attention.window_block=8",
+                 "train.seq_len=128",
+                 *(f"train.stages.rows.{i}.seq_len={32 * min(i + 1, 4)}" for i in range(12)),
+                 "train.batch_size=2", "train.micro_batch_size=1", "train.steps=12",
+                 "train.extension_steps=0", "train.val_every=6", "optim.tie_embed_head_until=3",
                  "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2"],
     },
 }

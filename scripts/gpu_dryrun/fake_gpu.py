@@ -9,6 +9,7 @@ is not real: a launch does nothing, so kernels' outputs are uninitialised memory
 its first candidate where a GPU might take another; the device's properties are fixed (below).
 """
 
+import collections
 import hashlib
 import os
 import subprocess
@@ -20,7 +21,9 @@ SHIM_SOURCE = Path(__file__).with_name("host_cuda.cpp")
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpt-speedrun"
 CAPABILITY = (9, 0)  # sm_90
 # An H100 80GB HBM3's properties, as torch.cuda and Triton's driver report them.
-PROPS = types.SimpleNamespace(
+# A named tuple, not a namespace: code inside a compiled graph may read it (dynamo folds a
+# named tuple's fields as constants; a namespace it cannot wrap)
+_PROPS = dict(
     name="NVIDIA H100 80GB HBM3 (dry run)", major=9, minor=0, multi_processor_count=132,
     total_memory=80 * 2**30, warp_size=32, max_threads_per_multi_processor=2048,
     regs_per_multiprocessor=65536, L2_cache_size=50 * 2**20, gcnArchName="",
@@ -28,6 +31,7 @@ PROPS = types.SimpleNamespace(
     max_threads_per_block=1024, clock_rate=1980000, memory_clock_rate=2619000,
     memory_bus_width=5120, is_integrated=False, uuid="dry-run",
 )  # fmt: skip
+PROPS = collections.namedtuple("Props", _PROPS)(**_PROPS)
 TRITON_PROPS = {
     "max_shared_mem": 232448, "multiprocessor_count": 132, "max_num_regs": 65536,
     "warpSize": 32, "sm_clock_rate": 1980000, "mem_clock_rate": 2619000, "mem_bus_width": 5120,

@@ -43,6 +43,34 @@ def ledger_table(steps: list[StepLedger], c: Constants,
     return "\n".join(lines)
 
 
+def compare_table(record: list[StepLedger], ours: list[StepLedger], c: Constants) -> str:
+    """Ours against the record's own, counted step by counted step (each stage's normal step,
+    then its Adam step, in order): each total as ours / the record's, and their ratio."""
+    kinds = ([s.kind for s in record], [s.kind for s in ours])
+    if kinds[0] != kinds[1]:
+        raise SystemExit(f"gpu_dryrun.report: the two ledgers' steps differ in kind: {kinds}")
+    head = ["steps (ours / record)", "kind", "TFLOP", "GB", "launches", "wire MB", "H100 ms"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def cell(a: float, b: float, fmt: str) -> str:
+        return f"{a:{fmt}} / {b:{fmt}} ({a / b:.2f}×)" if b else f"{a:{fmt}} / -"
+
+    for r, o in zip(record, ours, strict=True):
+        (tr, to) = (r.ledger, o.ledger)
+        wire = [x.total("bytes", source="collective") / 1e6 for x in (to, tr)]
+        flops = [x.total("flops") / 1e12 for x in (to, tr)]
+        nbytes = [(x.total("bytes") - x.total("bytes", source="collective")) / 1e9
+                  for x in (to, tr)]  # fmt: skip
+        launches = [x.total("launches") for x in (to, tr)]
+        ms = [estimate_ms(x, "H100", c) for x in (to, tr)]
+        lines.append(
+            f"| {o.step} / {r.step} | {o.kind} | {cell(*flops, '.2f')} | {cell(*nbytes, '.1f')} "
+            f"| {cell(*launches, '.0f')} | {cell(*wire, '.0f')} | {cell(*ms, '.1f')} |"
+        )
+    lines.append(f"\nConstants: {c}")
+    return "\n".join(lines)
+
+
 def write_json(path: Path, meta: dict[str, Any], steps: list[StepLedger]) -> None:
     """All of it or nothing: written beside `path`, then renamed."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,6 +106,10 @@ def main() -> int:
     if not path.is_file():
         raise SystemExit(f"gpu_dryrun.report: no file {path}; write one with --ledger --json")
     meta, steps = read_json(path)
+    if "record_log" in meta:  # the record's own (record_side.py): no preset to compose
+        print(f"record log {meta['record_log']}, rank 0 of {meta['world']}:")
+        print(ledger_table(steps, constants(), lambda step: None))
+        return 0
     toy = [] if meta["full"] else GPU_TOY.get(meta["experiment"], [])
     conf = compose(meta["experiment"], "cuda", not meta["full"], [*toy, *meta.get("set", [])])
     ms = RECORD_STEP_MS.get(meta["experiment"])
