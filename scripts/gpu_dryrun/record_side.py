@@ -4,21 +4,23 @@
     python -m scripts.gpu_dryrun.record_side --compare record.json ours.json
 
 LOG is a modded-nanogpt record's log (`records/track_1_short/<record>/<run>.txt`), which
-begins with the two files it ran: its `train_gpt.py` and its `triton_kernels.py`. Both are
-written to a scratch folder, never into this tree, and run as they are on the pretend H100
+begins with the code it ran: its `train_gpt.py` and, from 2026, its `triton_kernels.py`. They
+are written to a scratch folder, never into this tree, and run as they are on the pretend H100
 (fake_gpu.py) as rank 0 of `--world` ranks, counted launch by launch as `--ledger` counts a
 preset (ledger.py): docs/ledger.md, "The record's own step".
 
 The script runs unchanged up to its warm-up; from there, this module steps it as its own
-training loop does, at the first steps of each stage: a normal and an Adam step to compile,
-then the next two, counted. What stands in for what a CPU cannot run:
+training loop does (the TrainingManager loop of 2026's records, #89's, or the optimizer list
+of late 2025's, #46's), at the first steps of each stage: two steps to compile, then the
+next two, an even (normal) and an odd (Adam) step, counted. What stands in for what a CPU
+cannot run:
 - torch.distributed: rank 0 of `--world`, each collective booked at the ring's bytes per
   rank (ledger.Wire's rule) and done as if every rank held rank 0's tensors;
 - FlashAttention 3 (fetched from the kernels hub at run time): a custom op that books the
   (query, key) pairs its documents and window let through, 4·H·D FLOPs each forward and 2.5
   times that backward (the rule the ledger applies to this project's attention), its tensors'
   bytes, and returns uninitialised memory;
-- the cross-entropy kernel compiled with NVRTC: its tensor arguments' bytes, each once;
+- a kernel compiled with NVRTC (#89's cross-entropy): its tensor arguments' bytes, each once;
 - the record's own Triton kernels, which declare no costs: their products' FLOPs from their
   operands (the symmetric products only over the tiles on and below the diagonal, which are
   all those kernels compute);
@@ -50,18 +52,20 @@ EOT, DOC_TOKENS = 50256, 1000
 SHARD_TOKENS = 8 * 2**20
 
 
-def split_log(text: str) -> tuple[str, str]:
-    """(train_gpt.py up to its warm-up, triton_kernels.py) from a record's log."""
-    if KERNELS_SEPARATOR not in text:
-        raise SystemExit(
-            "record_side: the log holds no '# triton_kernels.py' section; it must be a "
-            "record's log from 2025 on, which prints train_gpt.py and triton_kernels.py first"
-        )
-    train, rest = text.split(KERNELS_SEPARATOR, 1)
-    kernels = rest.split(LOG_START, 1)[0]
+def split_log(text: str) -> tuple[str, str | None]:
+    """(train_gpt.py up to its warm-up, triton_kernels.py or None) from a record's log: logs
+    from 2026 print both files, older ones train_gpt.py alone."""
+    if KERNELS_SEPARATOR in text:
+        train, rest = text.split(KERNELS_SEPARATOR, 1)
+        kernels: str | None = rest.split(LOG_START, 1)[0]
+    else:
+        train, kernels = text.split(LOG_START, 1)[0], None
     cut = train.find(WARMUP)
     if cut < 0:
-        raise SystemExit(f"record_side: the log's train_gpt.py has no {WARMUP.strip()!r} banner")
+        raise SystemExit(
+            f"record_side: the log's train_gpt.py has no {WARMUP.strip()!r} banner: not a "
+            "record's log of late 2025 or later (its code, then its run)"
+        )
     return train[: train.rfind("\n", 0, cut)] + "\n", kernels
 
 
@@ -348,7 +352,7 @@ def main() -> int:
     return 0
 
 
-def run(train_src: str, kernels_src: str, world: int, stages: int | None) -> list:
+def run(train_src: str, kernels_src: str | None, world: int, stages: int | None) -> list:
     """The record's counted steps: two per stage (normal, Adam), after two that compile."""
     import numpy as np
 
@@ -365,7 +369,8 @@ def run(train_src: str, kernels_src: str, world: int, stages: int | None) -> lis
 
     scratch = Path(tempfile.mkdtemp(prefix="record_side-"))
     (scratch / "train_gpt.py").write_text(train_src)
-    (scratch / "triton_kernels.py").write_text(kernels_src)
+    if kernels_src is not None:
+        (scratch / "triton_kernels.py").write_text(kernels_src)
     write_shards(scratch, np.random.default_rng(0))
     bin_dir = scratch / "bin"
     bin_dir.mkdir()
@@ -403,49 +408,110 @@ def run(train_src: str, kernels_src: str, world: int, stages: int | None) -> lis
 
 def drive(ns: dict, recorder: Any, docs: Documents, stages: int | None,
           step_ledger: type) -> list:  # fmt: skip
-    """The record's loop body at each stage's first steps: s and s + 1 compile, s + 2 (a
-    normal step) and s + 3 (an Adam step: the records update Adam on odd steps) are counted."""
-    tm, model, accum = ns["training_manager"], ns["model"], ns["grad_accum_steps"]
-    stages_ = ns["TRAINING_STAGES"]
-    first = stages_[0]
-    loader = ns["distributed_data_generator"](
-        ns["args"].train_files, first.batch_size, first.train_max_seq_len, grad_accum_steps=accum
-    )
-    starts = [0, *tm.get_transition_steps()][: len(stages_) - 1][:stages]
-    # The record's warm-up evaluates first, which makes its kernels' placeholder argument
-    # (a global, set at first use); a training graph cannot set it (dynamo refuses the side
-    # effect inside an autograd.Function), so it is made here, as that warm-up would
-    kernels = sys.modules.get("triton_kernels")
-    if hasattr(kernels, "_get_dummy_f32"):
-        kernels._get_dummy_f32(ns["device"])
+    """The record's loop body at each stage's first steps: s and s + 1 compile, s + 2 and
+    s + 3 are counted, the even one a normal step and the odd one an Adam step (the records
+    update Adam on odd steps), in that order."""
+    loop = TrainingManagerLoop(ns, docs) if "training_manager" in ns else OptimizersLoop(ns, docs)
     out = []
-
-    def step(s: int) -> int:
-        tm.advance_schedule(s)
-        tokens = 0
-        for _ in range(accum):
-            inputs, targets, cum, bigram_inputs, bigram_cpu = loader.send(tm.train_loader_send_args)
-            docs.cum = [int(x) for x in cum.cpu().tolist()]
-            docs.cum = docs.cum[: docs.cum.index(max(docs.cum)) + 1]  # padding repeats the end
-            tokens += inputs.numel()
-            tm.sparse_index_update(s, bigram_cpu)
-            loss = model(inputs, targets, cum, bigram_inputs, tm.get_forward_args()).sum()
-            loss = loss * ns["grad_scale"]
-            tm.sparse_index_share(s)
-            loss.backward()
-        with recorder.phase("optimizer"):
-            tm.step_optimizers(s)
-            model.quantize_mlp_fp8(bootstrap_down=(s < 16))
-        return tokens
-
-    for s in starts:
-        step(s)
-        step(s + 1)
-        for counted, kind in ((s + 2, "normal"), (s + 3, "adam")):
+    for s in loop.starts[:stages]:
+        loop.step(s)
+        loop.step(s + 1)
+        for counted in sorted((s + 2, s + 3), key=lambda n: n % 2):
             with recorder.recording():
-                tokens = step(counted)
+                tokens = loop.step(counted, recorder)
+            kind = "adam" if counted % 2 else "normal"
             out.append(step_ledger(counted, kind, tokens, recorder.take()))
     return out
+
+
+def _documents(docs: Documents, cum: Any) -> None:
+    """The micro-batch's document starts, from the loader's (padded with its last entry)."""
+    starts = [int(x) for x in cum.cpu().tolist()]
+    docs.cum = starts[: starts.index(max(starts)) + 1]
+
+
+class TrainingManagerLoop:
+    """Records from 2026 on (#89): a TrainingManager schedules the stages and steps the one
+    optimizer; its loop body, as the script's training section writes it."""
+
+    def __init__(self, ns: dict, docs: Documents) -> None:
+        self.ns, self.docs = ns, docs
+        self.tm, self.model = ns["training_manager"], ns["model"]
+        self.accum = ns["grad_accum_steps"]
+        first = ns["TRAINING_STAGES"][0]
+        self.loader = ns["distributed_data_generator"](
+            ns["args"].train_files, first.batch_size, first.train_max_seq_len,
+            grad_accum_steps=self.accum,
+        )  # fmt: skip
+        self.starts = [0, *self.tm.get_transition_steps()][: len(ns["TRAINING_STAGES"]) - 1]
+        # The record's warm-up evaluates first, which makes its kernels' placeholder argument
+        # (a global, set at first use); a training graph cannot set it (dynamo refuses the
+        # side effect inside an autograd.Function), so it is made here, as that warm-up would
+        kernels = sys.modules.get("triton_kernels")
+        if hasattr(kernels, "_get_dummy_f32"):
+            kernels._get_dummy_f32(ns["device"])
+
+    def step(self, s: int, recorder: Any = None) -> int:
+        tm, tokens = self.tm, 0
+        tm.advance_schedule(s)
+        for _ in range(self.accum):
+            inputs, targets, cum, bigram_inputs, bigram_cpu = self.loader.send(
+                tm.train_loader_send_args
+            )
+            _documents(self.docs, cum)
+            tokens += inputs.numel()
+            tm.sparse_index_update(s, bigram_cpu)
+            loss = self.model(inputs, targets, cum, bigram_inputs, tm.get_forward_args()).sum()
+            tm.sparse_index_share(s)
+            (loss * self.ns["grad_scale"]).backward()
+        with recorder.phase("optimizer") if recorder else contextlib.nullcontext():
+            tm.step_optimizers(s)
+            self.model.quantize_mlp_fp8(bootstrap_down=(s < 16))
+        return tokens
+
+
+class OptimizersLoop:
+    """Records of late 2025 (#46): a list of optimizers (Adam first, then Muon), stepped by
+    `step_optimizers`, the window and batch size read from `get_ws` and `get_bs`."""
+
+    def __init__(self, ns: dict, docs: Documents) -> None:
+        missing = [k for k in ("optimizers", "step_optimizers", "get_ws", "get_bs", "args")
+                   if k not in ns]  # fmt: skip
+        if missing:
+            raise SystemExit(
+                "record_side: this record's script has neither a training_manager nor "
+                f"the loop of late 2025 (no {', '.join(missing)}): not a form it knows"
+            )
+        self.ns, self.docs, self.model = ns, docs, ns["model"]
+        self.accum, args = ns["grad_accum_steps"], ns["args"]
+        self.bs = ns["get_bs"](0)
+        self.loader = ns["distributed_data_generator"](
+            args.train_files, self.bs, args.train_max_seq_len, grad_accum_steps=self.accum
+        )
+        self.ws_long = ns["get_ws"](0)[1]
+        self.model.yarn.reset()
+        shape = [(ns["get_bs"](s), ns["get_ws"](s)) for s in range(args.num_scheduled_iterations)]
+        self.starts = [0, *(s for s in range(1, len(shape)) if shape[s] != shape[s - 1])]
+
+    def step(self, s: int, recorder: Any = None) -> int:
+        ns, args, tokens = self.ns, self.ns["args"], 0
+        ws_short, ws_long = ns["get_ws"](s)
+        if ws_long != self.ws_long:
+            self.model.yarn.apply(self.ws_long, ws_long)
+            self.ws_long = ws_long
+        bs = ns["get_bs"](s)
+        send = (bs, args.train_max_seq_len, self.accum) if bs != self.bs else None
+        self.bs = bs
+        for i in range(self.accum):
+            if i == self.accum - 1 and s % 2 == 1:
+                ns["optimizers"][0].should_sync = True  # Adam's exchange, on its odd step
+            inputs, targets, cum = self.loader.send(send)
+            _documents(self.docs, cum)
+            tokens += inputs.numel()
+            (self.model(inputs, targets, cum, ws_short, ws_long) / self.accum).backward()
+        with recorder.phase("optimizer") if recorder else contextlib.nullcontext():
+            ns["step_optimizers"](s, ns["optimizers"], self.model)
+        return tokens
 
 
 class RecordRecorder(Recorder):
