@@ -217,9 +217,10 @@ class Adam(torch.optim.Optimizer):
     def _add_local(self, last: bool = False) -> dict[Tensor, Tensor | Sum]:
         """local_sums: this step's gradients into this rank's sums, under optim.tie_sum=step
         with E's joined to W's first, as one tensor's gradient would be. The period's first
-        gradient is copied in (no zeroing after an update); at its last step (`last`) the
-        sum is not written back but returned as {p: Sum(its sum, this gradient)}, added as
-        the exchange packs it (one pass over the tables instead of three)."""
+        gradient becomes the sum itself (`_own`: no copy, and no zeroing after an update);
+        at its last step (`last`) the sum is not written back but returned as
+        {p: Sum(its sum, this gradient)}, added as the exchange packs it (one pass over the
+        tables instead of three)."""
         ready = [(p, grad_or_zeros(p), self._state(p), group)
                  for group in self.param_groups for p in group["params"]]  # fmt: skip
         if self.tie is not None and self.tie.per_step:
@@ -228,7 +229,8 @@ class Adam(torch.optim.Optimizer):
         if last:
             return {p: Sum(total, g) for (p, *_), total, g in zip(ready, sums, grads, strict=True)}
         if int(ready[0][2]["pending"]) == 0:  # the first of the period
-            torch._foreach_copy_(sums, grads)
+            for p, g, st, _ in ready:
+                st["grad_sum"] = _own(p, g)
         else:
             torch._foreach_add_(sums, grads)
         return {}
@@ -378,6 +380,18 @@ class Adam(torch.optim.Optimizer):
         if self.hp.eps_placement == "raw":
             return m.div(v.sqrt().add_(eps)).mul_(lr * (bias2**0.5 / bias1))
         return m.div((v.sqrt() / bias2**0.5).add_(eps)).mul_(lr / bias1)
+
+
+def _own(p: Tensor, g: Tensor) -> Tensor:
+    """`g`, this step's gradient of `p`, taken as a period's first sum: its own tensor (what
+    autograd wrote, or a fresh one: zeros, a joined sum) without a copy, `p.grad` cleared so
+    that nothing else can write to it (a zero_grad that zeroes in place would wipe the sum).
+    A view of another tensor (a bucket's, a slice) is copied: its owner may write it."""
+    if g._base is not None:
+        return g.clone()
+    if p.grad is g:
+        p.grad = None
+    return g
 
 
 def _cautious(p: Tensor, u: Tensor, decay: float) -> None:

@@ -4,7 +4,9 @@ rows, which are averaged whole, and the collectives around the update.
 - A tensor of at least `SHARD_MIN_VALUES` values and at least W rows (record D's token and
   value tables, the bigram table and the head: 415M of its 415.3M Adam values) is cut into
   rows (optim/shards.py): its gradient is reduce-scattered, rank r keeps the moments of its
-  rows only, updates those rows, and they are all-gathered after the update.
+  rows only, updates those rows, and they are all-gathered after the update: straight into
+  the parameter where its rows split evenly over the ranks (every record table at W = 8),
+  through a packed buffer otherwise.
 - Every other tensor (scalars, gates, lambdas) is averaged whole by one all-reduce of a packed
   buffer and updated on every rank alike (record #52: the collectives of many small pieces
   would cost more than the update they would spread).
@@ -42,19 +44,36 @@ class AdamShards:
                 by_dtype.setdefault(p.dtype, []).append(p)
             else:
                 small.setdefault(p.dtype, []).append(p)
+        # Each dtype's gradients go through one packed reduce-scatter; the updated rows come
+        # back by one packed all-gather, except a tensor whose rows split evenly over the
+        # ranks: it is gathered straight into the parameter (no copy out of a buffer)
         self.exchanges = [
             (ps, RowExchange([p.shape for p in ps], dtype, ps[0].device, comm))
             for dtype, ps in by_dtype.items()
         ]
+        evenly = [p for ps in by_dtype.values() for p in ps if self._gathers_in_place(p)]
+        self.direct = [(p, torch.zeros_like(self.target(p))) for p in evenly]
+        in_place = {p for p, _ in self.direct}
+        self.packed = [
+            (kept, RowExchange([p.shape for p in kept], kept[0].dtype, kept[0].device, comm))
+            for kept in ([p for p in ps if p not in in_place] for ps in by_dtype.values())
+            if kept
+        ]
         if comm.local:
-            for ps, ex in self.exchanges:
+            for ps, ex in self.packed:
                 ex.prime([p.detach() for p in ps])
+        self._direct_handles: list = []
         self.small = [
             (ps, torch.zeros(sum(p.numel() for p in ps), dtype=dtype, device=ps[0].device))
             for dtype, ps in small.items()
         ]
         self._reducing: list = []
         self._started = False
+
+    def _gathers_in_place(self, p: Tensor) -> bool:
+        """Whether `p`'s rows split evenly over the ranks in one contiguous block each: then
+        the all-gather's output is the parameter itself."""
+        return p.is_contiguous() and p.shape[0] % self.world == 0
 
     def target(self, p: Tensor) -> Tensor:
         """What this rank updates of `p`: its rows (a view of the parameter), or all of it."""
@@ -102,13 +121,22 @@ class AdamShards:
         return out
 
     def gather(self) -> None:
-        """Start sharing every rank's updated rows."""
-        for ps, ex in self.exchanges:
+        """Start sharing every rank's updated rows: straight into each parameter whose rows
+        split evenly (from a copy of this rank's rows: the collective's input and output
+        do not overlap), through a packed buffer for the others."""
+        for p, rows in self.direct:
+            rows.copy_(self.target(p))
+            out = p.detach().view(-1)
+            self._direct_handles.append(self.comm.all_gather(out, rows.view(-1)))
+        for ps, ex in self.packed:
             ex.gather([self.target(p) for p in ps])
 
     def finish(self) -> None:
         """Wait for the gathers; every sharded tensor whole again on every rank."""
-        for ps, ex in self.exchanges:
+        for handle in self._direct_handles:
+            wait(handle)
+        self._direct_handles = []
+        for ps, ex in self.packed:
             if ex.gathering:
                 ex.unpack([p.detach() for p in ps])
 

@@ -9,10 +9,11 @@ bank's rows are its matrices, an Adam table's its rows.
 segment holds its rows of every tensor, each padded to c rows), so that each direction is one
 collective:
 
-- `reduce`: the local gradients packed, divided by W, and summed by `reduce_scatter_tensor`:
-  each rank receives the average over ranks of its own rows (DDP divides before its
-  all-reduce too; for two ranks the sum is the same a + b, so the average is DDP's bit for
-  bit);
+- `reduce`: the local gradients packed and summed by `reduce_scatter_tensor`, and each rank
+  divides the sum of its own rows by W: the average over ranks, at 1/W of the bytes of
+  dividing the whole packed buffer first. DDP divides each gradient before its all-reduce;
+  for W a power of two the two agree bit for bit (a division by 2ᵏ is exact, so
+  a/W + b/W = (a + b)/W), which every record's W (1, 2, 8) is;
 - `gather`: each rank's updated rows packed into its segment, `all_gather_into_tensor`, and
   every tensor's rows copied into place on every rank.
 
@@ -29,6 +30,7 @@ without the communication (scripts/bench/gpu.py --world).
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 import torch
@@ -151,13 +153,32 @@ class RowExchange:
             self.offsets.append(total)
             total += c.chunk * c.size
         self.segment = max(total, 1)
-        self.send = torch.zeros(self.world * self.segment, dtype=dtype, device=device)
-        self.received = torch.zeros(self.segment, dtype=dtype, device=device)
-        self.out = torch.zeros(self.segment, dtype=dtype, device=device)
-        self.gathered = torch.zeros(self.world * self.segment, dtype=dtype, device=device)
+        self.dtype, self.device = dtype, device
         self._reducing: dist.Work | None = None
         self._gathering: dist.Work | None = None
         self._gathered_pending = False  # LocalView's gathers have no handle
+        self._summed = False  # `received` holds a sum not yet divided by W
+
+    # Each direction's buffers are made on its first use: an exchange that only reduces
+    # (AdamShards gathers some tensors straight into place) holds no gather buffers.
+    @cached_property
+    def send(self) -> Tensor:
+        return self._zeros(self.world * self.segment)
+
+    @cached_property
+    def received(self) -> Tensor:
+        return self._zeros(self.segment)
+
+    @cached_property
+    def out(self) -> Tensor:
+        return self._zeros(self.segment)
+
+    @cached_property
+    def gathered(self) -> Tensor:
+        return self._zeros(self.world * self.segment)
+
+    def _zeros(self, n: int) -> Tensor:
+        return torch.zeros(n, dtype=self.dtype, device=self.device)
 
     def _slots(self, flat: Tensor, i: int) -> Tensor:
         """Tensor i's rows in a rank-major buffer, as (W, c, size): rank r's c rows."""
@@ -199,15 +220,17 @@ class RowExchange:
                 _copy_rows(slots, t.reshape(c.rows, c.size), c, to_slots=True)
         if dsts:
             torch._foreach_copy_(dsts, srcs)
-        if self.world > 1:
-            self.send.div_(self.world)
         self._reducing = self.comm.reduce_scatter(self.received, self.send)
+        self._summed = True
 
     def reduced(self) -> list[Tensor]:
         """Wait for `reduce`; this rank's rows of each tensor's average, (mine, *shape[1:])
         views of the receive buffer (valid until the next `reduce`)."""
         wait(self._reducing)
         self._reducing = None
+        if self._summed and self.world > 1:  # the sum's own rows only: 1/W of the buffer
+            self.received.div_(self.world)
+        self._summed = False
         return [self._mine(self.received, i) for i in range(len(self.cuts))]
 
     def gather(self, mine: Sequence[Tensor]) -> None:

@@ -185,3 +185,68 @@ def test_lr_mul_errors_name_the_key() -> None:
         AdamWConfig(update_every=0).validate()
     with pytest.raises(ValueError, match=r"optim\.adamw\.state_dtype"):
         AdamWConfig(state_dtype="fp16").validate()
+
+
+def _sharded_pairs(grad_of, between) -> tuple[list[torch.Tensor], Adam]:
+    """Six steps of a one-rank sharded Adam (LocalView(1): each rank sums its own pair)
+    and the unsharded one, each gradient set by `grad_of(step, p, g)` on the sharded side,
+    `between(params)` after each of its steps; (the unsharded parameters, the sharded
+    optimizer) once both are done, the sharded compared bit for bit with the unsharded."""
+    from optim.shards import LocalView
+
+    settings = AdamWConfig(eps_placement="raw", update_every=2)
+    gen = torch.Generator().manual_seed(8)
+    start = [torch.randn(300, 256, generator=gen), torch.randn(5, generator=gen)]
+    gs = [[torch.randn(s.shape, generator=gen) for s in start] for _ in range(6)]
+    sides = []
+    for comm in (None, LocalView(1)):
+        params = [nn.Parameter(s.clone()) for s in start]
+        opt = Adam([{"params": params, "lr": 0.01}], settings, comm=comm)
+        for step, g in enumerate(gs):
+            for p, gp in zip(params, g, strict=True):
+                p.grad = gp.clone() if comm is None else grad_of(step, p, gp)
+            opt.step()
+            if comm is not None:
+                between(params)
+            opt.zero_grad(set_to_none=comm is None)
+        sides.append((params, opt))
+    (want, _), (got, sharded) = sides
+    assert sharded.shards is not None and sharded.local_sums
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    return want, sharded
+
+
+def test_a_pairs_first_gradient_is_its_sum_without_a_copy() -> None:
+    """Sharded with a period, the first gradient of a pair becomes the rank's sum as it is
+    (no copy: one pass over every table saved on the steps between updates), and p.grad
+    lets go of it: the zero_grad(set_to_none=False) after each step of `_sharded_pairs`
+    would otherwise wipe the sum, and the result would leave the unsharded optimizer's."""
+    _, sharded = _sharded_pairs(lambda step, p, g: g.clone(), lambda params: None)
+    params = [p for g in sharded.param_groups for p in g["params"]]
+    for p in params:  # the next pair's first step
+        p.grad = torch.ones_like(p)
+    kept = [p.grad for p in params]
+    sharded.step()
+    assert all(p.grad is None for p in params)
+    for p, g in zip(params, kept, strict=True):
+        assert sharded.state[p]["grad_sum"] is g
+
+
+def test_a_pairs_first_gradient_that_is_a_view_is_copied() -> None:
+    """A gradient that views another tensor (a bucket its owner reuses) is copied into the
+    sum: its owner overwriting the bucket after the step leaves the result alone."""
+    buckets: list[torch.Tensor] = []
+
+    def grad_of(step: int, p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        bucket = torch.empty(g.numel() + 7)
+        bucket[: g.numel()].copy_(g.reshape(-1))
+        buckets.append(bucket)
+        return bucket[: g.numel()].view(g.shape)
+
+    def between(params: list[torch.Tensor]) -> None:
+        for bucket in buckets:
+            bucket.fill_(1e6)
+        buckets.clear()
+
+    _sharded_pairs(grad_of, between)
