@@ -1,4 +1,4 @@
-"""The record-side ledger's stand-ins (scripts/gpu_dryrun/record_side.py), each against a count
+"""The record-side ledger's stand-ins (scripts/gpu_dryrun/record_standins.py), each against a count
 made another way: the log split back into the files that made it, the symmetric products'
 FLOPs against an element-by-element count of the blocks they compute, the attention pairs
 against a dense mask, the collectives' bytes against the ring's rule."""
@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from scripts.gpu_dryrun import record_side as rs
+from scripts.gpu_dryrun import record_standins as st
 
 TRAIN = "import os\nx = 1\n\n" + "#" * 40 + "\n" + rs.WARMUP + "\n" + "#" * 40 + "\nwarm()\n"
 KERNELS = "import triton\n\n@triton.jit\ndef k(): pass\n"
@@ -42,7 +43,7 @@ def _computed_blocks(rows: int, block: tuple[int, int]) -> int:
 def test_symmetric_products_count_the_tiles_on_and_below_the_diagonal(rows, block) -> None:
     inner, batch = 96, 3
     want = 2.0 * batch * _computed_blocks(rows, block) * block[0] * block[1] * inner
-    assert rs.symmetric_flops(rows, inner, batch, block) == want
+    assert st.symmetric_flops(rows, inner, batch, block) == want
     full = 2.0 * batch * rows * rows * inner
     assert want < full  # the upper tiles are skipped, as the kernels skip them
 
@@ -52,17 +53,17 @@ def test_the_record_kernels_costs_read_descriptors_as_their_tensors() -> None:
     b = torch.zeros(48, 32, dtype=torch.float8_e4m3fn)
     c = torch.zeros(64, 48, dtype=torch.bfloat16)
     desc = [types.SimpleNamespace(base=t) for t in (a, b, c)]
-    costs = rs.kernel_costs("linear_relu_square_kernel", (*desc, 64, 48, 32))
+    costs = st.kernel_costs("linear_relu_square_kernel", (*desc, 64, 48, 32))
     assert costs == {"flops8": 2.0 * 64 * 48 * 32, "bytes": 64 * 32 + 48 * 32 + 64 * 48 * 2.0}
     x = torch.zeros(2, 256, 768, dtype=torch.bfloat16)
     out = torch.zeros(2, 256, 256, dtype=torch.bfloat16)
-    costs = rs.kernel_costs("XXT_kernel", (x, out, 256, 768))
-    assert costs["flops"] == rs.symmetric_flops(256, 768, 2, (128, 128))
+    costs = st.kernel_costs("XXT_kernel", (x, out, 256, 768))
+    assert costs["flops"] == st.symmetric_flops(256, 768, 2, (128, 128))
     tall = torch.zeros(1024, 768, dtype=torch.bfloat16)  # Aᵀ·A: 768 × 768 over 1,024 rows
-    costs = rs.kernel_costs("XTX_kernel", (tall, torch.zeros(768, 768), 1024, 768))
-    assert costs["flops"] == rs.symmetric_flops(768, 1024, 1, (128, 128))
-    assert rs.kernel_costs("_transpose_copy_kernel", (c, c.t())) == {"bytes": 2 * c.nbytes * 1.0}
-    assert rs.kernel_costs("no_tensors", (1, 2)) is None
+    costs = st.kernel_costs("XTX_kernel", (tall, torch.zeros(768, 768), 1024, 768))
+    assert costs["flops"] == st.symmetric_flops(768, 1024, 1, (128, 128))
+    assert st.kernel_costs("_transpose_copy_kernel", (c, c.t())) == {"bytes": 2 * c.nbytes * 1.0}
+    assert st.kernel_costs("no_tensors", (1, 2)) is None
 
 
 def _dense_pairs(lengths: list[int], window: int) -> int:
@@ -80,7 +81,7 @@ def _dense_pairs(lengths: list[int], window: int) -> int:
 @pytest.mark.parametrize("window", [-1, 0, 3, 40])
 def test_attention_pairs_match_a_dense_mask(window) -> None:
     lengths = [5, 17, 1, 40]
-    docs = rs.Documents()
+    docs = st.Documents()
     docs.cum = [0, *np.cumsum(lengths).tolist()]
     assert docs.pairs(sum(lengths), window) == _dense_pairs(lengths, window)
     # a paired layer interleaves two copies of the stream: every document twice as long
@@ -89,9 +90,9 @@ def test_attention_pairs_match_a_dense_mask(window) -> None:
 
 def test_the_attention_stand_in_books_its_pairs_forward_and_backward() -> None:
     booked: list[tuple[str, float, float]] = []
-    docs = rs.Documents()
+    docs = st.Documents()
     docs.cum = [0, 6, 16]
-    attend = rs.flash_attention(lambda *row: booked.append(row), docs)
+    attend = st.flash_attention(lambda *row: booked.append(row), docs)
     q, k, v = (torch.randn(16, 2, 8, requires_grad=True) for _ in range(3))
     attend(q, k, v, window_size=(4, 0)).sum().backward()
     pairs = _dense_pairs([6, 10], 4)
@@ -111,7 +112,7 @@ def test_collectives_book_the_rings_bytes_per_rank(monkeypatch) -> None:
     for name in NAMES:  # restored after the test
         monkeypatch.setattr(dist, name, getattr(dist, name))
     booked: list[tuple[str, float]] = []
-    rs.Collectives(8, lambda kind, n: booked.append((kind, n))).install()
+    st.Collectives(8, lambda kind, n: booked.append((kind, n))).install()
     assert dist.get_world_size() == 8 and dist.get_rank() == 0
     t = torch.zeros(1024, dtype=torch.bfloat16)
     dist.all_reduce(t, async_op=True).wait()
