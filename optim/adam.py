@@ -41,7 +41,9 @@ The two placements differ only in where ε enters (ε·√(1 − β₂ᵗ) again
   (p or u zero) nothing decays.
 
 `optim/build.py` uses this class only when a setting differs from torch's AdamW; otherwise
-torch's (fused on CUDA) runs, bit for bit as before.
+torch's (fused on CUDA) runs, bit for bit as before: records #9 and #21, whose scripts step
+torch's fused Adam, so that their presets compute that kernel's arithmetic. The update itself
+is optim/adam_update.py's one function, eager or compiled.
 """
 
 from collections.abc import Callable
@@ -50,11 +52,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from optim.adam_fused import TensorSettings
-from optim.adam_fused import compiled as fused_compiled
-from optim.adam_fused import host_values as fused_values
 from optim.adam_shards import AdamShards, grad_or_zeros
 from optim.adam_table import Row
+from optim.adam_update import TensorSettings, compiled, host_values
 from optim.config import AdamWConfig
 from optim.shards import Comm, Sum
 from optim.tied import TiedEmbedHead
@@ -71,13 +71,12 @@ class Adam(torch.optim.Optimizer):
         settings: AdamWConfig,
         rows: dict[str, Row] | None = None,
         *,
-        fused: bool = False,
         compile_backend: str | None = None,
         comm: Comm | None = None,
     ) -> None:
         """`rows`: {parameter name: Row} (named parameters' rows; others keep the group's).
-        `fused`: every due update as one function of lists (optim/adam_fused.py), compiled
-        with `compile_backend` (a torch.compile backend; None: uncompiled). `comm`: share the
+        Every due update is one call of optim/adam_update.py's function over lists, compiled
+        with `compile_backend` (a torch.compile backend; None: eager). `comm`: share the
         tensors out over its ranks (optim.distribute=sharded; optim/adam_shards.py)."""
         settings.validate()
         self.hp = settings
@@ -97,9 +96,9 @@ class Adam(torch.optim.Optimizer):
                     self.rows[p] = rows.pop(name)
         if rows:
             raise ValueError(f"Adam rows for parameters it does not hold: {sorted(rows)}")
-        self.fused = fused
-        self._fused_update = fused_compiled(compile_backend) if fused else None
-        self._values: dict[Tensor, list[Tensor]] = {}  # each tensor's 0-d step values
+        self.compiled = compile_backend is not None
+        self._update = compiled(compile_backend)
+        self._values: dict[Tensor, list[Tensor]] = {}  # compiled: each tensor's 0-d values
         held = [p for g in self.param_groups for p in g["params"]]
         self.shards = AdamShards(held, comm) if comm is not None else None
         self.defer_finish = False  # CombinedOptimizer finishes a sharded step itself
@@ -250,16 +249,11 @@ class Adam(torch.optim.Optimizer):
         if ready:
             tie = self.tie  # optim.tie_embed_head_until: E's sum joins W's, E follows W
             due = ready if tie is None else tie.before(ready, self.state)
-            if self.fused:
-                self._update_fused(due)
-            else:
-                for p, g, state, group in due:
-                    self._update(self._target(p), g, state, group, self.rows.get(p),
-                                 getattr(p, "lr_mul", 1.0))  # fmt: skip
+            self._update_all(due)
             if tie is not None:
                 tie.after(self.state, self._target)
             if self.hp.update_every > 1:
-                if not self.local_sums:  # local_sums copies the next period's first in
+                if not self.local_sums:  # local_sums takes the next period's first as it is
                     torch._foreach_zero_([st["grad_sum"] for _, _, st, _ in ready])
                 torch._foreach_zero_([st["pending"] for _, _, st, _ in ready])
             if self.shards is not None:
@@ -316,8 +310,10 @@ class Adam(torch.optim.Optimizer):
         torch._foreach_add_([st["pending"] for _, st, _ in held], 1.0)
         return [(p, reduced[p], st, group) for p, st, group in held]
 
-    def _update_fused(self, due: list[tuple[Tensor, Tensor, dict, dict]]) -> None:
-        """Every due update in one call of optim/adam_fused.py's (compiled) function."""
+    def _update_all(self, due: list[tuple[Tensor, Tensor, dict, dict]]) -> None:
+        """Every due update in one call of optim/adam_update.py's function: its changing
+        values as Python numbers eager, as 0-d tensors filled in place compiled (a new
+        number would recompile)."""
         torch._foreach_add_([st["step"] for _, _, st, _ in due], 1.0)
         settings, values = [], []
         hp = self.hp
@@ -330,56 +326,21 @@ class Adam(torch.optim.Optimizer):
                 lr, decay = lr * row.lr_mul, decay * row.wd_mul
             s = TensorSettings(beta1, beta2, group["eps"], hp.eps_placement == "raw",
                                hp.weight_decay_form == "cautious", decay != 0)  # fmt: skip
+            numbers = host_values(s, lr, decay, int(state["step"]))
+            settings.append(s)
+            if not self.compiled:
+                values.append(numbers)
+                continue
             held = self._values.setdefault(p, [torch.zeros((), dtype=torch.float64)
                                                for _ in range(3)])  # fmt: skip
-            for tensor, value in zip(held, fused_values(s, lr, decay, int(state["step"])),
-                                     strict=True):  # fmt: skip
+            for tensor, value in zip(held, numbers, strict=True):
                 tensor.fill_(value)
-            settings.append(s)
             values.append(held)
-        assert self._fused_update is not None  # set whenever self.fused
-        self._fused_update(
+        self._update(
             tuple(settings), [self._target(p) for p, _, _, _ in due], [g for _, g, _, _ in due],
             [st["exp_avg"] for _, _, st, _ in due], [st["exp_avg_sq"] for _, _, st, _ in due],
             values,
         )  # fmt: skip
-
-    def _update(self, p: Tensor, g: Tensor, state: dict, group: dict, row: Row | None,
-                lr_mul: float) -> None:  # fmt: skip
-        """One tensor's update: `p` is what this rank updates (the parameter, or its rows),
-        `lr_mul` its parameter's `optim.lr_mul` factor."""
-        state["step"] += 1
-        t = int(state["step"])
-        beta1, beta2 = group["betas"] if row is None else row.betas
-        m, v = state["exp_avg"], state["exp_avg_sq"]
-        m.mul_(beta1).add_(g, alpha=1 - beta1)
-        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        lr = group["lr"] * lr_mul
-        decay = group["weight_decay"]
-        if row is not None:
-            lr, decay = lr * row.lr_mul, decay * row.wd_mul
-        bias1, bias2 = 1 - beta1**t, 1 - beta2**t
-        if self.hp.weight_decay_form == "cautious":
-            wide = torch.promote_types(p.dtype, torch.float32)  # fp32, or float64 in tests
-            u = self._step(m.to(wide), v.to(wide), lr, bias1, bias2, group["eps"])
-            _cautious(p, u, decay * lr * lr)
-            return
-        if decay:
-            p.mul_(1 - lr * decay)
-        if self.hp.eps_placement == "raw":
-            step_size = lr * (bias2**0.5 / bias1)
-            p.add_(m.div(v.sqrt().add_(group["eps"])).mul_(step_size), alpha=-1.0)
-        else:
-            denom = (v.sqrt() / bias2**0.5).add_(group["eps"])
-            p.addcdiv_(m, denom, value=-lr / bias1)
-
-    def _step(
-        self, m: Tensor, v: Tensor, lr: float, bias1: float, bias2: float, eps: float
-    ) -> Tensor:
-        """u, the Adam step, in the dtype of `m` and `v`."""
-        if self.hp.eps_placement == "raw":
-            return m.div(v.sqrt().add_(eps)).mul_(lr * (bias2**0.5 / bias1))
-        return m.div((v.sqrt() / bias2**0.5).add_(eps)).mul_(lr / bias1)
 
 
 def _own(p: Tensor, g: Tensor) -> Tensor:
@@ -392,10 +353,3 @@ def _own(p: Tensor, g: Tensor) -> Tensor:
     if p.grad is g:
         p.grad = None
     return g
-
-
-def _cautious(p: Tensor, u: Tensor, decay: float) -> None:
-    """p ← p − u − decay·1[u⊙p > 0]⊙p in fp32 from the stored p, rounded once on store."""
-    w = p.to(u.dtype)
-    mask = (u * w) > 0  # strict: where u or p is 0 nothing decays (record D, #53)
-    p.copy_(w.sub(u).sub_(w * mask * decay))

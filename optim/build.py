@@ -99,8 +99,7 @@ def build_optimizer(
                 )
             )  # fmt: skip
         else:
-            parts.append(Adam(adamw_groups, a, rows, fused=cfg.compile, compile_backend=backend,
-                              comm=comm))  # fmt: skip
+            parts.append(Adam(adamw_groups, a, rows, compile_backend=backend, comm=comm))
             if cfg.tie_embed_head_until:
                 attach_tie(parts, named, cfg.tie_embed_head_until, a.update_every,
                            cfg.tie_sum == "step")  # fmt: skip

@@ -182,7 +182,7 @@ class OptimConfig:
     """Keep optimizer state in CPU memory between steps (optim/offload.py)."""
     compile: bool = field(default=False, metadata=OPERATIONAL)
     """Compile the update: Muon's matrices stepped as banks, stacks of one shape
-    (optim/muon/banks.py), optim/adam.py's due tensors as one function (optim/adam_fused.py),
+    (optim/muon/banks.py), optim/adam.py's due tensors through one function (optim/adam_update.py),
     each one compiled graph; the same arithmetic as the uncompiled step to a few roundings
     (docs/optimizer-speed.md). The conf/optim files set it to model.compile's value."""
     compile_backend: str = field(

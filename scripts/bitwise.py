@@ -45,8 +45,8 @@ CASES: dict[str, dict[str, list[str]]] = {
                  "train.val_every=4"],
     },
     "C": {
-        "base": ["experiment=record_2025_11_29", *SMALL, "model.residual.skip_from=1",
-                 "model.residual.skip_to=2", "model.residual.backout_layer=2",
+        "base": ["experiment=record_2025_11_29", *SMALL, "model.residual.skips=[[1,2]]",
+                 "model.residual.backout_layer=2",
                  "model.attention.window_block=16", "train.seq_len=512",
                  "train.stages.rows.0.seq_len=128", "train.stages.rows.1.seq_len=256",
                  "train.stages.rows.2.seq_len=512", "train.steps=6",

@@ -95,8 +95,7 @@ def build(preset: str, backend: str | None, banks: bool, misread: bool = False):
             if hits:
                 rows[n] = row_of(hits[0], cfg.adamw)
         adam = Adam([{"params": list(named.values()), "param_names": names, "lr": 0.008}],
-                    cfg.adamw, rows, fused=backend is not None,
-                    compile_backend=backend)  # fmt: skip
+                    cfg.adamw, rows, compile_backend=backend)  # fmt: skip
         if cfg.tie_embed_head_until:
             adam.tie = TiedEmbedHead(named["embed.weight"], named["lm_head.weight"], 2)
         parts.append(adam)
