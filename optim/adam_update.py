@@ -67,6 +67,9 @@ def adam_update(
     for s, p, g, m, v, vals in zip(settings, params, grads, exp_avgs, exp_avg_sqs, values,
                                    strict=True):  # fmt: skip
         step, decay, root = vals
+        if isinstance(step, Tensor):  # compiled: g in the dtype ATen's ops compute in (exact);
+            # inductor would otherwise round addcmul's g·g to g's dtype first, a bf16 pass
+            g = g.to(torch.promote_types(torch.promote_types(m.dtype, g.dtype), torch.float32))
         m.mul_(s.beta1).add_(g, alpha=1 - s.beta1)
         v.mul_(s.beta2).addcmul_(g, g, value=1 - s.beta2)
         if s.cautious:  # u and the decay in fp32 from the moments, rounded once on store
