@@ -187,11 +187,11 @@ def test_lr_mul_errors_name_the_key() -> None:
         AdamWConfig(state_dtype="fp16").validate()
 
 
-def _sharded_pairs(grad_of, between) -> tuple[list[torch.Tensor], Adam]:
+def _sharded_pairs(grad_of, between) -> tuple[list, list, Adam]:
     """Six steps of a one-rank sharded Adam (LocalView(1): each rank sums its own pair)
     and the unsharded one, each gradient set by `grad_of(step, p, g)` on the sharded side,
-    `between(params)` after each of its steps; (the unsharded parameters, the sharded
-    optimizer) once both are done, the sharded compared bit for bit with the unsharded."""
+    `between(params)` after each of its steps: (the unsharded parameters, the sharded
+    ones, the sharded optimizer) once both are done."""
     from optim.shards import LocalView
 
     settings = AdamWConfig(eps_placement="raw", update_every=2)
@@ -212,9 +212,7 @@ def _sharded_pairs(grad_of, between) -> tuple[list[torch.Tensor], Adam]:
         sides.append((params, opt))
     (want, _), (got, sharded) = sides
     assert sharded.shards is not None and sharded.local_sums
-    for a, b in zip(got, want, strict=True):
-        assert torch.equal(a, b)
-    return want, sharded
+    return want, got, sharded
 
 
 def test_a_pairs_first_gradient_is_its_sum_without_a_copy() -> None:
@@ -222,7 +220,8 @@ def test_a_pairs_first_gradient_is_its_sum_without_a_copy() -> None:
     (no copy: one pass over every table saved on the steps between updates), and p.grad
     lets go of it: the zero_grad(set_to_none=False) after each step of `_sharded_pairs`
     would otherwise wipe the sum, and the result would leave the unsharded optimizer's."""
-    _, sharded = _sharded_pairs(lambda step, p, g: g.clone(), lambda params: None)
+    want, got, sharded = _sharded_pairs(lambda step, p, g: g.clone(), lambda params: None)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     params = [p for g in sharded.param_groups for p in g["params"]]
     for p in params:  # the next pair's first step
         p.grad = torch.ones_like(p)
@@ -249,4 +248,5 @@ def test_a_pairs_first_gradient_that_is_a_view_is_copied() -> None:
             bucket.fill_(1e6)
         buckets.clear()
 
-    _sharded_pairs(grad_of, between)
+    want, got, _ = _sharded_pairs(grad_of, between)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
