@@ -1,6 +1,6 @@
-"""Muon's param groups stepped as banks (optim/muon/banks.py): the stacked state, the
-compiled update, and, under `optim.distribute=sharded`, the exchange that gives each rank
-its banks' rows.
+"""Muon's param groups stepped as banks (optim/muon/banks.py): the stacked state, Muon's one
+update (optim/muon/update.py) compiled, and, under `optim.distribute=sharded`, the exchange
+that gives each rank its banks' rows.
 
 In one process every bank's rows are this process's: a step stacks each bank's gradients and
 weights, runs the group's update (one compiled graph), and copies the new weights back.
@@ -26,16 +26,8 @@ import torch
 from torch import Tensor
 
 from optim.config import MuonConfig
-from optim.muon.banks import (
-    Bank,
-    Settings,
-    compiled,
-    fill,
-    host_values,
-    make_banks,
-    scalar_tensors,
-    state_keys,
-)
+from optim.muon.banks import Bank, make_banks, state_keys
+from optim.muon.update import Settings, compiled, fill, host_values, scalar_tensors
 from optim.shards import Comm, RowExchange, gather_rows
 
 Group = dict[str, Any]

@@ -20,7 +20,7 @@ LR_SCALES = ("original", "match_rms_adamw", "none")
 EXCHANGES = ("all_reduce", "all_gather", "reduce_scatter")
 # How Muon orthogonalises FSDP2 dim-0 shards (optim/muon/sharded.py).
 SHARDED_NS = ("gather", "tp")
-# How Muon's weight decay is applied (optim/muon/update.py: `apply_update`).
+# How Muon's weight decay is applied (optim/muon/update.py: `finish`).
 WEIGHT_DECAY_FORMS = ("decoupled", "cautious")
 # Which matrices Muon sees in a (4, d, d) W_q, W_k, W_v, W_o stack; NorMuon's statistics axis
 # and arithmetic; the master copy of bf16 matrices (optim/muon/normuon.py, master.py).

@@ -34,11 +34,3 @@ def master_of(p: Tensor, mantissa: Tensor) -> Tensor:
 def truncate(master: Tensor) -> Tensor:
     """`master` truncated toward zero to bf16: its upper 16 bits."""
     return (master.view(torch.int32) >> 16).to(torch.int16).view(torch.bfloat16)
-
-
-def store(p: Tensor, mantissa: Tensor, master: Tensor) -> None:
-    """Split fp32 `master` into bf16 weight `p` (truncated) and its low half `mantissa`."""
-    bits = master.view(torch.int32)
-    p.copy_(truncate(master))
-    low = bits & 0xFFFF
-    mantissa.copy_((low - ((low & 0x8000) << 1)).to(torch.int16))  # 0…65535 as int16

@@ -290,59 +290,49 @@ def zeropower(
 
 
 def orthogonalise(
-    updates: dict[int, Tensor],
+    stacks: Sequence[Tensor],
     coefficients: str,
     steps: int,
     eps: float,
     dtype: torch.dtype,
     form: str = "factored",
-) -> dict[int, Tensor]:
-    """Newton–Schulz of each matrix in `updates`, one batched `zeropower` per shape.
+) -> list[Tensor]:
+    """Newton–Schulz of every matrix of every stack (..., m, n), one batched `zeropower` per
+    shape: Muon's one orthogonalisation, for a parameter (a stack of one) and a bank alike.
 
-    A tensor with leading dimensions (a merged 3×d×d q/k/v weight) is that many matrices, each
-    normalised and orthogonalised on its own. Tall matrices join the batch of their
-    transposed shape (a 3072×768 with the 768×3072s), except in RECORD_FORMS, which batch them
-    on their own and iterate on them as the records do (`zeropower`). Returns `dtype` tensors
-    in each input's own shape, under the same keys. The inputs are only read (one may be a
-    momentum buffer).
+    Each matrix is normalised and orthogonalised on its own. Tall matrices join the batch of
+    their transposed shape (a 3072×768 with the 768×3072s), except in RECORD_FORMS, which batch
+    them on their own and iterate on them as the records do (`zeropower`); a lone matrix of a
+    record form goes in 2-D, as a record's script passes a 2-D weight (a transposed stack of one
+    runs other CPU matmul kernels than the matrix itself). Returns `dtype` stacks in the inputs'
+    shapes, in their order. The inputs are only read (one may be a momentum buffer).
     """
-    by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    mats = {i: u.reshape(-1, *u.shape[-2:]) for i, u in updates.items()}
-    # The records' forms batch tall matrices tall, for `zeropower` to iterate on in their own
-    # layout, as the records' scripts do; the others copy them wide and contiguous.
     as_given = form in RECORD_FORMS
-    for i, u in mats.items():
-        m, n = u.shape[-2:] if as_given else sorted(u.shape[-2:])
-        by_shape.setdefault((m, n), []).extend((i, j) for j in range(u.size(0)))
+    mats = [s.reshape(-1, *s.shape[-2:]) for s in stacks]
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for i, m in enumerate(mats):
+        key = tuple(m.shape[-2:]) if as_given else tuple(sorted(m.shape[-2:]))
+        by_shape.setdefault(key, []).append(i)
     chosen = coefficient_set(coefficients)
     iterations = ns_coefficients(coefficients, steps)
-    out: dict[int, Tensor] = {
-        i: torch.empty(u.shape, dtype=dtype, device=u.device)
-        for i, u in updates.items()
-        if u.ndim > 2
-    }
-    for (m, n), batch in by_shape.items():
-        # Copying into one stack casts each update without writing to it.
-        X = torch.empty((len(batch), m, n), dtype=dtype, device=updates[batch[0][0]].device)
-        for k, (i, j) in enumerate(batch):
-            X[k].copy_(mats[i][j] if as_given else _wide(mats[i][j]))
-        # A lone matrix goes in 2-D, as a record's script passes a 2-D weight: a transposed
-        # stack of one runs other CPU matmul kernels than the matrix itself.
-        lone = as_given and len(batch) == 1
+    out: list[Tensor | None] = [None] * len(stacks)
+    for members in by_shape.values():
+        wide = [mats[i] if as_given or not _is_tall(mats[i]) else mats[i].mT for i in members]
+        # One contiguous batch in `dtype`, each matrix in the layout it is iterated in: the
+        # records' bits follow the layout their matmuls see.
+        X = torch.cat([w.to(dtype) for w in wide]) if len(wide) > 1 else wide[0].to(dtype)
+        X = X.contiguous()
+        lone = as_given and X.shape[0] == 1
         Y = zeropower(X[0] if lone else X, iterations, eps, chosen.norm_scale, dtype, form)
-        Y = Y.reshape(len(batch), m, n)
-        for k, (i, j) in enumerate(batch):
-            y = Y[k].mT if not as_given and _is_tall(mats[i][j]) else Y[k]
-            if i in out:
-                out[i].view(-1, *out[i].shape[-2:])[j] = y
-            else:
-                out[i] = y  # a 2-D update: a view of the batch, no copy
-    return out
+        Y = Y.reshape(-1, *wide[0].shape[-2:])
+        start = 0
+        for i in members:
+            n = mats[i].shape[0]
+            y = Y[start : start + n]
+            start += n
+            out[i] = (y if as_given or not _is_tall(mats[i]) else y.mT).reshape(stacks[i].shape)
+    return out  # type: ignore[return-value]  # every stack is in exactly one batch
 
 
 def _is_tall(t: Tensor) -> bool:
-    return t.size(0) > t.size(1)
-
-
-def _wide(t: Tensor) -> Tensor:
-    return t.mT if _is_tall(t) else t
+    return t.size(-2) > t.size(-1)

@@ -52,19 +52,21 @@ def mark_head_pairs(model: torch.nn.Module, named: list[tuple[str, Tensor]], spl
 
 
 def pieces(x: Tensor, rows: int) -> list[Tensor]:
-    """The matrices of `x` taken on their own: with `rows`, W_q and W_k as one stack of
-    (rows, d) blocks and W_v, W_o as (2, d, d); else `x` itself."""
+    """The matrices of `x` ((4, d, d), or a stack (k, 4, d, d) of them) taken on their own: with
+    `rows`, W_q and W_k as one stack of (rows, d) blocks and W_v, W_o as (2, d, d), each
+    behind x's leading dims; else `x` itself."""
     if not rows:
         return [x]
-    return [x[:2].reshape(-1, rows, x.shape[-1]), x[2:]]
+    lead = x.shape[:-3]
+    return [x[..., :2, :, :].reshape(*lead, -1, rows, x.shape[-1]), x[..., 2:, :, :]]
 
 
-def merge(parts: list[Tensor], shape: torch.Size) -> Tensor:
-    """`pieces` inverted: the tensor of `shape` the parts came from."""
+def merge(parts: list[Tensor], shape: torch.Size | tuple[int, ...]) -> Tensor:
+    """`pieces` inverted: the tensor of `shape` the parts came from, in the first's dtype."""
     if len(parts) == 1:
         return parts[0]
     qk, vo = parts
-    return torch.cat([qk.reshape(2, *shape[-2:]), vo.to(qk.dtype)])
+    return torch.cat([qk.reshape(*shape[:-3], 2, *shape[-2:]), vo.to(qk.dtype)], dim=-3)
 
 
 def stat_dim(shape: torch.Size | tuple[int, ...], axis: str) -> int:

@@ -46,12 +46,12 @@ from torch.optim.optimizer import ParamsT
 
 from optim.config import MuonConfig
 from optim.muon.banked import BankedGroups
-from optim.muon.master import master_of, new_mantissa, store
+from optim.muon.master import new_mantissa
 from optim.muon.newton_schulz import orthogonalise
-from optim.muon.normuon import head_rows, merge, moment_shape, normalise, pieces, stat_dim
+from optim.muon.normuon import head_rows, merge, moment_shape, pieces, stat_dim
 from optim.muon.sharded import ShardedOwners, ShardedTP
 from optim.muon.strategies import OwnerOnly, Replicated, Strategy
-from optim.muon.update import advance_momentum, apply_to_master, apply_update, momentum_update
+from optim.muon.update import host_values, momentum, step_matrix
 from optim.row_shards import local
 from optim.shards import Comm
 
@@ -182,37 +182,29 @@ class Muon(torch.optim.Optimizer):
         """The momentum's and second moments' dtype: fp32 with a master, else the param's."""
         return torch.float32 if self.hp.master_weights != "none" else None
 
-    def _normalise(self, p: Tensor, update: Tensor) -> Tensor:
-        """NorMuon on the whole update of `p`, each of its matrices (`pieces`) with its own
-        second moment (state "second_moment", then "second_moment_1")."""
-        hp, state, out = self.hp, self.state[p], []
-        for k, part in enumerate(pieces(update, head_rows(p))):
+    def _moments(self, p: Tensor) -> list[Tensor]:
+        """NorMuon's second moments of `p`, one per piece (state "second_moment", then
+        "second_moment_1"), made on first use; [] without NorMuon."""
+        if not self.hp.normuon_beta2:
+            return []
+        state, out = self.state[p], []
+        for k, part in enumerate(pieces(torch.empty(p.shape, device="meta"), head_rows(p))):
             key = "second_moment" + (f"_{k}" if k else "")
-            dim = stat_dim(part.shape, hp.normuon_axis)
             if key not in state:
-                shape = moment_shape(part.shape, dim)
+                shape = moment_shape(part.shape, stat_dim(part.shape, self.hp.normuon_axis))
                 state[key] = p.new_zeros(shape, dtype=self.state_dtype or p.dtype)
-            out.append(normalise(part, state[key], hp.normuon_beta2, dim, hp.normuon_form))
-        return merge(out, p.shape)
-
-    def _apply_to_master(self, p: Tensor, update: Tensor, group: dict[str, Any]) -> None:
-        """The step on `p`'s fp32 master (optim/muon/master.py); `p` becomes it truncated."""
-        state = self.state[p]
-        if "mantissa" not in state:
-            state["mantissa"] = new_mantissa(p)
-        master = master_of(p, state["mantissa"])
-        apply_to_master(master, update, group, self.hp, p.shape, getattr(p, "lr_mul", 1.0))
-        store(p, state["mantissa"], master)
+            out.append(state[key])
+        return out
 
     def newton_schulz(self, updates: dict[int, Tensor]) -> dict[int, Tensor]:
         """Newton–Schulz of each update, batched by shape, in `ns_dtype`; a split stack
         (qk_split) as its head-pair blocks and its W_v, W_o, put back together after."""
         hp = self.hp
-        flat: dict[int, Tensor] = {}
+        flat: list[Tensor] = []
         where: list[int] = []  # the update each entry of `flat` belongs to
         for i, u in updates.items():
             for part in pieces(u, self._head_rows.get(i, 0)):
-                flat[len(where)] = part
+                flat.append(part)
                 where.append(i)
         out = orthogonalise(flat, hp.ns_coefficients, hp.ns_steps, hp.eps, self.ns_dtype,
                             hp.ns_form)  # fmt: skip
@@ -223,7 +215,9 @@ class Muon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
-        """One Muon step; `closure`, if given, recomputes and returns the loss (with grads)."""
+        """One Muon step; `closure`, if given, recomputes and returns the loss (with grads).
+        Each matrix takes Muon's one update (optim/muon/update.py) as a stack of one, eager,
+        with the exchange of its strategy between momentum and the rest."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -233,35 +227,39 @@ class Muon(torch.optim.Optimizer):
             if not self.defer_finish:
                 self.finish_exchange()
             return loss
+        hp = self.hp
         for index, group in enumerate(self.param_groups):
             params = group["params"]
             work = self.strategy.gradients(index, group)
             if work is None:
                 continue
             self._head_rows = {i: head_rows(p) for i, p in enumerate(params) if head_rows(p)}
+            values = {dtype: host_values(group, hp, dtype) for dtype in {p.dtype for p in params}}
             grads, mine = work  # a rank may hold none (it owns no matrix) and still takes part
             updates = {}
             for i, g in grads.items():
-                state = self.state[params[i]]
+                p, state = params[i], self.state[params[i]]
                 if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(params[i], dtype=self.state_dtype)
-                buf = local(state["momentum_buffer"])
-                g = g.to(buf.dtype)  # a bf16 gradient into an fp32 momentum (master_weights)
-                advance_momentum(buf, g, group, self.hp)
-                if i in mine:
-                    updates[i] = momentum_update(buf, g, group, self.hp)
-            ortho = self.strategy.orthogonalise(index, group, updates)
-            for i, update in ortho.items():
-                p = params[i]
-                if self.hp.normuon_beta2:  # every update here is a whole matrix (_strategy)
-                    update = self._normalise(p, update)
-                if self.hp.master_weights != "none":  # a whole matrix too (_strategy)
-                    self._apply_to_master(p, update, group)
-                else:
-                    apply_update(local(p), update, group, self.hp, p.shape,
-                                 getattr(p, "lr_mul", 1.0))  # fmt: skip
+                    state["momentum_buffer"] = torch.zeros_like(p, dtype=self.state_dtype)
+                u = momentum(g, local(state["momentum_buffer"]), values[p.dtype], hp, i in mine)
+                if u is not None:
+                    updates[i] = u
+            for i, update in self.strategy.orthogonalise(index, group, updates).items():
+                self._finish(params[i], update, values[params[i].dtype])
             self.strategy.finish(index, group)
         return loss
+
+    def _finish(self, p: Tensor, update: Tensor, values: dict[str, float]) -> None:
+        """The rest of the update of matrix `p` from its orthogonalised `update` (or this
+        rank's rows of both): NorMuon and the master need the whole matrix (`_strategy`)."""
+        mantissa = None
+        if self.hp.master_weights != "none":
+            if "mantissa" not in self.state[p]:
+                self.state[p]["mantissa"] = new_mantissa(p)
+            mantissa = self.state[p]["mantissa"]
+        step_matrix(local(p), update, {}, self.hp, float(getattr(p, "lr_mul", 1.0)),
+                    shape=p.shape, head_rows=head_rows(p), moments=self._moments(p),
+                    mantissa=mantissa, values=values)  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
         """The optimizer state, with every momentum buffer, whatever the strategy and world

@@ -217,7 +217,8 @@ def orthogonalise_row_shards(
             by_shape.setdefault(tuple(shapes[i]), []).append(i)
         else:
             stacked[i] = shard
-    out = orthogonalise(stacked, coefficients, steps, eps, dtype, form)
+    whole = orthogonalise(list(stacked.values()), coefficients, steps, eps, dtype, form)
+    out = dict(zip(stacked, whole, strict=True))
     iterations = ns_coefficients(coefficients, steps)
     norm_scale = coefficient_set(coefficients).norm_scale
     for indices in by_shape.values():  # in first-appearance order, the same on every rank

@@ -10,7 +10,7 @@ from torch import nn
 from optim import build_optimizer
 from optim.adam import Adam
 from optim.config import AdamWConfig, MuonConfig, OptimConfig
-from optim.muon.update import apply_update
+from optim.muon.update import step_matrix
 
 CPU = torch.device("cpu")
 
@@ -166,7 +166,7 @@ def test_bf16_matrices_step_with_a_bf16_lr() -> None:
     o = torch.randn(6, 12, generator=gen).bfloat16()
     group = {"lr": 0.023, "weight_decay": 0.0}
     got = p.clone()
-    apply_update(got, o, group, MuonConfig(), (6, 12))
+    step_matrix(got, o, group, MuonConfig())
     assert torch.tensor(0.023, dtype=torch.bfloat16).item() == 0.02294921875
     assert torch.equal(got, (p.float() - 0.02294921875 * o.float()).bfloat16())
     assert not torch.equal(got, (p.float() - 0.023 * o.float()).bfloat16())

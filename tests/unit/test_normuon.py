@@ -88,11 +88,12 @@ def test_two_steps_match_the_record_formulas(normuon: bool, cautious: bool) -> N
 
 
 def test_normuon_equalises_the_columns_and_keeps_the_norm() -> None:
-    from optim.muon.update import normalise_columns
+    from optim.muon.normuon import normalise
 
     o = torch.randn(64, 32, dtype=torch.float64) * torch.linspace(0.1, 3.0, 32, dtype=torch.float64)
     v = torch.zeros(1, 32, dtype=torch.float64)
-    out = normalise_columns(o, v, 0.0)  # β₂ = 0: V is this update's own column mean square
+    # per column (dim −2); β₂ = 0: V is this update's own column mean square
+    out = normalise(o, v, 0.0, -2, "fp32")
     col_rms = out.square().mean(dim=0).sqrt()
     torch.testing.assert_close(col_rms, col_rms.mean().expand(32), rtol=1e-12, atol=0)
     torch.testing.assert_close(out.norm(), o.norm(), rtol=1e-12, atol=0)

@@ -201,7 +201,7 @@ def test_orthogonalise_batches_record_forms_as_the_records_run_them():
     }
     for form, record in (("expanded", None), ("factored_unfused", record_b_zeropower)):
         assert form in RECORD_FORMS
-        out = orthogonalise(updates, "classic", 5, 1e-7, torch.bfloat16, form)
+        out = orthogonalise(list(updates.values()), "classic", 5, 1e-7, torch.bfloat16, form)
         for i, u in updates.items():
             if record is None:  # record A: one 2-D matrix at a time
                 want = torch.stack([record_a_zeropower(m) for m in u.reshape(-1, *u.shape[-2:])])
