@@ -21,7 +21,7 @@ EXCHANGES = ("all_reduce", "all_gather", "reduce_scatter")
 # How Muon orthogonalises FSDP2 dim-0 shards (optim/muon/sharded.py).
 SHARDED_NS = ("gather", "tp")
 # How Muon's weight decay is applied (optim/muon/update.py: `finish`).
-WEIGHT_DECAY_FORMS = ("decoupled", "cautious")
+WEIGHT_DECAY_FORMS = ("decoupled", "cautious", "coupled")
 # Which matrices Muon sees in a (4, d, d) W_q, W_k, W_v, W_o stack; NorMuon's statistics axis
 # and arithmetic; the master copy of bf16 matrices (optim/muon/normuon.py, master.py).
 QK_SPLITS = ("none", "head_pairs")
@@ -88,7 +88,9 @@ class MuonConfig:
     weight_decay_form: str = field(default="decoupled", metadata={"choices": WEIGHT_DECAY_FORMS})
     """decoupled: p ← p·(1 − η·λ), then the step | cautious (the 2025-11 record's): only
     where the update and the weight agree in sign, added to the update, O ← O + λ·η·[O⊙p ≥ 0]⊙p,
-    so the decay scales with η² and the shape factor."""
+    so the decay scales with η² and the shape factor | coupled (L2, as TransformerEngine's Muon
+    offers beside decoupled): the decay joins the gradient before the momentum, G ← G + λ·W,
+    and goes through Newton–Schulz with it."""
     normuon_beta2: float = 0.0
     """NorMuon (the 2025-11 record's): after Newton–Schulz, each column of O (the mean of O²
     over the stored shape's rows, dim −2) is divided by the square root of its second-moment

@@ -241,7 +241,8 @@ class Muon(torch.optim.Optimizer):
                 p, state = params[i], self.state[params[i]]
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p, dtype=self.state_dtype)
-                u = momentum(g, local(state["momentum_buffer"]), values[p.dtype], hp, i in mine)
+                buf = local(state["momentum_buffer"])
+                u = momentum(g, buf, values[p.dtype], hp, i in mine, w=local(p))
                 if u is not None:
                     updates[i] = u
             for i, update in self.strategy.orthogonalise(index, group, updates).items():

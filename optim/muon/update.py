@@ -6,7 +6,8 @@ matrices of one shape (optim/muon/banks.py). For a stack W with gradient G, mome
 the group's momentum μ, LR η and weight decay λ, each matrix's LR multiplier m
 (`optim.lr_mul`), the shape's LR scale s (`optim.muon.lr_scale`) and the settings `hp`:
 
-    momentum   B ← lerp(B, G, 1 − μ)  (ema)  |  B ← μ·B + G  (accumulate)
+    momentum   B ← lerp(B, G, 1 − μ)  (ema)  |  B ← μ·B + G  (accumulate), G ← G + λ·W
+               first where the decay is coupled (L2)
                U = lerp(G, B, μ)  |  G + μ·B  with Nesterov; B itself without
     (Newton–Schulz: O ≈ U·Vᵀ of each piece, optim/muon/newton_schulz.py `orthogonalise`)
     finish     NorMuon on each piece with its own second moments (normuon.py), then
@@ -130,11 +131,17 @@ def _as(x: Value, dtype: torch.dtype) -> Value:
 
 
 def momentum(g: Tensor, buf: Tensor, values: dict[str, Value], hp: MuonConfig,
-             look_ahead: bool = True) -> Tensor | None:  # fmt: skip
-    """`buf` takes gradient `g` in place; returns the update to orthogonalise (`buf` itself
-    without Nesterov), or None where it is not wanted (`look_ahead` false)."""
+             look_ahead: bool = True, w: Tensor | None = None) -> Tensor | None:  # fmt: skip
+    """`buf` takes gradient `g` in place (with λ·`w` added: weight_decay_form=coupled);
+    returns the update to orthogonalise (`buf` itself without Nesterov), or None where it is
+    not wanted (`look_ahead` false)."""
     g = g.to(buf.dtype)  # a bf16 gradient into an fp32 momentum (master_weights)
     mu, eager = values["momentum"], not isinstance(values["momentum"], Tensor)
+    if hp.weight_decay_form == "coupled":
+        if w is None:
+            raise ValueError("weight_decay_form=coupled adds λ·W to the gradient: pass `w`")
+        decay, w = values["decay"], w.to(buf.dtype)
+        g = g.add(w, alpha=decay) if eager else g + w * decay.to(buf.dtype)  # type: ignore[union-attr]
     # ATen lerps a bf16 tensor with a float weight in fp32, rounding once; so does the
     # compiled form, written out
     wide = torch.promote_types(buf.dtype, torch.float32)
@@ -211,8 +218,10 @@ def _to_master(w: Tensor, mantissa: Tensor, update: Tensor, step: Value,
         agree = (o * master >= 0).to(master.dtype)
         decay = _as(values["decay_lr"], master.dtype)
         master = master - master * agree * decay * step - o * step
-    else:
+    elif hp.weight_decay_form == "decoupled":
         master = master * _as(values["keep"], master.dtype) - o * step
+    else:  # coupled: the decay is in the gradient
+        master = master - o * step
     low = master.view(torch.int32) & 0xFFFF
     mantissa.copy_((low - ((low & 0x8000) << 1)).to(torch.int16))  # 0…65535 as int16
     return truncate(master)
@@ -261,7 +270,7 @@ def _to_weights(w: Tensor, update: Tensor, layout: Layout, lr_mul: Value,
             decayed = (_as(values["decay_lr"], wide) * agree.to(wide)).to(dtype)
             decayed = (decayed.to(wide) * w.to(wide)).to(dtype)
             update = (update.to(dtype).to(wide) + decayed.to(wide)).to(dtype)
-    elif hp.weight_decay_form != "cautious":
+    elif hp.weight_decay_form == "decoupled":  # (coupled: the decay is in the gradient)
         w = (w.to(wide) * _as(values["keep"], wide)).to(dtype)
     alpha = (values["neg_lr"] * layout.scale) * lr_mul
     if not isinstance(alpha, Tensor):  # ATen's add: one rounding of W + α·O
@@ -295,7 +304,8 @@ def stack_update(
     dtype. Every list has one entry per stack of `layouts`. Newton–Schulz runs over every
     piece of every stack, batched by shape."""
     hp = settings.hp
-    updates = [momentum(g, buf, v, hp) for g, buf, v in zip(grads, momenta, scalars, strict=True)]
+    updates = [momentum(g, buf, v, hp, w=w)
+               for g, buf, w, v in zip(grads, momenta, weights, scalars, strict=True)]  # fmt: skip
     parts = [layout.pieces(u) for layout, u in zip(layouts, updates, strict=True)]  # type: ignore[arg-type]
     flat = orthogonalise([p for ps in parts for p in ps], hp.ns_coefficients, hp.ns_steps, hp.eps,
                          settings.ns_dtype, hp.ns_form)  # fmt: skip
