@@ -170,8 +170,8 @@ def finish(layout: Layout, w: Tensor, parts: list[Tensor], moments: Sequence[Ten
     """NorMuon, weight decay and the step of stack `w` (k, *shape) from the orthogonalised
     pieces of its update (`layout.pieces`). NorMuon's second moments (`moments`, one per
     piece) and a master's low halves (`mantissa`) are updated in place; returns the new
-    weights in w's dtype. `lr_mul`: m, one float for the stack (eager) or a (k,) float64
-    tensor."""
+    weights in w's dtype (eager, a step on the weights themselves is taken on `w` in place and
+    `w` returned). `lr_mul`: m, one float for the stack (eager) or a (k,) float64 tensor."""
     if hp.normuon_beta2:
         parts = [
             normalise(o, v, hp.normuon_beta2, stat_dim(o.shape, hp.normuon_axis), hp.normuon_form)
@@ -204,7 +204,8 @@ def step_matrix(w: Tensor, update: Tensor, group: dict[str, Any], hp: MuonConfig
                  [m.unsqueeze(0) for m in moments],
                  None if mantissa is None else mantissa.unsqueeze(0), lr_mul,
                  values or host_values({"momentum": 0.0, **group}, hp, w.dtype), hp)  # type: ignore[arg-type]  # fmt: skip
-    w.copy_(new[0])
+    if new.data_ptr() != w.data_ptr():  # (the decoupled and cautious steps are in place)
+        w.copy_(new[0])
 
 
 def _to_master(w: Tensor, mantissa: Tensor, update: Tensor, step: Value,
@@ -250,7 +251,8 @@ def _in_place(w: Tensor, update: Tensor, step: Value, values: dict[str, Value]) 
 def _to_weights(w: Tensor, update: Tensor, layout: Layout, lr_mul: Value,
                 values: dict[str, Value], hp: MuonConfig) -> Tensor:  # fmt: skip
     """Weight decay as `hp` says, then the orthogonal step −η·s·m·O on the weights; a bf16
-    weight's η rounded to bf16 first (the 2025-11 record's gates: 0.023 → 0.02294921875)."""
+    weight's η rounded to bf16 first (the 2025-11 record's gates: 0.023 → 0.02294921875).
+    Eager, on `w` itself (ATen's in-place ops, no copy), which is returned."""
     dtype, wide = w.dtype, torch.promote_types(w.dtype, torch.float32)
     eager = not isinstance(values["lr"], Tensor)
     # A tall matrix's update is a transposed view; adding it to a row-major parameter walks
@@ -271,10 +273,11 @@ def _to_weights(w: Tensor, update: Tensor, layout: Layout, lr_mul: Value,
             decayed = (decayed.to(wide) * w.to(wide)).to(dtype)
             update = (update.to(dtype).to(wide) + decayed.to(wide)).to(dtype)
     elif hp.weight_decay_form == "decoupled":  # (coupled: the decay is in the gradient)
-        w = (w.to(wide) * _as(values["keep"], wide)).to(dtype)
+        keep = values["keep"]
+        w = w.mul_(keep) if eager else (w.to(wide) * keep.to(wide)).to(dtype)  # type: ignore[union-attr]
     alpha = (values["neg_lr"] * layout.scale) * lr_mul
     if not isinstance(alpha, Tensor):  # ATen's add: one rounding of W + α·O
-        return w.add(update, alpha=alpha).to(dtype)
+        return w.add_(update, alpha=alpha)
     alpha = alpha.to(wide).view(-1, *[1] * len(layout.shape))
     return (w.to(wide) + update.to(wide) * alpha).to(dtype)
 
