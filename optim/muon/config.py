@@ -15,7 +15,7 @@ NS_COEFFICIENTS = ("classic", "polar_express")
 # How each Newton–Schulz iteration is evaluated (optim/muon/newton_schulz.py: NS forms).
 NS_FORMS = ("factored", "factored_unfused", "expanded", "gram")
 NS_DTYPES = ("auto", "bf16", "fp32")
-LR_SCALES = ("original", "match_rms_adamw", "none")
+LR_SCALES = ("original", "match_rms_adamw", "unit_rms_norm", "none")
 # How ranks share Muon's Newton–Schulz work (optim/muon/exchange.py).
 EXCHANGES = ("all_reduce", "all_gather", "reduce_scatter")
 # How Muon orthogonalises FSDP2 dim-0 shards (optim/muon/sharded.py).
@@ -78,7 +78,8 @@ class MuonConfig:
     """classic: the fixed quintic | polar_express: per-iteration quintics."""
     lr_scale: str = field(default="original", metadata={"choices": LR_SCALES})
     """LR factor by shape: original √max(1, rows/cols) | match_rms_adamw 0.2·√max(rows, cols)
-    | none."""
+    | unit_rms_norm √(rows/cols), i.e. √(out/in) of a (out, in) weight: the update's RMS→RMS
+    operator norm is then η whatever the shape, wide matrices included | none."""
     ns_form: str = field(default="factored", metadata={"choices": NS_FORMS})
     """How an iteration is evaluated: factored (fused sums) | factored_unfused (the 2025-01
     record's order) | expanded (the 2024-11 record's) | gram (the Gram iteration on

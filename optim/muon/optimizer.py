@@ -167,6 +167,12 @@ class Muon(torch.optim.Optimizer):
                         f"Muon only takes matrices (2-D, or stacks of them), got a parameter "
                         f"of shape {tuple(p.shape)}; give embeddings, gains and biases to AdamW"
                     )
+                if 0 in p.shape:
+                    # Newton–Schulz divides by the norm and the LR scale by a dimension.
+                    raise ValueError(
+                        f"Muon can't step a parameter with a zero-size dimension, shape "
+                        f"{tuple(p.shape)}: leave it out of Muon's groups (optim.roles)"
+                    )
                 self.strategy.check_param(p)
                 if self.hp.master_weights != "none":
                     new_mantissa(p)  # raises unless bf16

@@ -54,6 +54,7 @@ SCALARS = ("lr", "momentum", "one_minus_momentum", "decay", "decay_lr", "keep", 
 LR_SCALE_OF: dict[str, Callable[[int, int], float]] = {
     "original": lambda rows, cols: math.sqrt(max(1.0, rows / cols)),  # Keller Jordan's
     "match_rms_adamw": lambda rows, cols: 0.2 * math.sqrt(max(rows, cols)),  # Moonshot's
+    "unit_rms_norm": lambda rows, cols: math.sqrt(rows / cols),  # a unit RMS→RMS norm
     "none": lambda rows, cols: 1.0,
 }
 

@@ -266,6 +266,31 @@ def test_lr_scale_factor():
     assert lr_scale_factor((100, 400), "match_rms_adamw") == pytest.approx(4.0)
     assert lr_scale_factor((400, 100), "match_rms_adamw") == pytest.approx(4.0)
     assert lr_scale_factor((3072, 768), "none") == 1.0
+    assert lr_scale_factor((768, 3072), "unit_rms_norm") == 0.5  # √(out/in), below 1 when wide
+    assert lr_scale_factor((3072, 768), "unit_rms_norm") == 2.0
+
+
+@pytest.mark.parametrize("shape", [(16, 64), (64, 16)])
+def test_unit_rms_norm_scales_the_step_by_root_out_over_in(shape):
+    """One step of lr_scale=unit_rms_norm is the unscaled step times √(out/in), so the update's
+    RMS→RMS operator norm is η·σ_max(O) for a wide matrix as for a tall one ("original" would
+    leave the wide one at 1)."""
+    gen = torch.Generator().manual_seed(5)
+    w0 = torch.randn(shape, generator=gen, dtype=torch.float64)
+    g = torch.randn(shape, generator=gen, dtype=torch.float64)
+    deltas = {}
+    for scale in ("unit_rms_norm", "none"):
+        (w,), _ = run_steps(Muon, [w0], [[g]], lr_scale=scale, ns_dtype=torch.float64)
+        deltas[scale] = w.detach() - w0
+    ratio = (shape[0] / shape[1]) ** 0.5
+    torch.testing.assert_close(
+        deltas["unit_rms_norm"], ratio * deltas["none"], rtol=1e-12, atol=1e-15
+    )
+
+
+def test_a_zero_size_matrix_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"zero-size dimension, shape \(0, 4\)"):
+        Muon([torch.zeros(4, 4, requires_grad=True), torch.zeros(0, 4, requires_grad=True)])
 
 
 # --- The records' variants: stacked matrices, accumulating momentum, expanded Newton-Schulz --
