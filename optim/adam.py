@@ -77,7 +77,7 @@ class Adam(torch.optim.Optimizer):
         """`rows`: {parameter name: Row} (named parameters' rows; others keep the group's).
         Every due update is one call of optim/adam_update.py's function over lists, compiled
         with `compile_backend` (a torch.compile backend; None: eager). `comm`: share the
-        tensors out over its ranks (optim.distribute=sharded; optim/adam_shards.py)."""
+        tensors out over its ranks (dist.parallelism=ddp_row_shards; optim/adam_shards.py)."""
         settings.validate()
         self.hp = settings
         defaults = {
@@ -203,7 +203,7 @@ class Adam(torch.optim.Optimizer):
         return k == 1 or pending == k - 1
 
     def start_exchange(self) -> None:
-        """optim.distribute=sharded: start the gradient reductions (no-op otherwise); with a
+        """dist.parallelism=ddp_row_shards: start the gradient reductions (no-op otherwise); with a
         period, only at the update, of each rank's sum over the period."""
         if self.shards is None:
             return
@@ -235,7 +235,8 @@ class Adam(torch.optim.Optimizer):
         return {}
 
     def finish_exchange(self) -> None:
-        """optim.distribute=sharded: every rank's updated rows into place (no-op otherwise)."""
+        """ddp_row_shards (dist.parallelism): every rank's updated rows into place (no-op
+        otherwise)."""
         if self.shards is not None:
             self.shards.finish()
 

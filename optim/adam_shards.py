@@ -1,4 +1,4 @@
-"""Adam's tensors shared out between ranks (`optim.distribute=sharded`): which are cut into
+"""Adam's tensors shared out between ranks (`dist.parallelism=ddp_row_shards`): which are cut into
 rows, which are averaged whole, and the collectives around the update.
 
 - A tensor of at least `SHARD_MIN_VALUES` values and at least W rows (record D's token and

@@ -22,6 +22,7 @@ from optim.muon.newton_schulz import resolve_ns_dtype
 from optim.muon.normuon import mark_head_pairs
 from optim.muon.optimizer import Muon
 from optim.offload import StateOffload
+from optim.parallelism import DEFAULT, PARALLELISMS
 from optim.partition import Named
 from optim.qk_clip import QKClip
 from optim.shards import Comm, ProcessComm
@@ -34,25 +35,31 @@ def build_optimizer(
     *,
     device: torch.device,
     process_group: dist.ProcessGroup | None = None,
-    sharded: bool = False,
+    parallelism: str = DEFAULT,
     comm: Comm | None = None,
 ) -> CombinedOptimizer:
     """The optimizer object for `model`'s trainable parameters, on `device`.
 
-    With a `process_group` Muon splits its Newton–Schulz work across the group's ranks
-    (`optim.muon.exchange`); AdamW needs none: DDP gives every rank the same gradients.
-    `sharded`: the parameters are FSDP2 shards (dist.strategy=fsdp): Muon runs its sharded
-    strategy (`optim.muon.sharded_ns`), AdamW steps the shards, and every state is created
-    now, on every rank. optim.distribute=sharded on several ranks: the optimizer shares its
-    work and state out over `process_group` itself (optim/shards.py), every gradient skips
-    DDP; `comm` gives that exchange directly (a `LocalView`: one rank's share of a W-rank
-    step, in one process, scripts/bench/gpu.py --world).
+    `parallelism` (dist.parallelism, optim/parallelism.py) says how the `process_group`'s
+    ranks share the work. ddp_all_gather | ddp_all_reduce | ddp_owners: Muon splits its
+    Newton–Schulz work across the ranks with that exchange; AdamW needs none, DDP gives every
+    rank the same gradients. fsdp_gather | fsdp_tp: the parameters are FSDP2 shards; Muon runs
+    its sharded strategy, AdamW steps the shards, and every state is created now, on every
+    rank. ddp_row_shards on several ranks: the optimizer shares its work and state out over
+    `process_group` itself (optim/shards.py), every gradient skips DDP; `comm` gives that
+    exchange directly (a `LocalView`: one rank's share of a W-rank step, in one process,
+    scripts/bench/gpu.py --world).
     """
     several = process_group is not None and dist.get_world_size(process_group) > 1
-    if comm is None and cfg.distribute == "sharded" and several:
+    row_shards = parallelism == "ddp_row_shards"
+    if comm is None and row_shards and several:
         comm = ProcessComm(process_group)
     if comm is not None:
+        if parallelism not in (DEFAULT, "ddp_row_shards"):
+            raise ValueError(f"a `comm` is ddp_row_shards' exchange; got {parallelism}")
+        parallelism = "ddp_row_shards"
         process_group = None  # the exchange replaces DDP and Muon's own exchanges
+    sharded = PARALLELISMS[parallelism].fsdp
     named = partition_params(model, cfg.name, cfg.roles)
     specs = group_specs(cfg.name)
     _set_lr_muls(named, specs, cfg)
@@ -68,14 +75,14 @@ def build_optimizer(
         ns_dtype = resolve_ns_dtype(m.ns_dtype, device)
         muon = Muon(
             [g for g in muon_groups if g["params"]], m, ns_dtype=ns_dtype,
-            process_group=process_group, sharded=sharded, banks=cfg.compile,
+            process_group=process_group, parallelism=parallelism, banks=cfg.compile,
             compile_backend=backend, comm=comm,
         )  # fmt: skip
         parts.append(muon)
         ranks = process_group is not None and dist.get_world_size(process_group) > 1
-        exchange = m.exchange
+        exchange = PARALLELISMS[parallelism].muon
         if sharded:
-            exchange = "sharded all_to_all" if m.sharded_ns == "gather" else "tensor-parallel"
+            exchange = "sharded all_to_all" if exchange == "gather" else "tensor-parallel"
         if comm is not None:
             ranks, exchange = True, f"sharded over {comm.world} ranks"
         dtype = str(ns_dtype).removeprefix("torch.")

@@ -137,7 +137,7 @@ class CombinedOptimizer:
 
     def state_dict(self) -> list[dict[str, Any]]:
         """Every part's state, in build order. A collective when Muon keeps owner-only momentum
-        (exchange=reduce_scatter on several ranks): every rank must call it."""
+        (dist.parallelism=ddp_owners on several ranks): every rank must call it."""
         with self.resident():
             states = [opt.state_dict() for opt in self.parts]
             return [_copied(s) for s in states] if self.offload else states

@@ -11,7 +11,6 @@ is silent); unmarked fields may change on resume, with a warning.
 from dataclasses import dataclass, field
 
 from optim.muon.config import (  # noqa: F401  (re-exported: the optim group's vocabulary)
-    EXCHANGES,
     LR_SCALES,
     MASTER_WEIGHTS,
     MOMENTUM_FORMS,
@@ -23,12 +22,12 @@ from optim.muon.config import (  # noqa: F401  (re-exported: the optim group's v
     NS_FORMS,
     OPERATIONAL,
     QK_SPLITS,
-    SHARDED_NS,
     WEIGHT_DECAY_FORMS,
     MuonConfig,
     check_choices,
 )
-from stages.moved import refuse_moved
+from optim.parallelism import PARALLELISMS, replaced_message
+from stages.moved import refuse_keys, refuse_moved
 
 # `optim.name` -> the group that takes the hidden matrices.
 MATRIX_GROUP = {"muon_adamw": "muon", "adamw": "hidden"}
@@ -41,8 +40,6 @@ ROLES = ("matrix", "embed", "head", "scalar")
 COOLDOWN_FORMS = ("steps", "fraction", "from_step")
 # When the tied token table's gradient joins the head's (optim/tied.py)
 TIE_SUMS = ("update", "step")
-# How the update is spread over ranks (optim/shards.py)
-DISTRIBUTIONS = ("replicated", "sharded")
 # torch.compile backends for `optim.compile_backend` (as model.compile_backend's)
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
@@ -169,6 +166,7 @@ class ScheduleConfig:
             )
 
 
+@refuse_keys("optim", {"distribute"}, replaced_message)
 @dataclass
 class OptimConfig:
     """The `optim` group: the optimizers, their settings, the schedule, state offload."""
@@ -190,14 +188,6 @@ class OptimConfig:
     )
     """torch.compile backend of `compile`: inductor generates kernels; aot_eager and eager
     only trace (eager runs the banked step op for op as written)."""
-    distribute: str = field(
-        default="replicated", metadata={"choices": DISTRIBUTIONS, **OPERATIONAL}
-    )
-    """On several ranks (dist.strategy=ddp): replicated: DDP averages every gradient and every
-    rank runs the whole update (only Newton–Schulz is split, optim.muon.exchange) | sharded:
-    the optimizer reduce-scatters the gradients itself, each rank updates 1/W of Muon's banks
-    and of Adam's large tensors (their state too), and the new weights are all-gathered
-    (optim/shards.py); checkpoints stay whole."""
     lr_mul: dict[str, float] = field(default_factory=dict)
     """Per-parameter LR multipliers: {name pattern: factor}, patterns matched (fnmatch) against
     the parameters' qualified names, e.g. {"*mlp.fc*": 2.0} (the 2025-11 record's C_fc ×2).
@@ -223,11 +213,12 @@ class OptimConfig:
     (record D's gates). Every pattern must match a parameter, none two with different roles."""
 
     def validate(
-        self, total_steps: int, scheduled_steps: int | None = None, strategy: str = "ddp"
-    ) -> None:
+        self, total_steps: int, scheduled_steps: int | None = None,
+        parallelism: str = "ddp_all_gather",
+    ) -> None:  # fmt: skip
         """Raise ValueError naming the `optim.*` key that is wrong. `total_steps`: train.steps;
         `scheduled_steps`: the LR schedule's span (train.steps − train.extension_steps),
-        default all of them; `strategy`: dist.strategy."""
+        default all of them; `parallelism`: dist.parallelism (optim/parallelism.py)."""
         for pattern, factor in self.lr_mul.items():
             if not factor > 0:
                 raise ValueError(f"optim.lr_mul[{pattern!r}] must be > 0, got {factor}")
@@ -239,17 +230,14 @@ class OptimConfig:
         self.muon.validate(total_steps)
         self.adamw.validate()
         self._validate_tie()
-        whole = {"optim.compile=true": self.compile,
-                 "optim.distribute=sharded": self.distribute == "sharded"}  # fmt: skip
-        if strategy == "fsdp" and any(whole.values()):
-            key = next(k for k, on in whole.items() if on)
+        if PARALLELISMS[parallelism].fsdp and self.compile:
             raise ValueError(
-                f"{key} steps whole matrices and tables, which dist.strategy=fsdp shards: use "
-                "dist.strategy=ddp, or turn it off"
+                f"optim.compile=true steps whole matrices and tables, which "
+                f"dist.parallelism={parallelism} shards: use a ddp_* parallelism, or turn it off"
             )
-        if self.distribute == "sharded" and self.offload:
+        if parallelism == "ddp_row_shards" and self.offload:
             raise ValueError(
-                "optim.offload=true can't run with optim.distribute=sharded; turn one off"
+                "optim.offload=true can't run with dist.parallelism=ddp_row_shards; turn one off"
             )
         if self.compile and self.offload:
             # Muon's banked state is stacks that each parameter's state entries view; offload

@@ -1,10 +1,11 @@
 """Where a sharded parameter's values live: FSDP2's dim-0 shards, as row ranges per rank.
 
-Under `dist.strategy=fsdp` every parameter is a DTensor placed `Shard(0)` on a 1-D mesh:
-rank r holds a contiguous block of dim-0 "rows" (whole slices of a stacked q/k/v weight), cut
-the way `torch.chunk` cuts: ⌈R/W⌉ rows per rank, the last ranks short or empty. The global
-tensor is the concatenation of the local shards in rank order. Plain tensors count as one
-shard holding everything, so the same code serves the unsharded (DDP / one process) case.
+Under an fsdp `dist.parallelism` (fsdp_gather, fsdp_tp) every parameter is a DTensor placed
+`Shard(0)` on a 1-D mesh: rank r holds a contiguous block of dim-0 "rows" (whole slices of a
+stacked q/k/v weight), cut the way `torch.chunk` cuts: ⌈R/W⌉ rows per rank, the last ranks short
+or empty. The global tensor is the concatenation of the local shards in rank order. Plain
+tensors count as one shard holding everything, so the same code serves the unsharded (DDP / one
+process) case.
 """
 
 import sys

@@ -1,4 +1,4 @@
-"""Whole tensors' rows shared out between ranks (`optim.distribute=sharded`), and the two
+"""Whole tensors' rows shared out between ranks (`dist.parallelism=ddp_row_shards`), and the two
 collectives that move them: gradients to their rows' owners, updated rows back to everyone.
 
 Rank r of W owns rows [r·c, (r + 1)·c) ∩ [0, R) of a tensor of R rows, c = ⌈R/W⌉ (the cut of

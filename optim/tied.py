@@ -106,7 +106,7 @@ class TiedEmbedHead:
     def after(self, state: Any, target: Callable[[Tensor], Tensor] = lambda p: p) -> None:
         """E ← Wᵀ after a tied update; after the T-th, E's Adam state ← W's (once).
         `target`: what this rank updates of a parameter (its rows under
-        optim.distribute=sharded, where E and W are cut alike and E's rows are gathered with
+        dist.parallelism=ddp_row_shards, where E and W are cut alike and E's rows are gathered with
         the rest)."""
         if self._moved is None:
             return

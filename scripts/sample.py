@@ -7,7 +7,7 @@
 
 RUN_OR_CHECKPOINT is a run directory or its checkpoints/ directory (both: the newest complete
 save, as `train.resume=<path>` picks it) or one step_NNNNNN directory. Both layouts load: a
-torch_save checkpoint (dist.strategy=ddp) and a dcp one (fsdp), whose shards are read back
+torch_save checkpoint (a ddp_* dist.parallelism) and a dcp one (fsdp_*), whose shards are read back
 into whole tensors on this one process. The model is rebuilt from the config saved with the
 checkpoint, so no Hydra overrides are needed (model.compile is ignored).
 

@@ -19,8 +19,11 @@ from omegaconf import II, DictConfig, OmegaConf
 from data.config import DataConfig
 from model.config import ModelConfig
 from optim.config import OptimConfig
+from optim.parallelism import DEFAULT as DEFAULT_PARALLELISM
+from optim.parallelism import NAMES as PARALLELISM_NAMES
+from optim.parallelism import replaced_message
 from stages import StageTable
-from stages.moved import refuse_moved
+from stages.moved import refuse_keys, refuse_moved
 from trainer.config_across import check_across, check_finite
 from trainer.config_checks import check_choices, check_known
 from trainer.reference import ReferenceConfig
@@ -33,7 +36,6 @@ DEVICES = ("auto", "cpu", "cuda")
 AUTOCASTS = ("auto", "bf16", "none")
 NONFINITE_ACTIONS = ("stop", "skip")
 BACKENDS = ("auto", "nccl", "gloo")
-STRATEGIES = ("ddp", "fsdp")
 FSDP_PARAM_DTYPES = ("auto", "bf16", "fp32")
 WANDB_MODES = ("online", "offline", "disabled")
 
@@ -220,6 +222,7 @@ class TrainConfig:
         self.reference.validate()
 
 
+@refuse_keys("dist", {"strategy"}, replaced_message)
 @dataclass
 class DistConfig:
     """The `dist` group: ranks and how the model spreads over them."""
@@ -232,11 +235,13 @@ class DistConfig:
     """auto: nccl on CUDA, gloo on CPU | nccl | gloo."""
     timeout_s: float = 600.0
     """A collective waiting longer fails instead of hanging."""
-    strategy: str = field(default="ddp", metadata={"choices": STRATEGIES})
-    """ddp: every rank holds the whole model and optimizer state | fsdp: FSDP2 shards them
-    over the ranks (trainer/launch/strategy.py)."""
+    parallelism: str = field(default=DEFAULT_PARALLELISM, metadata={"choices": PARALLELISM_NAMES})
+    """How the run spreads over ranks, one name for where each gradient is reduced and how the
+    new weights reach every rank (optim/parallelism.py; docs/config.md): ddp_all_gather |
+    ddp_all_reduce | ddp_owners | ddp_row_shards (every rank holds the whole model) |
+    fsdp_gather | fsdp_tp (FSDP2 shards the model and the optimizer state by rows)."""
     fsdp_param_dtype: str = field(default="auto", metadata={"choices": FSDP_PARAM_DTYPES})
-    """fsdp: the dtype parameters are gathered and computed in; auto = bf16 on CUDA, fp32 on
+    """fsdp_*: the dtype parameters are gathered and computed in; auto = bf16 on CUDA, fp32 on
     CPU (gradients are always reduced in fp32)."""
 
     def validate(self, train: TrainConfig) -> None:
@@ -304,7 +309,7 @@ class Config:
         self.train.validate()  # first: the stage table, which the model's check reads
         self.model.validate()
         self.data.validate()
-        self.optim.validate(self.train.steps, self.train.scheduled_steps, self.dist.strategy)
+        self.optim.validate(self.train.steps, self.train.scheduled_steps, self.dist.parallelism)
         self.dist.validate(self.train)
         self.logging.validate()
         check_across(self)

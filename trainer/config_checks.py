@@ -11,6 +11,7 @@ from typing import Any
 from model.config import renamed as model_renamed
 from model.config.moved import MOVED, moved_message
 from optim import renamed as optim_renamed
+from optim.parallelism import replaced_message, replaced_within
 from stages.moved import moved_message as stage_moved_message
 from stages.moved import moved_within
 
@@ -53,6 +54,8 @@ def check_known(values: dict[str, Any], schema: Any, prefix: str = "") -> None:
         if key not in known:
             if old := moved_within(f"{prefix}{key}"):
                 raise ValueError(stage_moved_message(old))
+            if old := replaced_within(f"{prefix}{key}"):
+                raise ValueError(replaced_message(old))
             if prefix == "model." and key in MOVED:
                 raise ValueError(moved_message(key))
             near = difflib.get_close_matches(str(key), list(known), n=1)

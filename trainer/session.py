@@ -22,6 +22,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from data.passes import plan_passes
+from optim.parallelism import PARALLELISMS
 from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.checkpoint.files import CHECKPOINTS_DIR
 from trainer.config import Config
@@ -57,7 +58,7 @@ log = logging.getLogger("train")
 @dataclass(frozen=True)
 class Parts:
     """What a run is made of: `model(cfg.model)` builds the model, `optimizer(model,
-    cfg.optim, device=, process_group=, sharded=)` its optimizer object, and `data(cfg.data,
+    cfg.optim, device=, process_group=, parallelism=)` its optimizer object, and `data(cfg.data,
     **shape)` the train loader and the validation batches (data/build.py's signature)."""
 
     model: Callable[..., nn.Module]
@@ -105,14 +106,15 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
         check = functools.partial(check_fits, conf, model, rt.world_size, ranks_here, rt.device)
         main_decides(check, rt)
     model.micro_steps = accum_steps  # the FP8 head undoes the loss / micro_steps (model/head.py)
-    fsdp = conf.dist.strategy == "fsdp"
+    fsdp = PARALLELISMS[conf.dist.parallelism].fsdp
     if fsdp:  # before the optimizer: its state is sharded like the parameters
         shard_model(model, rt, resolve_param_dtype(conf.dist.fsdp_param_dtype, rt.device))
     compiles = conf.model.compile or conf.optim.compile
     cache = use_compile_cache(t.compile_cache) if compiles else None  # before any compile
     optimizer = parts.optimizer(
-        model, conf.optim, device=rt.device, process_group=group, sharded=fsdp
-    )
+        model, conf.optim, device=rt.device, process_group=group,
+        parallelism=conf.dist.parallelism,
+    )  # fmt: skip
     checkpoints = Checkpointer(conf, rt, model, optimizer, loader)
     start = checkpoints.resume()  # before DDP: its construction broadcasts the parameters
     if start.step == 0 and rt.is_main:  # a fresh start owns the run directory's records

@@ -1,5 +1,5 @@
 """Muon's param groups stepped as banks (optim/muon/banks.py): the stacked state, Muon's one
-update (optim/muon/update.py) compiled, and, under `optim.distribute=sharded`, the exchange
+update (optim/muon/update.py) compiled, and, under `dist.parallelism=ddp_row_shards`, the exchange
 that gives each rank its banks' rows.
 
 In one process every bank's rows are this process's: a step stacks each bank's gradients and
@@ -172,9 +172,9 @@ class BankedGroups:
         if any(have):
             missing = [i for i, h in enumerate(have) if not h]
             raise RuntimeError(
-                f"Muon over banks (optim.compile, optim.distribute=sharded) needs a gradient for "
-                f"every matrix; parameters {missing} of group {group.get('name', index)!r} "
-                "have none"
+                "Muon over banks (optim.compile, dist.parallelism=ddp_row_shards) needs a "
+                f"gradient for every matrix; parameters {missing} of group "
+                f"{group.get('name', index)!r} have none"
             )
         return False
 

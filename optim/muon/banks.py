@@ -1,5 +1,5 @@
 """Muon's banks: a param group's matrices of one shape stacked, with their state stacked too
-(`optim.compile`; `optim.distribute=sharded` shares the banks out by rows).
+(`optim.compile`; `dist.parallelism=ddp_row_shards` shares the banks out by rows).
 
 A bank is every parameter of a Muon param group with the same shape, dtype and head-pair
 split, in the group's order (record D: the ten (4, 768, 768) W_q, W_k, W_v, W_o stacks, and

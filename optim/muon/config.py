@@ -1,11 +1,14 @@
 """`optim.muon`'s schema (`MuonConfig`) with the vocabulary of its choices, and what every
 optim schema shares (the resume metadata, `check_choices`). Re-exported by optim/config.py,
-the `optim` group's module; like it, this imports nothing else of `optim/` but the table of
-renamed option values (optim/renamed.py)."""
+the `optim` group's module; like it, this imports nothing else of `optim/` but the tables of
+renamed option values (optim/renamed.py) and of the keys `dist.parallelism` replaced
+(optim/parallelism.py)."""
 
 from dataclasses import dataclass, field, fields
 
+from optim.parallelism import replaced_message
 from optim.renamed import RENAMED_VALUES, renamed_message
+from stages.moved import refuse_keys
 
 MUST_MATCH = {"resume": "must_match"}
 OPERATIONAL = {"resume": "operational"}
@@ -16,10 +19,6 @@ NS_COEFFICIENTS = ("classic", "polar_express")
 NS_FORMS = ("factored", "factored_unfused", "expanded", "gram")
 NS_DTYPES = ("auto", "bf16", "fp32")
 LR_SCALES = ("original", "match_rms_adamw", "unit_rms_norm", "none")
-# How ranks share Muon's Newton–Schulz work (optim/muon/exchange.py).
-EXCHANGES = ("all_reduce", "all_gather", "reduce_scatter")
-# How Muon orthogonalises FSDP2 dim-0 shards (optim/muon/sharded.py).
-SHARDED_NS = ("gather", "tp")
 # How Muon's weight decay is applied (optim/muon/update.py: `finish`).
 WEIGHT_DECAY_FORMS = ("decoupled", "cautious", "coupled")
 # Which matrices Muon sees in a (4, d, d) W_q, W_k, W_v, W_o stack; NorMuon's statistics axis
@@ -46,6 +45,7 @@ def check_choices(settings: object, prefix: str) -> None:
             )
 
 
+@refuse_keys("optim.muon", {"exchange", "sharded_ns"}, replaced_message)
 @dataclass
 class MuonConfig:
     """Muon's settings (`optim.muon`), one object from the config to the update arithmetic:
@@ -124,12 +124,6 @@ class MuonConfig:
     """Added to the Frobenius norm before normalising."""
     ns_dtype: str = field(default="auto", metadata={"choices": NS_DTYPES})
     """Newton–Schulz precision: bf16 | fp32 | auto = bf16 where bf16 matmuls are native."""
-    exchange: str = field(default="all_gather", metadata={"choices": EXCHANGES, **OPERATIONAL})
-    """How ranks share the Newton–Schulz work: all_gather | all_reduce | reduce_scatter (Muon
-    gradients skip DDP and go to their owners)."""
-    sharded_ns: str = field(default="gather", metadata={"choices": SHARDED_NS})
-    """Under dist.strategy=fsdp: gather (each matrix to an owner) | tp (tensor-parallel on
-    the row shards, in place)."""
     qk_clip: float = 0.0
     """QK-clip τ: after each step, heads whose max logit exceeded τ get W_q, W_k scaled by
     √(τ/max); 0 = off. Acts only with model.attention.qk_norm=false."""

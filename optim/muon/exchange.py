@@ -4,7 +4,8 @@ Ownership: matrix i of a param group is orthogonalised by rank `owners[i]`, deal
 in order of decreasing Newton–Schulz cost (`assign_owners`), so every rank gets about the same
 work and every rank computes the same assignment without talking to the others.
 
-Exchanges (`optim.muon.exchange`), for W ranks and P Muon values of b bytes each:
+Exchanges (dist.parallelism ddp_all_reduce, ddp_all_gather, ddp_owners; optim/parallelism.py),
+for W ranks and P Muon values of b bytes each:
 
 - "all_reduce": each rank writes the updates it owns into a zero-filled flat buffer and one SUM
   all-reduce hands everyone everything (x + 0 = x exactly). A ring all-reduce sends
@@ -29,8 +30,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from optim.config import EXCHANGES
 from optim.muon.newton_schulz import ns_flops
+
+EXCHANGES = ("all_reduce", "all_gather", "reduce_scatter")
+# The dist.parallelism that runs each
+PARALLELISM_OF = {"all_reduce": "ddp_all_reduce", "all_gather": "ddp_all_gather",
+                  "reduce_scatter": "ddp_owners"}  # fmt: skip
 
 
 def assign_owners(shapes: Sequence[Sequence[int]], world_size: int) -> list[int]:
@@ -220,9 +225,10 @@ def check_supported(exchange: str, group: dist.ProcessGroup, dtypes: Sequence[to
             if exchange == "reduce_scatter":
                 rr.reduce_scatter([torch.zeros(1, 2, dtype=dtype, device=device)] * world)
     except (RuntimeError, NotImplementedError, ValueError) as e:
+        others = " | ".join(v for k, v in PARALLELISM_OF.items() if k != exchange)
         raise ValueError(
-            f"optim.muon.exchange={exchange} is not supported by the "
-            f"{dist.get_backend(group)} backend here ({e}); choose another of {EXCHANGES}"
+            f"dist.parallelism={PARALLELISM_OF[exchange]} is not supported by the "
+            f"{dist.get_backend(group)} backend here ({e}); choose another: {others}"
         ) from e
 
 

@@ -21,18 +21,19 @@ skeleton serves every distributed arrangement: per param group, a `Strategy`
 takes and how orthogonalised updates reach the ranks that apply them:
 
 - one process (no `process_group`, or one rank): everything here;
-- `process_group` with exchange=all_gather | all_reduce: matrix i orthogonalised by its owner
-  rank, finished updates exchanged; momentum replicated, so checkpoints do not depend on the
-  world size;
-- exchange=reduce_scatter: gradients reduced to owners, momentum on the owner only,
-  parameters all-gathered; `state_dict()` gathers the momentum (a collective);
-- `sharded=True` (FSDP2 DTensor shards; the group is their mesh's): sharded_ns=gather sends
-  shards to owners and rows back, sharded_ns=tp runs Newton–Schulz tensor-parallel.
+- `process_group` with parallelism ddp_all_gather | ddp_all_reduce: matrix i orthogonalised by
+  its owner rank, finished updates exchanged; momentum replicated, so checkpoints do not
+  depend on the world size;
+- ddp_owners: gradients reduced to owners, momentum on the owner only, parameters
+  all-gathered; `state_dict()` gathers the momentum (a collective);
+- ddp_row_shards: the banks' rows shared out (`comm`, optim/shards.py);
+- fsdp_gather | fsdp_tp (FSDP2 DTensor shards; the group is their mesh's): shards sent to
+  owners and rows back, or Newton–Schulz run tensor-parallel.
 
 The 2026-07 record's variants: a (4, d, d) W_q, W_k, W_v, W_o stack seen as head-pair blocks
 and whole W_v, W_o, NorMuon's axis and precision (optim/muon/normuon.py), and bf16 matrices
 stepped on an fp32 master (optim/muon/master.py); these two need each whole matrix where it
-is applied, so they refuse exchange=reduce_scatter and `sharded`, as NorMuon does.
+is applied, so they refuse ddp_owners and the fsdp parallelisms, as NorMuon does.
 """
 
 from collections.abc import Callable
@@ -52,6 +53,7 @@ from optim.muon.normuon import head_rows, merge, moment_shape, pieces, stat_dim
 from optim.muon.sharded import ShardedOwners, ShardedTP
 from optim.muon.strategies import OwnerOnly, Replicated, Strategy
 from optim.muon.update import host_values, momentum, step_matrix
+from optim.parallelism import DEFAULT, MUON_EXCHANGES, PARALLELISMS
 from optim.row_shards import local
 from optim.shards import Comm
 
@@ -66,7 +68,7 @@ class Muon(torch.optim.Optimizer):
         *,
         ns_dtype: torch.dtype = torch.bfloat16,
         process_group: dist.ProcessGroup | None = None,
-        sharded: bool = False,
+        parallelism: str = DEFAULT,
         banks: bool = False,
         compile_backend: str | None = None,
         comm: Comm | None = None,
@@ -74,17 +76,28 @@ class Muon(torch.optim.Optimizer):
     ) -> None:
         """`overrides`: `MuonConfig` fields to change from `settings` (default: the config's
         defaults). `process_group` is passed explicitly, never a silent fallback to the world
-        group; it is not used when `sharded` (the parameters' mesh decides). `banks`: step
-        each group's same-shape matrices as stacks (optim/muon/banked.py), compiled with
+        group; `parallelism` (dist.parallelism, optim/parallelism.py) says what Muon does on
+        its ranks; an fsdp one takes DTensor shards, whose mesh decides the group. `banks`:
+        step each group's same-shape matrices as stacks (optim/muon/banked.py), compiled with
         `compile_backend` (a torch.compile backend; None: uncompiled); `comm`: share the
-        banks' rows out over its ranks (optim.distribute=sharded; implies `banks`)."""
+        banks' rows out over its ranks (ddp_row_shards, whose exchange it is; implies
+        `banks`)."""
         self.hp = replace(settings or MuonConfig(), **overrides)
         self.hp.validate()
         self.ns_dtype = ns_dtype  # the hardware's choice, not a param-group setting
         self._head_rows: dict[int, int] = {}  # the stepping group's split stacks (qk_split)
-        if comm is not None and (process_group is not None or sharded):
-            raise ValueError("Muon takes `comm` (optim.distribute=sharded) or a process group")
-        self.strategy = self._strategy(process_group, sharded)
+        if parallelism not in PARALLELISMS:
+            raise ValueError(f"Muon parallelism must be one of {' | '.join(PARALLELISMS)}, "
+                             f"got {parallelism!r}")  # fmt: skip
+        if comm is not None:  # the exchange of ddp_row_shards, in place of a process group
+            if process_group is not None or parallelism not in (DEFAULT, "ddp_row_shards"):
+                raise ValueError(
+                    "Muon takes `comm` (parallelism=ddp_row_shards' exchange) or a process "
+                    f"group; got both, or parallelism={parallelism}"
+                )
+            parallelism = "ddp_row_shards"
+        self.parallelism = parallelism
+        self.strategy = self._strategy(process_group, parallelism)
         hp = self.hp
         super().__init__(
             params, {"lr": hp.lr, "momentum": hp.momentum, "weight_decay": hp.weight_decay}
@@ -95,52 +108,54 @@ class Muon(torch.optim.Optimizer):
             if type(self.strategy) is not Strategy:
                 raise ValueError(
                     "optim.compile=true steps Muon's matrices as banks, in one process or "
-                    "with optim.distribute=sharded; got several ranks with "
-                    "optim.distribute=replicated"
+                    f"with dist.parallelism=ddp_row_shards; got several ranks with "
+                    f"dist.parallelism={parallelism}"
                 )
             self.banked = BankedGroups(self.param_groups, self.hp, ns_dtype, self.state_dtype,
                                        compile_backend, comm)  # fmt: skip
             self.banked.attach(self.state)
         self.defer_finish = False  # CombinedOptimizer finishes a sharded step itself
 
-    def _strategy(self, group: dist.ProcessGroup | None, sharded: bool) -> Strategy:
+    def _strategy(self, group: dist.ProcessGroup | None, parallelism: str) -> Strategy:
         ns, hp = self.newton_schulz, self.hp
         several = group is not None and dist.get_world_size(group) > 1
-        if hp.normuon_beta2 and (sharded or (several and hp.exchange == "reduce_scatter")):
-            # NorMuon's column statistics need each whole update where it is applied: here
-            # only the replicated exchanges give every rank every whole update.
-            raise ValueError(
-                "optim.muon.normuon_beta2 > 0 (NorMuon) runs in one process or with "
-                "optim.muon.exchange=all_gather | all_reduce under dist.strategy=ddp; got "
-                + ("dist.strategy=fsdp" if sharded else "optim.muon.exchange=reduce_scatter")
-            )
-        whole = {"master_weights": hp.master_weights != "none", "qk_split": hp.qk_split != "none"}
+        exchange = PARALLELISMS[parallelism].muon
+        sharded = PARALLELISMS[parallelism].fsdp
+        whole = {"normuon_beta2": hp.normuon_beta2 > 0,
+                 "master_weights": hp.master_weights != "none",
+                 "qk_split": hp.qk_split != "none"}  # fmt: skip
         for key, on in whole.items():
-            if on and (sharded or (several and hp.exchange == "reduce_scatter")):
-                # The master's low half and the head-pair blocks need each whole matrix where
-                # it is updated, with its state there for checkpoints: replicated exchanges.
+            if on and (sharded or (several and exchange == "reduce_scatter")):
+                # NorMuon's statistics, the master's low half and the head-pair blocks need
+                # each whole update where it is applied, with its state there for checkpoints:
+                # only the replicated exchanges (and the row shards' whole banks) give that.
                 raise ValueError(
                     f"optim.muon.{key}={getattr(hp, key)} runs in one process or with "
-                    "optim.muon.exchange=all_gather | all_reduce under dist.strategy=ddp; got "
-                    + ("dist.strategy=fsdp" if sharded else "optim.muon.exchange=reduce_scatter")
+                    f"dist.parallelism=ddp_all_gather | ddp_all_reduce | ddp_row_shards; got "
+                    f"dist.parallelism={parallelism}"
                 )
         if sharded:
-            if hp.sharded_ns == "tp":
+            if exchange == "tp":
                 return ShardedTP(ns, self.ns_dtype, hp)
             return ShardedOwners(ns, self.ns_dtype)
         if group is None or dist.get_world_size(group) == 1:
             return Strategy(ns)
-        if hp.exchange == "reduce_scatter":
+        if parallelism not in MUON_EXCHANGES:
+            raise ValueError(
+                f"dist.parallelism={parallelism} shares Muon's rows through the optimizer's "
+                "exchange (`comm`), not a process group"
+            )
+        if exchange == "reduce_scatter":
             return OwnerOnly(ns, group)
-        return Replicated(ns, group, hp.exchange, self.ns_dtype)
+        return Replicated(ns, group, exchange, self.ns_dtype)
 
     def start_exchange(self) -> None:
-        """optim.distribute=sharded: start the gradient reduction (no-op otherwise)."""
+        """ddp_row_shards: start the gradient reduction (no-op otherwise)."""
         if self.banked is not None:
             self.banked.start(self.param_groups)
 
     def finish_exchange(self) -> None:
-        """optim.distribute=sharded: every rank's new weights into place (no-op otherwise)."""
+        """ddp_row_shards: every rank's new weights into place (no-op otherwise)."""
         if self.banked is not None:
             self.banked.finish()
 
@@ -270,7 +285,7 @@ class Muon(torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """The optimizer state, with every momentum buffer, whatever the strategy and world
-        size. Owner-only (exchange=reduce_scatter on several ranks) gathers the owners'
+        size. Owner-only (ddp_owners on several ranks) gathers the owners'
         buffers, so every rank must call it (a rank-0-only call would wait forever)."""
         if self.banked is not None and self.banked.comm is not None:
             return self._banked_state_dict()

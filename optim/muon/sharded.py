@@ -1,7 +1,8 @@
 """Muon's strategies for FSDP2-sharded matrices: `ShardedOwners` and `ShardedTP`.
 
-Under `dist.strategy=fsdp` a rank holds only a dim-0 shard of each matrix and of its gradient
-(`optim/row_shards.py`), but Newton–Schulz needs the whole matrix. A step, per param group:
+Under an fsdp `dist.parallelism` (fsdp_gather, fsdp_tp) a rank holds only a dim-0 shard of each
+matrix and of its gradient (`optim/row_shards.py`), but Newton–Schulz needs the whole matrix. A
+step, per param group:
 
 (a) momentum on the local shards, in fp32 (elementwise: shards of the whole result);
 (b) one packed `all_to_all_single` per bucket sends every shard of matrix i, cast to the
@@ -12,7 +13,7 @@ Under `dist.strategy=fsdp` a rank holds only a dim-0 shard of each matrix and of
     rank applies weight decay and the update to its shard, with the LR scale of the *global*
     shape.
 
-That is `sharded_ns="gather"` (`ShardedOwners`), the default. `sharded_ns="tp"` (`ShardedTP`)
+That is `fsdp_gather` (`ShardedOwners`). `fsdp_tp` (`ShardedTP`)
 replaces (b) and (c) with
 tensor-parallel Newton–Schulz on the row shards in place (`orthogonalise_row_shards`: per
 iteration one all_reduce of the cols×cols Gram matrices of all 2-D matrices of a shape; the
@@ -91,7 +92,7 @@ class ExchangePlan:
 
 
 class ShardedOwners(Strategy):
-    """sharded_ns="gather": each matrix's shards go to its owner, which orthogonalises the
+    """fsdp_gather: each matrix's shards go to its owner, which orthogonalises the
     whole matrix; its rows come back (the module docstring)."""
 
     sharded = True
@@ -205,7 +206,7 @@ class ShardedOwners(Strategy):
 
 
 class ShardedTP(ShardedOwners):
-    """sharded_ns="tp": tensor-parallel Newton–Schulz of the row shards, in place
+    """fsdp_tp: tensor-parallel Newton–Schulz of the row shards, in place
     (`orthogonalise_row_shards`); no rank holds a whole matrix."""
 
     def __init__(self, newton_schulz: NewtonSchulz, ns_dtype: torch.dtype, hp: MuonConfig) -> None:

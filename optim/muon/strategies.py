@@ -12,8 +12,8 @@ distributed arrangements:
 - `finish`: anything after the update (owners sending their new parameters).
 
 This module holds the strategies for whole (replicated) parameters: `Strategy` itself (one
-process), `Replicated` (optim.muon.exchange=all_gather or all_reduce) and `OwnerOnly`
-(reduce_scatter). The sharded ones (dist.strategy=fsdp) are in optim/muon/sharded.py. Every
+process), `Replicated` (dist.parallelism=ddp_all_gather or ddp_all_reduce) and `OwnerOnly`
+(ddp_owners). The sharded ones (fsdp_gather, fsdp_tp) are in optim/muon/sharded.py. Every
 strategy gives the parameters a single process would, bit for bit (tests/e2e/test_dist_muon.py).
 """
 
@@ -102,7 +102,7 @@ class _RoundRobin(Strategy):
 
 
 class Replicated(_RoundRobin):
-    """exchange=all_gather | all_reduce: DDP has averaged every gradient, every rank advances
+    """ddp_all_gather | ddp_all_reduce: DDP has averaged every gradient, every rank advances
     every momentum (replicated state), orthogonalises the matrices it owns, and the finished
     updates are exchanged, so every rank applies all of them."""
 
@@ -133,7 +133,7 @@ class Replicated(_RoundRobin):
 
 
 class OwnerOnly(_RoundRobin):
-    """exchange=reduce_scatter: Muon's gradients skip DDP. Each owner receives the average of
+    """ddp_owners: Muon's gradients skip DDP. Each owner receives the average of
     its matrices' gradients (one reduce-scatter), keeps their momentum, updates them, and
     all-gathers the new parameters. `state_dict` gathers the owners' momentum, so it is a
     collective and its result does not depend on the world size."""
@@ -146,7 +146,7 @@ class OwnerOnly(_RoundRobin):
 
     def gradients(self, index: int, group: Group) -> tuple[dict[int, Tensor], set[int]]:
         params = group["params"]
-        require_every_gradient(group, index, "Muon exchange=reduce_scatter")
+        require_every_gradient(group, index, "Muon under dist.parallelism=ddp_owners")
         rr = self.round_robin(index, params, range(len(params)))
         grads = rr.reduce_scatter([p.grad for p in params])
         for g in grads.values():

@@ -164,9 +164,9 @@ def check_tp_form(form: str) -> str:
     check_form(form)
     if form not in TP_FORMS:
         raise ValueError(
-            f"ns_form={form!r} is not run tensor-parallel (sharded_ns=tp): it reproduces one "
-            f"process's rounding, which a Gram matrix summed across ranks cannot; use "
-            f"ns_form=factored, or sharded_ns=gather"
+            f"ns_form={form!r} is not run tensor-parallel (dist.parallelism=fsdp_tp): it "
+            "reproduces one process's rounding, which a Gram matrix summed across ranks "
+            "cannot; use ns_form=factored, or dist.parallelism=fsdp_gather"
         )
     return form
 

@@ -1,4 +1,5 @@
-"""Benchmark distributed Muon: 2 gloo ranks against 1 process, per exchange mode and sharded.
+"""Benchmark distributed Muon: 2 gloo ranks against 1 process, per exchange mode and sharded
+(the rows are dist.parallelism's ddp_all_reduce, ddp_all_gather, ddp_owners and fsdp_gather).
 
 Two ranks (1 thread each) hold the GPT-2-small Muon matrices. In every round, in the same two
 processes: rank 0 alone times a single-process Muon step with 1 thread (the same compute per
@@ -13,7 +14,7 @@ halved) and compared with the ring formulas:
     all_gather        (W-1)/W·P·b
     reduce_scatter  2·(W-1)/W·P·4      (fp32 gradients scattered, fp32 parameters gathered)
     DDP gradients   2·(W-1)/W·P·4      (before all_reduce / all_gather only)
-    sharded         2·(W-1)/W²·P·b     (dist.strategy=fsdp: shards to owners and back)
+    sharded         2·(W-1)/W²·P·b     (fsdp_gather: shards to owners and back)
     FSDP gradients    (W-1)/W·P·4 + (W-1)/W·P·4   (reduce-scatter the gradients, all-gather
                                         the parameters for the next forward: fp32 on CPU)
 
@@ -40,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from optim.config import EXCHANGES
+from optim.muon.exchange import EXCHANGES, PARALLELISM_OF
 from optim.muon.newton_schulz import resolve_ns_dtype
 from optim.muon.optimizer import Muon
 from scripts.bench.muon_step import SHAPE_SETS
@@ -64,7 +65,8 @@ def make(shapes: list, group: dist.ProcessGroup | None, exchange: str, ns_dtype)
     params = [torch.randn(s, generator=gen).requires_grad_() for s in shapes]
     for p in params:
         p.grad = torch.randn(p.shape, generator=gen)
-    return Muon(params, ns_dtype=ns_dtype, process_group=group, exchange=exchange, **KW)
+    parallelism = PARALLELISM_OF[exchange]
+    return Muon(params, ns_dtype=ns_dtype, process_group=group, parallelism=parallelism, **KW)
 
 
 def make_sharded(shapes: list, ns_dtype) -> Muon:
@@ -77,7 +79,7 @@ def make_sharded(shapes: list, ns_dtype) -> Muon:
         shard = torch.nn.Parameter(distribute_tensor(p, mesh, [Shard(0)], src_data_rank=None))
         shard.grad = distribute_tensor(g, mesh, [Shard(0)], src_data_rank=None)
         params.append(shard)
-    return Muon(params, ns_dtype=ns_dtype, sharded=True, **KW)
+    return Muon(params, ns_dtype=ns_dtype, parallelism="fsdp_gather", **KW)
 
 
 def timed(fn) -> tuple[float, int]:

@@ -25,10 +25,10 @@ runs once (eval mode, the validation shape; a GPU out of memory there is reporte
 column, the training rows stand).
 
 `--world W`: each GPU's share at W GPUs (batch / W sequences) with rank 0's share of the
-optimizer under optim.distribute=sharded (`LocalView`, no communication): one GPU's step of a
-W-GPU run, beside the record's per-GPU ms. `--optimizer`: the optimizer step alone after the
-rows, eager against compiled (scripts/bench/optim_step.py). `--profile DIR`: a torch.profiler
-table of one normal and one Adam step at the first window, per preset, into DIR.
+optimizer under dist.parallelism=ddp_row_shards (`LocalView`, no communication): one GPU's step
+of a W-GPU run, beside the record's per-GPU ms. `--optimizer`: the optimizer step alone after
+the rows, eager against compiled (scripts/bench/optim_step.py). `--profile DIR`: a
+torch.profiler table of one normal and one Adam step at the first window, per preset, into DIR.
 
 Graphs and graph breaks count what the preset's compile made and met, evaluation included;
 recompiles count graphs compiled during the row's timed steps. Graph breaks and recompiles
@@ -104,7 +104,7 @@ class Bench:
 
 def build(conf: Config, world: int | None = None) -> Bench:
     """Model, optimizer object and compile as in train.py, for one GPU of `GPUS` (the whole
-    optimizer), or of `world` (rank 0's share of the optimizer, optim.distribute=sharded)."""
+    optimizer), or of `world` (rank 0's share of the optimizer, dist.parallelism=ddp_row_shards)."""
     t = conf.train
     rt = init_runtime(t.device, t.autocast)
     gpus = world or GPUS

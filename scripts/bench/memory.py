@@ -139,7 +139,7 @@ def measure_rank(cfg: ModelConfig, setup: str, tokens: int = 64) -> dict[str, in
         shard_model(model, rt, torch.float32)  # dist.fsdp_param_dtype=auto on CPU
     optimizer = build_optimizer(
         model, OptimConfig(offload=setup == "fsdp+offload"), device=rt.device,
-        process_group=dist.group.WORLD, sharded=fsdp,
+        process_group=dist.group.WORLD, parallelism="fsdp_gather" if fsdp else "ddp_all_gather",
     )  # fmt: skip
     forward = model if fsdp else wrap_ddp(model, optimizer.self_reduced)
     idx = torch.randint(0, 50257, (1, tokens + 1), generator=torch.Generator().manual_seed(rank))

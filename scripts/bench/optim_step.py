@@ -16,7 +16,7 @@ the median of each kind and their period mean (what a run's step costs on averag
 ratios eager / compiled of each.
 
 `--world W` builds the optimizer with `LocalView(W, 0)` (optim/shards.py): rank 0's share of
-optim.distribute=sharded on W ranks (1/W of Muon's banks and of Adam's tables, every small
+dist.parallelism=ddp_row_shards on W ranks (1/W of Muon's banks and of Adam's tables, every small
 tensor, the packing the exchange does), with no communication: on one GPU, the optimizer's
 part of a W-GPU step.
 """

@@ -57,7 +57,7 @@ STRATEGY_TOY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=64", "train.s
                 "train.batch_size=2", "train.steps=4", "train.val_tokens=128"]  # fmt: skip
 STRATEGIES = {
     "ddp": [],
-    "fsdp": ["dist.strategy=fsdp"],
+    "fsdp": ["dist.parallelism=fsdp_gather"],
     "ddp + offload": ["optim.offload=true"],
 }
 UNTIMED = 2  # the strategy runs' first steps, left out of the median (warm-up)

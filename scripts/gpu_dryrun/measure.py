@@ -79,7 +79,7 @@ def build(gpu: ModuleType, conf: Any, world: int, recorder: Recorder) -> Any:
 
 def ddp_bytes(model: Any, opt: Any) -> int:
     """Bytes of the gradients DDP all-reduces at world > 1: those the optimizer does not
-    reduce itself (`self_reduced`: under optim.distribute=sharded, all of its own)."""
+    reduce itself (`self_reduced`: under dist.parallelism=ddp_row_shards, all of its own)."""
     own = set(getattr(opt, "self_reduced", None) or [])
     return sum(p.numel() * p.element_size() for n, p in model.named_parameters()
                if p.requires_grad and n not in own)  # fmt: skip

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from optim.config import EXCHANGES
 from optim.muon.optimizer import Muon
+from optim.parallelism import MUON_EXCHANGES
 from tests.dist_utils import run_ranks
 
 STEPS = 3
@@ -40,7 +40,7 @@ def train(
     shapes: list,
     ns_dtype: torch.dtype,
     group: dist.ProcessGroup | None = None,
-    exchange: str = "all_reduce",
+    parallelism: str = "ddp_all_reduce",
     steps: range = range(STEPS),
     state: dict | None = None,
     **settings: object,
@@ -49,7 +49,7 @@ def train(
     start, grads = problem(shapes)
     params = [p.clone().requires_grad_() for p in start]
     kw = {**KW, **settings}
-    opt = Muon(params, ns_dtype=ns_dtype, process_group=group, exchange=exchange, **kw)
+    opt = Muon(params, ns_dtype=ns_dtype, process_group=group, parallelism=parallelism, **kw)
     if state is not None:
         params_then, opt_state = state["params"], state["opt"]
         with torch.no_grad():
@@ -58,8 +58,8 @@ def train(
         opt.load_state_dict(opt_state)
     rank = dist.get_rank(group) if group is not None else 0
     for step in steps:
-        # reduce_scatter averages the local gradients itself; the other modes expect DDP's.
-        local = exchange == "reduce_scatter" and group is not None
+        # ddp_owners averages the local gradients itself; the other modes expect DDP's.
+        local = parallelism == "ddp_owners" and group is not None
         step_grads = grads[step][rank] if local else averaged(grads[step])
         for p, g in zip(params, step_grads, strict=True):
             p.grad = g.clone()
@@ -67,8 +67,8 @@ def train(
     return [p.detach() for p in params], opt
 
 
-def _rank_main(rank: int, world: int, shapes: list, dtype: str, exchange: str, out: str) -> None:
-    params, opt = train(shapes, getattr(torch, dtype), dist.group.WORLD, exchange)
+def _rank_main(rank: int, world: int, shapes: list, dtype: str, parallelism: str, out: str) -> None:
+    params, opt = train(shapes, getattr(torch, dtype), dist.group.WORLD, parallelism)
     torch.save({"params": params, "opt": opt.state_dict()}, Path(out) / f"rank{rank}.pt")
 
 
@@ -77,13 +77,13 @@ def momentum(state: dict) -> list[torch.Tensor]:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("exchange", EXCHANGES)
+@pytest.mark.parametrize("parallelism", MUON_EXCHANGES)
 @pytest.mark.parametrize("shapes", list(SHAPES))
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_exchange_is_bitwise_single_process(
-    exchange: str, shapes: str, dtype: str, tmp_path: Path
+    parallelism: str, shapes: str, dtype: str, tmp_path: Path
 ) -> None:
-    run_ranks(_rank_main, WORLD, SHAPES[shapes], dtype, exchange, str(tmp_path))
+    run_ranks(_rank_main, WORLD, SHAPES[shapes], dtype, parallelism, str(tmp_path))
     reference, ref_opt = train(SHAPES[shapes], getattr(torch, dtype))
     ref_momentum = momentum(ref_opt.state_dict())
     for rank in range(WORLD):
@@ -106,36 +106,36 @@ NORMUON = {
 }
 
 
-def _normuon_main(rank: int, world: int, exchange: str, out: str) -> None:
-    params, opt = train(SHAPES["mixed"], torch.bfloat16, dist.group.WORLD, exchange, **NORMUON)
+def _normuon_main(rank: int, world: int, parallelism: str, out: str) -> None:
+    params, opt = train(SHAPES["mixed"], torch.bfloat16, dist.group.WORLD, parallelism, **NORMUON)
     torch.save({"params": params, "opt": opt.state_dict()}, Path(out) / f"rank{rank}.pt")
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("exchange", ["all_gather", "all_reduce"])
-def test_normuon_on_two_ranks_is_bitwise_single_process(exchange: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallelism", ["ddp_all_gather", "ddp_all_reduce"])
+def test_normuon_on_two_ranks_is_bitwise_single_process(parallelism: str, tmp_path: Path) -> None:
     """NorMuon's column statistics are taken on every rank from the exchanged whole updates:
     parameters and both buffers equal one process's."""
-    run_ranks(_normuon_main, WORLD, exchange, str(tmp_path))
+    run_ranks(_normuon_main, WORLD, parallelism, str(tmp_path))
     reference, ref_opt = train(SHAPES["mixed"], torch.bfloat16, **NORMUON)
     assert_ranks_are(tmp_path, reference, ref_opt, ("momentum_buffer", "second_moment"))
 
 
-def _resume_main(rank: int, world: int, exchange: str, state_file: str, out: str) -> None:
+def _resume_main(rank: int, world: int, parallelism: str, state_file: str, out: str) -> None:
     state = torch.load(state_file)
     params, _ = train(
-        SHAPES["mixed"], torch.float32, dist.group.WORLD, exchange, range(1, STEPS), state
+        SHAPES["mixed"], torch.float32, dist.group.WORLD, parallelism, range(1, STEPS), state
     )
     torch.save(params, Path(out) / f"rank{rank}.pt")
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("exchange", EXCHANGES)
-def test_single_process_state_resumes_on_two_ranks(exchange: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallelism", MUON_EXCHANGES)
+def test_single_process_state_resumes_on_two_ranks(parallelism: str, tmp_path: Path) -> None:
     """1 step in one process, its state loaded on 2 ranks, 2 more steps = 3 steps in one."""
     params, opt = train(SHAPES["mixed"], torch.float32, steps=range(1))
     torch.save({"params": params, "opt": opt.state_dict()}, tmp_path / "state.pt")
-    run_ranks(_resume_main, WORLD, exchange, str(tmp_path / "state.pt"), str(tmp_path))
+    run_ranks(_resume_main, WORLD, parallelism, str(tmp_path / "state.pt"), str(tmp_path))
     reference, _ = train(SHAPES["mixed"], torch.float32)
     for rank in range(WORLD):
         for a, b in zip(torch.load(tmp_path / f"rank{rank}.pt"), reference, strict=True):
@@ -144,7 +144,7 @@ def test_single_process_state_resumes_on_two_ranks(exchange: str, tmp_path: Path
 
 def _missing_grad_main(rank: int, world: int, out: str) -> None:
     params = [torch.zeros(4, 4, requires_grad=True), torch.zeros(4, 4, requires_grad=True)]
-    opt = Muon(params, process_group=dist.group.WORLD, exchange="reduce_scatter")
+    opt = Muon(params, process_group=dist.group.WORLD, parallelism="ddp_owners")
     params[0].grad = torch.ones(4, 4)  # params[1] has no gradient
     try:
         opt.step()
@@ -153,7 +153,7 @@ def _missing_grad_main(rank: int, world: int, out: str) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_reduce_scatter_names_parameters_without_gradients(tmp_path: Path) -> None:
+def test_owners_name_parameters_without_gradients(tmp_path: Path) -> None:
     run_ranks(_missing_grad_main, WORLD, str(tmp_path))
     for rank in range(WORLD):  # every rank refused the step, before any collective
         message = (tmp_path / f"rank{rank}.txt").read_text()
@@ -169,12 +169,12 @@ def _unsupported_main(rank: int, world: int, out: str) -> None:
     try:
         params = [torch.zeros(4, 4, requires_grad=True)]
         messages = []
-        for exchange in ("all_gather", "reduce_scatter"):
+        for parallelism in ("ddp_all_gather", "ddp_owners"):
             try:
-                Muon(params, process_group=dist.group.WORLD, exchange=exchange)
+                Muon(params, process_group=dist.group.WORLD, parallelism=parallelism)
             except ValueError as e:
                 messages.append(str(e))
-        Muon(params, process_group=dist.group.WORLD, exchange="all_reduce")  # no send/recv
+        Muon(params, process_group=dist.group.WORLD, parallelism="ddp_all_reduce")  # no send/recv
     finally:
         dist.batch_isend_irecv = original
     (Path(out) / f"rank{rank}.txt").write_text("\n".join(messages))
@@ -186,13 +186,13 @@ def test_exchange_the_backend_lacks_fails_at_construction(tmp_path: Path) -> Non
     for rank in range(WORLD):
         messages = (tmp_path / f"rank{rank}.txt").read_text().splitlines()
         assert len(messages) == 2
-        for exchange, message in zip(("all_gather", "reduce_scatter"), messages, strict=True):
-            assert f"optim.muon.exchange={exchange} is not supported by the gloo" in message
+        for parallelism, message in zip(("ddp_all_gather", "ddp_owners"), messages, strict=True):
+            assert f"dist.parallelism={parallelism} is not supported by the gloo" in message
 
 
-def test_unknown_exchange_is_rejected() -> None:
-    with pytest.raises(ValueError, match="exchange"):
-        Muon([torch.zeros(4, 4, requires_grad=True)], exchange="carrier_pigeon")
+def test_unknown_parallelism_is_rejected() -> None:
+    with pytest.raises(ValueError, match="Muon parallelism must be one of ddp_all_gather"):
+        Muon([torch.zeros(4, 4, requires_grad=True)], parallelism="carrier_pigeon")
 
 
 RECORD_D = {**NORMUON, "normuon_beta2": 0.9, "normuon_axis": "shape", "weight_decay": 1.2,
@@ -210,7 +210,8 @@ def train_record_d(group: dist.ProcessGroup | None = None) -> tuple[list[torch.T
         p.muon_head_rows = 16  # type: ignore[attr-defined]
     params[2].lr_mul = 2.0  # type: ignore[attr-defined]
     kw = {**KW, **RECORD_D}
-    opt = Muon(params, ns_dtype=torch.bfloat16, process_group=group, exchange="all_gather", **kw)
+    opt = Muon(params, ns_dtype=torch.bfloat16, process_group=group, parallelism="ddp_all_gather",
+               **kw)  # fmt: skip
     for _ in range(STEPS):
         for p in params:
             p.grad = torch.randn(p.shape, generator=gen).bfloat16()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from optim.config import EXCHANGES
+from optim.parallelism import MUON_EXCHANGES
 from tests.dist_utils import run_torchrun_ranks
 from tests.helpers import TINY, compose_config
 from train import train
@@ -76,11 +76,11 @@ def assert_same_curve(got: list[dict], want: list[dict]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("exchange", EXCHANGES)
+@pytest.mark.parametrize("parallelism", MUON_EXCHANGES)
 def test_two_ranks_give_the_one_rank_curve(
-    exchange: str, one_rank: list[dict], tmp_path: Path, corpus_cache: Path
+    parallelism: str, one_rank: list[dict], tmp_path: Path, corpus_cache: Path
 ) -> None:
-    two = train_on_ranks(2, tmp_path, "two", corpus_cache, f"optim.muon.exchange={exchange}")
+    two = train_on_ranks(2, tmp_path, "two", corpus_cache, f"dist.parallelism={parallelism}")
     assert_same_curve(two, one_rank)
 
 

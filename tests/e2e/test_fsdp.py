@@ -1,9 +1,9 @@
-"""dist.strategy=fsdp: the DDP curve on 2 gloo ranks, and DCP checkpoints across world sizes
-and strategies.
+"""dist.parallelism=fsdp_gather: the DDP curve on 2 gloo ranks, and DCP checkpoints across world
+sizes and parallelisms.
 
 Each run is the `train(cfg)` a user's torchrun calls (tests/e2e/test_dist_train.py's helpers).
 Resumes start in a fresh run directory from a checkpoint path, so the resumed curve (steps
-7-12) is compared with the uninterrupted run's: bitwise at the same world size and strategy,
+7-12) is compared with the uninterrupted run's: bitwise at the same world size and parallelism,
 within the 1e-3 of any two layouts otherwise (sums over ranks associate differently).
 """
 
@@ -17,7 +17,7 @@ from trainer.checkpoint import files
 
 SAVE = ["train.checkpoint_every=6", "train.checkpoint_keep=3"]
 MID = 6  # the step a resume starts from
-FSDP = "dist.strategy=fsdp"
+FSDP = "dist.parallelism=fsdp_gather"
 
 
 def _after(records: list[dict], step: int) -> list[dict]:

@@ -208,11 +208,11 @@ def test_record_d_toy_same_curve_on_two_ranks_and_resumes_around_the_split(
     loss falls; 2 ranks give its curve (5e-3: measured 2e-3 at most, each rank summing its own
     bf16 gradients over Adam's pair before they are averaged, as the record's ranks do, where
     one process sums each step's two micro-steps first), with the preset's
-    optim.distribute=sharded (each rank updates its share of the banks and tables); one process
-    resumes bit for bit from the save after update 4 (an even step, Adam holding its gradient,
-    the head still tied), and two sharded ranks from the save after update 5 (the split just
-    made, E's state rows taken from W's; the save gathered from both ranks), the FP8 scales
-    mid-sequence at both. The saves are the uninterrupted runs' own, resumed into new run
+    dist.parallelism=ddp_row_shards (each rank updates its share of the banks and tables); one
+    process resumes bit for bit from the save after update 4 (an even step, Adam holding its
+    gradient, the head still tied), and two sharded ranks from the save after update 5 (the
+    split just made, E's state rows taken from W's; the save gathered from both ranks), the FP8
+    scales mid-sequence at both. The saves are the uninterrupted runs' own, resumed into new run
     directories (a stop's save is the same save: tests/e2e/test_resume.py stops and resumes)."""
     run_d(tmp_path / "one", corpus_cache, "train.checkpoint_every=4", "train.checkpoint_keep=2")
     want = curve(tmp_path / "one")
@@ -270,9 +270,9 @@ def test_record_m_toy_same_curve_on_two_ranks_and_resumes_around_the_split(
     """Record M at toy size through its twelve stages, its four batch sizes and the split (one
     uninterrupted run, the reference): the loss falls; 2 ranks give its curve (5e-3: measured
     2e-3 at most, the sharded exchanges rounding its bf16 gradients in another order, where 2
-    replicated ranks agree to 3e-4), with the preset's optim.distribute=sharded; one process
-    resumes bit for bit from the save after update 2 (an even step: Adam holds its gradient,
-    the head still tied) and from the save after update 4 (the split made at update 3, E's
+    replicated ranks agree to 3e-4), with the preset's dist.parallelism=ddp_row_shards; one
+    process resumes bit for bit from the save after update 2 (an even step: Adam holds its
+    gradient, the head still tied) and from the save after update 4 (the split made at update 3, E's
     state taken from W's). Record D's test resumes sharded ranks."""
     run_m(tmp_path / "one", corpus_cache, "train.checkpoint_every=2", "train.checkpoint_keep=8")
     want = curve(tmp_path / "one")

@@ -135,9 +135,9 @@ def test_rng_states_round_trip_through_a_checkpoint_file(tmp_path: Path) -> None
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_two_ranks_resume_continues_the_curve(tmp_path: Path, corpus_cache: Path) -> None:
-    """Owner-only Muon momentum (reduce_scatter), a SIGTERM to rank 1 alone: both ranks stop
-    at the same step, and the resumed run matches the one that never stopped."""
-    common = "optim.muon.exchange=reduce_scatter"
+    """Owner-only Muon momentum (dist.parallelism=ddp_owners), a SIGTERM to rank 1 alone: both
+    ranks stop at the same step, and the resumed run matches the one that never stopped."""
+    common = "dist.parallelism=ddp_owners"
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     on_two_ranks(straight, corpus_cache, common)
     on_two_ranks(
@@ -164,10 +164,10 @@ def test_two_ranks_resume_continues_the_curve(tmp_path: Path, corpus_cache: Path
 def test_two_sharded_ranks_stopped_inside_a_pair_resume_bit_for_bit(
     tmp_path: Path, corpus_cache: Path
 ) -> None:
-    """optim.distribute=sharded with Adam every other step: each rank sums its own two
+    """dist.parallelism=ddp_row_shards with Adam every other step: each rank sums its own two
     gradients and only the sum is exchanged (optim/adam.py), so a stop inside a pair saves
     both ranks' partial sums; the resumed run is the straight one bit for bit."""
-    common = ("optim.distribute=sharded", *BANKED)
+    common = ("dist.parallelism=ddp_row_shards", *BANKED)
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     on_two_ranks(straight, corpus_cache, *common)
     on_two_ranks(resumed, corpus_cache, *common, "train.fault.signal_at_step=9")

@@ -91,7 +91,7 @@ def test_fsdp_checkpoint_samples_as_its_ddp_twin(
     run: Path, tmp_path: Path, corpus_cache: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """A 1-rank fsdp run computes the ddp run bit for bit, so its dcp save samples the same."""
-    fsdp = tiny_run(tmp_path, corpus_cache, "dist.strategy=fsdp")
+    fsdp = tiny_run(tmp_path, corpus_cache, "dist.parallelism=fsdp_gather")
     assert files.validate(files.find_latest(fsdp / "checkpoints"))["layout"] == "dcp"
     for args in (("--top-k", "1"), ("--temperature", "1", "--seed", "3")):
         assert sample(capsys, fsdp, *args) == sample(capsys, run, *args)

@@ -62,13 +62,15 @@ def _reference(settings: dict, dtype: torch.dtype) -> list[torch.Tensor]:
     return [p.detach() for p in params]
 
 
-def _sharded(settings: dict, dtype: torch.dtype, mesh) -> tuple[list[torch.Tensor], int]:
+def _sharded(
+    settings: dict, dtype: torch.dtype, mesh, parallelism: str = "fsdp_gather"
+) -> tuple[list[torch.Tensor], int]:
     params, grads = _problem()
     shards = [
         torch.nn.Parameter(distribute_tensor(p, mesh, [Shard(0)], src_data_rank=None))
         for p in params
     ]
-    opt = Muon(shards, lr=0.05, ns_dtype=dtype, sharded=True, **settings)
+    opt = Muon(shards, lr=0.05, ns_dtype=dtype, parallelism=parallelism, **settings)
     gathers = 0
     original = DTensor.full_tensor
 
@@ -159,7 +161,7 @@ def test_plain_tensors_match_muon() -> None:
     """Without a mesh (one process) the sharded optimizer is Muon itself."""
     params, grads = _problem()
     mine = [torch.nn.Parameter(p.clone()) for p in params]
-    opt = Muon(mine, lr=0.05, ns_dtype=torch.float32, sharded=True)
+    opt = Muon(mine, lr=0.05, ns_dtype=torch.float32, parallelism="fsdp_gather")
     for step in grads:
         for p, g in zip(mine, step, strict=True):
             p.grad = g
@@ -171,6 +173,6 @@ def test_plain_tensors_match_muon() -> None:
 
 def test_parameters_without_gradients_are_named() -> None:
     p = torch.nn.Parameter(torch.randn(4, 4))
-    opt = Muon([{"params": [p], "name": "muon"}], sharded=True)
+    opt = Muon([{"params": [p], "name": "muon"}], parallelism="fsdp_gather")
     with pytest.raises(RuntimeError, match="parameters \\[0\\] of group 'muon'"):
         opt.step()

@@ -1,4 +1,4 @@
-"""optim.distribute=sharded on 2 gloo ranks against one process, for every record preset's
+"""dist.parallelism=ddp_row_shards on 2 gloo ranks against one process, for every record preset's
 optimizer settings, on the parameters of tests/unit/test_optimizer_compile.py (head-pair
 stacks, MLP matrices with LR factors, Adam's tables with the tie and its split, scalars):
 
@@ -165,7 +165,7 @@ def _states_equal(a: list[dict], b: list[dict]) -> bool:
 def test_two_sharded_ranks_are_one_process_bit_for_bit(tmp_path: Path) -> None:
     run_ranks(_rank_main, 2, str(tmp_path))
     refusal = torch.load(tmp_path / "rank0.pt")["refusal"]
-    assert refusal is not None and "optim.distribute=sharded" in refusal
+    assert refusal is not None and "with dist.parallelism=ddp_row_shards; got" in refusal
     for preset in PRESETS:
         parts, params = build(preset)
         grads = gradients(params, 2)

@@ -1,5 +1,5 @@
 """Tensor-parallel Newton–Schulz on 2 gloo ranks vs single-process `zeropower`, and
-sharded Muon (`sharded_ns="tp"`) vs single-process `Muon`.
+sharded Muon (dist.parallelism=fsdp_tp) vs single-process `Muon`.
 
 One spawn runs every 2-rank check (interpreter start-up and the torch import cost seconds per
 spawn). Each rank takes its block of a seeded matrix (`torch.chunk`, so blocks are uneven for
@@ -22,7 +22,7 @@ bf16 vs fp32 on 2 ranks (both round the exact sum of two bf16 values once). A no
 not summed across ranks (each rank divides by its own block's norm) must miss by far more
 than the tolerances: the check can fail.
 
-Sharded Muon with sharded_ns="tp" over 3 steps on test_sharded_muon's shapes and settings
+Sharded Muon under fsdp_tp over 3 steps on test_sharded_muon's shapes and settings
 (plus the gram form): stacked weights (their dim-0 shards are whole matrices,
 orthogonalised locally) stay bitwise; 2-D ones agree within MUON_TOL.
 """
@@ -165,14 +165,14 @@ def _special_cases(rank: int) -> dict[str, object]:
 
 
 def _muon_cases(rank: int) -> list[tuple]:
-    """Sharded Muon (sharded_ns="tp") vs Muon: per setting and dtype, each parameter's max |Δ|
+    """Sharded Muon (fsdp_tp) vs Muon: per setting and dtype, each parameter's max |Δ|
     and whether it is bitwise, and how many whole parameters the steps gathered."""
     mesh = init_device_mesh("cpu", (WORLD,))
     out = []
     runs = [(s, dtype) for s in [*SETTINGS, GRAM_SETTINGS] for dtype in DTYPES.values()]
     for settings, dtype in runs:
         want = _reference(settings, dtype)
-        got, gathers = _sharded({**settings, "sharded_ns": "tp"}, dtype, mesh)
+        got, gathers = _sharded(settings, dtype, mesh, "fsdp_tp")
         per_param = [
             ((a - b).abs().max().item(), torch.equal(a, b)) for a, b in zip(got, want, strict=True)
         ]
@@ -254,9 +254,11 @@ def test_arguments_are_checked() -> None:
     # An empty batch needs no collective (every rank has the same batch), so no group is used.
     empty = tp_zeropower(torch.zeros(0, 4, 6), "row", group, it, EPS)  # type: ignore[arg-type]
     assert empty.shape == (0, 4, 6) and empty.dtype == torch.bfloat16
-    with pytest.raises(ValueError, match="sharded_ns must be one of"):
-        Muon([torch.nn.Parameter(X)], sharded=True, sharded_ns="scatter")
-    assert MuonConfig().sharded_ns == "gather"
+    with pytest.raises(ValueError, match="Muon parallelism must be one of"):
+        Muon([torch.nn.Parameter(X)], parallelism="fsdp_scatter")
+    with pytest.raises(TypeError, match=r"optim\.muon\.sharded_ns is now dist\.parallelism"):
+        Muon([torch.nn.Parameter(X)], sharded_ns="tp")
+    assert MuonConfig().ns_form == "factored"
 
 
 def test_ns_traffic() -> None:

@@ -104,11 +104,16 @@ def test_normuon_is_refused_where_a_rank_lacks_whole_updates(
 ) -> None:
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     p = torch.nn.Parameter(torch.zeros(4, 4))
-    hp = MuonConfig(normuon_beta2=0.95, exchange="reduce_scatter")
-    with pytest.raises(ValueError, match=r"normuon_beta2 > 0 .*exchange=reduce_scatter"):
-        Muon([p], hp, process_group=object())  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"normuon_beta2 > 0 .*dist.strategy=fsdp"):
-        Muon([p], MuonConfig(normuon_beta2=0.95), sharded=True)
+    hp = MuonConfig(normuon_beta2=0.95)
+    with pytest.raises(
+        ValueError, match=r"normuon_beta2=0.95 runs .*got dist.parallelism=ddp_owners"
+    ):
+        Muon([p], hp, process_group=object(), parallelism="ddp_owners")  # type: ignore[arg-type]
+    for fsdp in ("fsdp_gather", "fsdp_tp"):
+        with pytest.raises(
+            ValueError, match=rf"normuon_beta2=0.95 runs .*got dist.parallelism={fsdp}"
+        ):
+            Muon([p], hp, parallelism=fsdp)
 
 
 def test_bad_settings_name_their_key() -> None:

@@ -184,10 +184,12 @@ def test_compiled_optimizer_equals_the_eager_one(preset: str) -> None:
     ("overrides", "message"),
     [
         (["optim.compile=true", "optim.offload=true"], "can't run with optim.compile=true"),
-        (["optim.distribute=sharded", "optim.offload=true"], "can't run with optim.distribute"),
-        (["optim.compile=true", "dist.strategy=fsdp"], "optim.compile=true steps whole"),
-        (["optim.distribute=sharded", "dist.strategy=fsdp"], "optim.distribute=sharded steps"),
-        (["optim.distribute=everywhere"], "optim.distribute must be one of replicated"),
+        (["dist.parallelism=ddp_row_shards", "optim.offload=true"],
+         "can't run with dist.parallelism=ddp_row_shards"),
+        (["optim.compile=true", "dist.parallelism=fsdp_gather"], "optim.compile=true steps whole"),
+        (["optim.compile=true", "dist.parallelism=fsdp_tp"],
+         "which dist.parallelism=fsdp_tp shards"),
+        (["dist.parallelism=everywhere"], "dist.parallelism must be one of ddp_all_gather"),
     ],
 )  # fmt: skip
 def test_combinations_that_cannot_run_are_refused_by_name(overrides: list, message: str) -> None:

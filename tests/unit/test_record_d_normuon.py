@@ -216,15 +216,15 @@ def test_refusals_name_their_key(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match=r"master_weights=fp32_truncated needs bf16 matrices"):
         Muon([torch.nn.Parameter(torch.zeros(4, 4))], MuonConfig(master_weights="fp32_truncated"))
     with pytest.raises(ValueError, match=r"qk_split=head_pairs runs in one process .*fsdp"):
-        Muon([p], MuonConfig(qk_split="head_pairs"), sharded=True)
+        Muon([p], MuonConfig(qk_split="head_pairs"), parallelism="fsdp_gather")
     with pytest.raises(ValueError, match=r"normuon_form=fp32_mean_squares needs NorMuon"):
         MuonConfig(normuon_form="fp32_mean_squares").validate()
     with pytest.raises(ValueError, match=r"qk_split=head_pairs needs the \(4, d, d\)"):
         mark_head_pairs(torch.nn.Linear(4, 4), [("weight", p)], "head_pairs")
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
-    hp = MuonConfig(master_weights="fp32_truncated", exchange="reduce_scatter")
-    with pytest.raises(ValueError, match=r"master_weights=fp32_truncated runs .*reduce_scatter"):
-        Muon([p], hp, process_group=object())  # type: ignore[arg-type]
+    hp = MuonConfig(master_weights="fp32_truncated")
+    with pytest.raises(ValueError, match=r"master_weights=fp32_truncated runs .*ddp_owners"):
+        Muon([p], hp, process_group=object(), parallelism="ddp_owners")  # type: ignore[arg-type]
 
 
 def test_record_ds_model_at_toy_size_takes_it() -> None:

@@ -7,11 +7,11 @@ loader's global position, every rank's RNG states and the loop's `Progress`. Res
 each back, so the run continues as if it had never stopped.
 
 Everything saved is independent of the world size: momentum is replicated (or gathered by
-Muon's `state_dict()`, a collective in exchange=reduce_scatter mode, which is why every rank
+Muon's `state_dict()`, a collective under dist.parallelism=ddp_owners, which is why every rank
 calls `save`), and the loader position counts global tokens. A checkpoint from W ranks
-therefore resumes on W' ranks. Under dist.strategy=ddp rank 0 alone writes files (layout
+therefore resumes on W' ranks. Under a ddp_* dist.parallelism rank 0 alone writes files (layout
 torch_save); under fsdp every rank writes its shards through Distributed Checkpoint (layout
-dcp, `layouts.py`), and either layout resumes either strategy. Every rank reads, so a
+dcp, `layouts.py`), and either layout resumes under any parallelism. Every rank reads, so a
 multi-node run needs its run directory on a shared filesystem.
 """
 
@@ -21,6 +21,7 @@ from pathlib import Path
 from torch import nn
 
 from optim import CombinedOptimizer
+from optim.parallelism import PARALLELISMS
 from trainer.checkpoint import files
 from trainer.checkpoint.files import CheckpointError, Loaded
 from trainer.checkpoint.layouts import restore_tensors, save_dcp, save_whole
@@ -59,7 +60,7 @@ class Checkpointer:
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.root = Path(conf.run_dir) / files.CHECKPOINTS_DIR
         self.last: Path | None = None  # the newest checkpoint saved or resumed from
-        self.sharded = conf.dist.strategy == "fsdp"  # layout dcp, else torch_save
+        self.sharded = PARALLELISMS[conf.dist.parallelism].fsdp  # layout dcp, else torch_save
 
     def resume(self) -> Progress:
         """Load what `train.resume` names into the model, optimizers, loader and RNGs.

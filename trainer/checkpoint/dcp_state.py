@@ -1,6 +1,6 @@
 """Model and optimizer state through Distributed Checkpoint (DCP), and across layouts.
 
-A sharded run (dist.strategy=fsdp) saves one flat DCP state: "model/<name>" for every
+A sharded run (dist.parallelism=fsdp_*) saves one flat DCP state: "model/<name>" for every
 parameter (the FSDP2 DTensor shards) and "optim/<group>/<parameter>/<key>" for every
 optimizer state tensor (`optim/flat_state.py`). Every rank writes its own shards; DCP records
 each one's global shape and offsets, so any world size can load it: a sharded run loads in
@@ -9,7 +9,7 @@ whole tensors sized from the checkpoint's metadata.
 
 Both directions between layouts work: a DDP (torch_save) checkpoint resumes an FSDP run, each
 rank copying its rows out of the whole tensors, and an FSDP (dcp) checkpoint resumes a DDP
-run. (A DDP run with exchange=reduce_scatter keeps momentum on owners only; it loads such
+run. (A DDP run with dist.parallelism=ddp_owners keeps momentum on owners only; it loads such
 state through its own `load_state_dict`, which keeps each rank's share.)
 """
 

@@ -4,7 +4,7 @@ Layout under `<run_dir>/checkpoints/`:
 
     step_000050/              a complete save
         model.pt              the unwrapped model's state_dict          } layout torch_save
-        optimizers.pt         every optimizer's state_dict, in order    } (dist.strategy=ddp)
+        optimizers.pt         every optimizer's state_dict, in order    } (ddp_*)
         dcp/                  model + optimizer state, each rank's shards (layout dcp, fsdp)
         trainer.pt            loader position, per-rank RNG states, step, tokens, train time
         meta.json             format version, layout, step, world size, threads, config,
@@ -39,8 +39,8 @@ LATEST = "latest"
 META = "meta.json"
 PARTS = ("model", "optimizers", "trainer")
 DCP_DIR = "dcp"  # a sharded save's model and optimizer state, in Distributed Checkpoint format
-# The files each layout must hold: torch_save (dist.strategy=ddp: whole tensors, written by
-# rank 0) | dcp (dist.strategy=fsdp: every rank writes its shards, trainer.pt by rank 0)
+# The files each layout must hold: torch_save (a ddp_* dist.parallelism: whole tensors, written by
+# rank 0) | dcp (fsdp_*: every rank writes its shards, trainer.pt by rank 0)
 REQUIRED = {
     "torch_save": tuple(f"{name}.pt" for name in PARTS),
     "dcp": ("trainer.pt", f"{DCP_DIR}/.metadata"),

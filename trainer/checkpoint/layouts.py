@@ -1,6 +1,6 @@
 """The two layouts a checkpoint's tensors are written in, and reading either into a run.
 
-torch_save (dist.strategy=ddp): rank 0 writes whole tensors. dcp (fsdp): every rank writes
+torch_save (a ddp_* dist.parallelism): rank 0 writes whole tensors. dcp (fsdp): every rank writes
 its shards through Distributed Checkpoint (`dcp_state.py`) into rank 0's temporary directory,
 then rank 0 adds the trainer's part and meta.json and commits the directory atomically. Either
 layout resumes either strategy. Each save raises on every rank if it failed on one; the

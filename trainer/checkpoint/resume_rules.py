@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from model.config.moved import MOVED, TO_PARTS
+from optim.parallelism import REPLACED, from_replaced
 from stages.moved import COLUMN_OF, ENTRY_OF, FLAT, table_from_lists
 from stages.table import COLUMNS, Stage
 from trainer.checkpoint import files
@@ -61,8 +62,9 @@ def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
     """A saved config (nested dict) with its keys under today's names (RENAMED), the one
     gated skip's layers as the list of skips (model.residual.skips), the
     parallel stage lists of a config saved before the stage table read as train.stages
-    (`stages.moved.table_from_lists`), then its option values (an option value once named
-    after a record: `RENAMED_VALUES`)."""
+    (`stages.moved.table_from_lists`), the four keys of how it spread over ranks as the one
+    dist.parallelism (`optim.parallelism.from_replaced`), then its option values (an option
+    value once named after a record: `RENAMED_VALUES`)."""
     out = OmegaConf.create(config)
     for old, new in RENAMED.items():
         value = _pop(out, old)
@@ -81,6 +83,9 @@ def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
         except ValueError as e:
             raise CheckpointError(f"the saved config's stage lists make no stage table: {e}") from e
         OmegaConf.update(out, "train.stages", table, force_add=True)
+    spread = {k: v for k in REPLACED if (v := _pop(out, k)) is not None}
+    if spread:
+        OmegaConf.update(out, "dist.parallelism", from_replaced(spread), force_add=True)
     for key, values in RENAMED_VALUES.items():
         value = OmegaConf.select(out, key)
         if isinstance(value, str) and value in values:

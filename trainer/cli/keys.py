@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from model.config.moved import moved_key, moved_message
+from optim.parallelism import replaced_message, replaced_within
 from stages.moved import moved_message as stage_moved_message
 from stages.moved import moved_within
 
@@ -30,6 +31,8 @@ def known_key(root: DictConfig, key: str, conf_dir: Path) -> bool:
     parts = key.split(".")
     if old := moved_within(key):
         raise ValueError(stage_moved_message(old))
+    if old := replaced_within(key):
+        raise ValueError(replaced_message(old))
     if len(parts) >= 2 and parts[0] == "model" and moved_key(rest := ".".join(parts[1:])):
         raise ValueError(moved_message(rest))
     node: Any = root

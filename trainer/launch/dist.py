@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from optim.parallelism import PARALLELISMS
 from trainer.config import Config, DistConfig
 from trainer.config_checks import flatten
 from trainer.launch.report import PeerFailed
@@ -29,14 +30,14 @@ T = TypeVar("T")
 @contextmanager
 def process_group(rt: Runtime, cfg: DistConfig) -> Iterator[dist.ProcessGroup | None]:
     """The world group for the duration of the block (None for a single process, except
-    under dist.strategy=fsdp, whose device mesh needs a group even of one rank).
+    under an fsdp dist.parallelism, whose device mesh needs a group even of one rank).
 
     On success every rank waits for the others before tearing down, so no rank leaves while a
     peer still talks to it; on an error the group is torn down at once (the launcher stops the
     other ranks). Either way the group is destroyed here, never left to interpreter exit.
     """
     alone = rt.world_size == 1
-    if alone and cfg.strategy == "ddp":
+    if alone and not PARALLELISMS[cfg.parallelism].fsdp:
         yield None
         return
     if dist.is_initialized():
@@ -130,8 +131,8 @@ def agree_on_config(conf: Config, rt: Runtime) -> Config:
 def wrap_ddp(model: nn.Module, skip: list[str]) -> DDP | None:
     """DDP around `model`, leaving alone the parameters named in `skip` and every buffer.
 
-    `skip` is for gradients reduced elsewhere (Muon's, with exchange=reduce_scatter; every
-    one under optim.distribute=sharded); the buffers (rotary frequencies) derive from the
+    `skip` is for gradients reduced elsewhere (Muon's, with dist.parallelism=ddp_owners;
+    every one under ddp_row_shards); the buffers (rotary frequencies) derive from the
     config, so every rank has them already and broadcasting them each forward would be wasted
     traffic. Where `skip` holds every trainable parameter there is nothing for DDP to do:
     the parameters are broadcast from rank 0, as DDP's construction would, and None returned.

@@ -1,17 +1,19 @@
-"""How the model is spread over ranks: `dist.strategy`.
+"""How the model is spread over ranks: the model's side of `dist.parallelism`
+(optim/parallelism.py; the optimizer's exchange is the other side).
 
-ddp (default): every rank holds the whole model and all optimizer state; DDP all-reduces the
-gradients. Right while model + optimizer state fit one GPU comfortably (GPT-2 small, medium).
+ddp_* (the default ddp_all_gather among them): every rank holds the whole model (and, but for
+ddp_owners' and ddp_row_shards' shares, all optimizer state); DDP all-reduces the gradients it
+is left. Right while model + optimizer state fit one GPU comfortably (GPT-2 small, medium).
 
-fsdp: PyTorch FSDP2 (`fully_shard`) shards every parameter, gradient and optimizer state
-over the ranks by dim-0 rows; each unit's parameters are all-gathered just before its forward
-and backward and freed after, and gradients are reduce-scattered (averaged) to their shards.
-The units: those the model declares (`fsdp_units`: for the GPT every embedding table and
-every block), and the root (the LM head and the scalars).
-Muon then runs sharded (`optim/muon/sharded.py`) and checkpoints are DCP (see
-`trainer/checkpoint/checkpointer.py`). Parameters are all-gathered in `dist.fsdp_param_dtype`
-(bf16 by default on GPU, halving the traffic; fp32 on CPU; `resolve_param_dtype` in
-trainer/runtime.py) and gradients always reduced in fp32.
+fsdp_gather, fsdp_tp: PyTorch FSDP2 (`fully_shard`) shards every parameter, gradient and
+optimizer state over the ranks by dim-0 rows; each unit's parameters are all-gathered just
+before its forward and backward and freed after, and gradients are reduce-scattered (averaged)
+to their shards. The units: those the model declares (`fsdp_units`: for the GPT every embedding
+table and every block), and the root (the LM head and the scalars). Muon then runs sharded
+(`optim/muon/sharded.py`) and checkpoints are DCP (see `trainer/checkpoint/checkpointer.py`).
+Parameters are all-gathered in `dist.fsdp_param_dtype` (bf16 by default on GPU, halving the
+traffic; fp32 on CPU; `resolve_param_dtype` in trainer/runtime.py) and gradients always reduced
+in fp32.
 """
 
 from collections.abc import Callable, Iterator

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from optim.parallelism import PARALLELISMS
 from trainer.config import Config, TrainConfig
 from trainer.observe.metrics import MetricsSink
 from trainer.observe.progress import Progress
@@ -117,9 +118,9 @@ def describe_run(
     if where == "cpu":  # what a bitwise comparison must match (docs/checkpoints.md, "Exact resume")
         threads = torch.get_num_threads()
         where += f" ({threads} thread{'s' if threads > 1 else ''}/rank)"
-    if conf.dist.strategy == "fsdp":
+    if PARALLELISMS[conf.dist.parallelism].fsdp:
         dtype = resolve_param_dtype(conf.dist.fsdp_param_dtype, rt.device)
-        ranks += f" (fsdp, parameters in {str(dtype).removeprefix('torch.')})"
+        ranks += f" ({conf.dist.parallelism}, parameters in {str(dtype).removeprefix('torch.')})"
     return (
         (
             f"model {m.n_layer} layers, d {m.n_embd}, {m.n_head} heads: {n_params:,} "
