@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 import optim.flat_state as flat
 from optim.adam import Adam
@@ -75,25 +76,37 @@ class CombinedOptimizer:
                     group["momentum"] = values.muon_momentum
 
     def step(self) -> None:
+        """Every part's step; each is a named range in a torch.profiler trace (`optim.muon`,
+        `optim.adam`, `optim.adamw`, and `optim.exchange.start` / `.finish`, `optim.offload`,
+        `optim.qk_clip` where they run), Muon's phases within its own (optim/muon/optimizer.py)."""
         if self.exchanging:
+            with record_function("optim.exchange.start"):
+                for opt in self.exchanging:
+                    opt.start_exchange()
             for opt in self.exchanging:
-                opt.start_exchange()
-            for opt in self.exchanging:
-                opt.step()
-            for opt in self.exchanging:
-                opt.finish_exchange()
+                with record_function(_range(opt)):
+                    opt.step()
+            with record_function("optim.exchange.finish"):
+                for opt in self.exchanging:
+                    opt.finish_exchange()
         elif self.offload is None:
             for opt in self.parts:
-                opt.step()
+                with record_function(_range(opt)):
+                    opt.step()
         else:
-            self.offload.fetch_all()
+            with record_function("optim.offload"):
+                self.offload.fetch_all()
             for k, opt in enumerate(self.parts):
-                self.offload.wait(k)
-                opt.step()
-                self.offload.store(k)
+                with record_function("optim.offload"):
+                    self.offload.wait(k)
+                with record_function(_range(opt)):
+                    opt.step()
+                with record_function("optim.offload"):
+                    self.offload.store(k)
             self.offload.release()
         if self.clip is not None:
-            self.stats = self.clip.apply()
+            with record_function("optim.qk_clip"):
+                self.stats = self.clip.apply()
 
     def period(self) -> int:
         """Steps per period of the update: the largest optim.adamw.update_every among the
@@ -145,8 +158,41 @@ class CombinedOptimizer:
     def flat_state(self) -> dict[str, Tensor]:
         """Every state tensor by "<group>/<parameter>/<key>" (`optim/flat_state.py`): the live
         tensors, for Distributed Checkpoint to save or to load into in place. Call inside
-        `resident()` when offloading."""
+        `resident()` when offloading (outside it their storage is freed: a RuntimeError)."""
+        if self.offload is not None and not self._resident_depth:
+            raise RuntimeError(
+                "flat_state() with the optimizer state offloaded (optim.offload=true) would "
+                "hand out tensors whose storage is freed: call it inside optimizer.resident()"
+            )
         return flat.flat_state(self.parts)
+
+    def set_offload(self, on: bool) -> None:
+        """Turn optimizer-state offload on or off between two steps, as optim.offload does
+        from the start (optim/offload.py): on, every state tensor's device storage is freed
+        after each update and refilled before the next; off, the state stays on the device
+        from now on. Either way the steps compute bit for bit what they would have."""
+        if on == (self.offload is not None):
+            return
+        if self._resident_depth:
+            raise RuntimeError("set_offload inside optimizer.resident(): call it between steps")
+        if not on:
+            assert self.offload is not None
+            self.offload.fetch_all()
+            for k in range(len(self.parts)):
+                self.offload.wait(k)
+            self.offload = None
+            return
+        banked = any(getattr(opt, "banked", None) is not None for opt in self.parts)
+        if banked or self.exchanging:
+            # As optim.offload's own refusals: the banks' state tensors are views of shared
+            # stacks, whose storage offload would free under every view at once.
+            raise ValueError(
+                "optimizer-state offload can't run with optim.compile=true or "
+                "dist.parallelism=ddp_row_shards (Muon's banks); turn those off to offload"
+            )
+        self.init_state()
+        self.offload = StateOffload(self.parts, self.params()[0].device)
+        self.offload.store_all()
 
     def load_flat(self, values: dict[str, Tensor]) -> None:
         """Load a flat map of *whole* tensors (from any layout or world size) into this
@@ -228,3 +274,8 @@ def _copied(state: dict[str, Any]) -> dict[str, Any]:
         },
         "param_groups": state["param_groups"],
     }
+
+
+def _range(opt: torch.optim.Optimizer) -> str:
+    """The profiler range of a part's step: optim.muon, optim.adam, optim.adamw."""
+    return f"optim.{type(opt).__name__.lower()}"

@@ -100,9 +100,11 @@ def init_state(opt: torch.optim.Optimizer) -> None:
     if not missing:
         return
     lrs = [g["lr"] for g in opt.param_groups]
-    grads = {p: p.grad for p in missing}
-    for p in missing:
-        p.grad = torch.zeros_like(p)
+    every = [p for g in opt.param_groups for p in g["params"]]
+    grads = {p: p.grad for p in every}
+    needs = {id(p) for p in missing}
+    for p in every:  # a parameter that has its state takes no part (its momentum stays)
+        p.grad = torch.zeros_like(p) if id(p) in needs else None
     for g in opt.param_groups:
         g["lr"] = 0.0
     try:

@@ -40,7 +40,7 @@ from trainer.launch.spawn import spawn_ranks
 from trainer.launch.strategy import fsdp_no_sync, shard_model
 from trainer.loop import Loop
 from trainer.memory_check import check_fits
-from trainer.observe.console import describe_run, tie_outlasts_run
+from trainer.observe.console import describe_run, qk_clip_without_effect, tie_outlasts_run
 from trainer.observe.cpu_cost import cpu_cost_warning
 from trainer.observe.flops import peak_flops
 from trainer.observe.metrics import METRICS_FILE, MetricsSink
@@ -133,8 +133,9 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
         sink.info("compile cache: %s (train.compile_cache)", cache)
     if rt.is_main and (warning := cpu_cost_warning(conf, rt)) is not None:
         sink.warning("%s", warning)
-    if rt.is_main and (warning := tie_outlasts_run(conf)) is not None:
-        sink.warning("%s", warning)
+    for advice in (tie_outlasts_run, qk_clip_without_effect):
+        if rt.is_main and (warning := advice(conf)) is not None:
+            sink.warning("%s", warning)
     # The handlers are the command line's or a launched rank's (trainer/launch/signals.py); the
     # test-only SIGTERM fault needs them wherever train() runs.
     with StopRequests(force=t.fault.signal_at_step > 0, announce=rt.is_main) as stop, sink:

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from optim.config import MuonConfig
 from optim.muon.banks import Bank, make_banks, state_keys
+from optim.muon.newton_schulz import chosen_coefficients
 from optim.muon.update import Settings, compiled, fill, host_values, scalar_tensors
 from optim.shards import Comm, RowExchange, gather_rows
 
@@ -97,7 +98,8 @@ class BankedGroups:
         world, rank = (comm.world, comm.rank) if comm is not None else (1, 0)
         self.banks = [make_banks(g["params"], hp, state_dtype, world, rank) for g in groups]
         self.update = compiled(backend)
-        self.settings = Settings(hp, ns_dtype)
+        self.ns_dtype = ns_dtype
+        self._settings: dict[tuple, Settings] = {}  # by the group's Newton–Schulz choice
         self.scalars = [[scalar_tensors() for _ in banks] for banks in self.banks]
         self.exchanges: list[ExchangeByDtype | None] = []
         for banks in self.banks:
@@ -148,7 +150,7 @@ class BankedGroups:
                 for b in banks
             ]  # fmt: skip
             new = self.update(
-                self.settings, tuple(b.layout for b in banks), grads, weights,
+                self.settings(group), tuple(b.layout for b in banks), grads, weights,
                 [b.momentum for b in banks], [b.moments for b in banks],
                 [b.mantissa for b in banks], [b.lr_mul for b in banks], values,
             )  # fmt: skip
@@ -157,6 +159,15 @@ class BankedGroups:
                     torch._foreach_copy_([p.detach() for p in bank.params], list(w.unbind(0)))
             else:
                 ex.gather(new)
+
+    def settings(self, group: Group) -> Settings:
+        """What the group's update is specialised to: the settings with its own Newton–Schulz
+        (`MuonConfig.for_group`), one object per distinct choice (a compiled graph's guard)."""
+        hp = self.hp.for_group(group)
+        key = (hp.ns_steps, hp.ns_coefficients, str(hp.ns_custom), hp.ns_custom_norm_scale)
+        if key not in self._settings:
+            self._settings[key] = Settings(hp, self.ns_dtype, chosen_coefficients(hp))
+        return self._settings[key]
 
     def finish(self) -> None:
         """Sharded: wait for the gathers and copy every matrix's weights into place."""

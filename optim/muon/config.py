@@ -4,7 +4,8 @@ the `optim` group's module; like it, this imports nothing else of `optim/` but t
 renamed option values (optim/renamed.py) and of the keys `dist.parallelism` replaced
 (optim/parallelism.py)."""
 
-from dataclasses import dataclass, field, fields
+import math
+from dataclasses import dataclass, field, fields, replace
 
 from optim.parallelism import replaced_message
 from optim.renamed import RENAMED_VALUES, renamed_message
@@ -14,7 +15,7 @@ MUST_MATCH = {"resume": "must_match"}
 OPERATIONAL = {"resume": "operational"}
 
 MOMENTUM_FORMS = ("ema", "accumulate")
-NS_COEFFICIENTS = ("classic", "polar_express")
+NS_COEFFICIENTS = ("classic", "polar_express", "custom")
 # How each Newton–Schulz iteration is evaluated (optim/muon/newton_schulz.py: NS forms).
 NS_FORMS = ("factored", "factored_unfused", "expanded", "gram")
 NS_DTYPES = ("auto", "bf16", "fp32")
@@ -27,6 +28,9 @@ QK_SPLITS = ("none", "head_pairs")
 NORMUON_AXES = ("columns", "shape", "rows")
 NORMUON_FORMS = ("fp32", "o_dtype", "fp32_mean_squares")
 MASTER_WEIGHTS = ("none", "fp32_truncated")
+# The settings a param group of Muon may hold for itself (`MuonConfig.for_group`): its own
+# Newton–Schulz, e.g. more iterations for its square matrices than for the rest.
+NS_GROUP_KEYS = ("ns_steps", "ns_coefficients", "ns_custom", "ns_custom_norm_scale")
 
 
 def check_choices(settings: object, prefix: str) -> None:
@@ -75,11 +79,22 @@ class MuonConfig:
     ns_steps: int = 5
     """Newton–Schulz iterations (Polar Express is retuned for each count)."""
     ns_coefficients: str = field(default="classic", metadata={"choices": NS_COEFFICIENTS})
-    """classic: the fixed quintic | polar_express: per-iteration quintics."""
+    """classic: the fixed quintic | polar_express: per-iteration quintics | custom: the
+    (a, b, c) tuples of `ns_custom`."""
+    ns_custom: list[list[float]] = field(default_factory=list)
+    """With ns_coefficients=custom: one [a, b, c] per iteration, the last repeated for any
+    further one (one tuple: the same quintic every iteration, as torch.optim.Muon's
+    ns_coefficients), at most ns_steps of them."""
+    ns_custom_norm_scale: float = 1.0
+    """With ns_coefficients=custom: the input is divided by this × its Frobenius norm (Polar
+    Express's tuples want 1.02, a margin for bf16 rounding; the classic quintic 1)."""
     lr_scale: str = field(default="original", metadata={"choices": LR_SCALES})
     """LR factor by shape: original √max(1, rows/cols) | match_rms_adamw 0.2·√max(rows, cols)
     | unit_rms_norm √(rows/cols), i.e. √(out/in) of a (out, in) weight: the update's RMS→RMS
     operator norm is then η whatever the shape, wide matrices included | none."""
+    extra_scale: float = 1.0
+    """A factor on every matrix's step beside `lr_scale`'s (its cautious decay too): the LR
+    a matrix steps with is lr × schedule × lr_scale(shape) × extra_scale × its lr_mul."""
     ns_form: str = field(default="factored", metadata={"choices": NS_FORMS})
     """How an iteration is evaluated: factored (fused sums) | factored_unfused (the 2025-01
     record's order) | expanded (the 2024-11 record's) | gram (the Gram iteration on
@@ -146,6 +161,9 @@ class MuonConfig:
                 raise ValueError(f"optim.muon.{key} must be >= 0, got {getattr(self, key)}")
         if not self.eps > 0:
             raise ValueError(f"optim.muon.eps must be > 0, got {self.eps}")
+        if not (self.extra_scale > 0 and math.isfinite(self.extra_scale)):
+            raise ValueError(f"optim.muon.extra_scale must be > 0, got {self.extra_scale}")
+        self._validate_custom()
         if self.master_weights != "none" and self.qk_clip:
             # QK-clip rescales the bf16 weights after the step; the master would undo it.
             raise ValueError(
@@ -157,3 +175,37 @@ class MuonConfig:
                 f"optim.muon.normuon_form={self.normuon_form} needs NorMuon "
                 "(optim.muon.normuon_beta2 > 0)"
             )
+
+    def for_group(self, group: dict) -> "MuonConfig":
+        """These settings with a param group's own values of NS_GROUP_KEYS (itself where the
+        group holds none): a group of a standalone `Muon` may take its own Newton–Schulz
+        steps and coefficients, as torch's optimizers take per-group settings."""
+        own = {key: group[key] for key in NS_GROUP_KEYS if key in group}
+        return replace(self, **own) if own else self
+
+    def _validate_custom(self) -> None:
+        """ns_custom's tuples: given exactly where ns_coefficients=custom reads them."""
+        rows, key = self.ns_custom, "optim.muon.ns_custom"
+        if self.ns_coefficients != "custom":
+            if rows:
+                raise ValueError(
+                    f"{key} is read only with optim.muon.ns_coefficients=custom, got "
+                    f"ns_coefficients={self.ns_coefficients}: set it to custom or drop {key}"
+                )
+            return
+        if not rows:
+            raise ValueError(
+                f"optim.muon.ns_coefficients=custom needs {key}: one [a, b, c] per iteration"
+            )
+        for i, row in enumerate(rows):
+            ok = len(row) == 3 and all(isinstance(x, int | float) and math.isfinite(x) for x in row)
+            if not ok:
+                raise ValueError(f"{key}[{i}] must be three finite numbers [a, b, c], got {row!r}")
+        if len(rows) > self.ns_steps:
+            raise ValueError(
+                f"{key} gives {len(rows)} iterations, more than optim.muon.ns_steps "
+                f"({self.ns_steps}): raise ns_steps or drop tuples"
+            )
+        scale = self.ns_custom_norm_scale
+        if not (scale > 0 and math.isfinite(scale)):
+            raise ValueError(f"optim.muon.ns_custom_norm_scale must be > 0, got {scale}")

@@ -7,7 +7,7 @@ in bf16 (fp32 on CPUs where bf16 is emulated) on the wide orientation of each ma
 so X Xᵀ is the smaller m×m Gram matrix), and on a whole batch of same-shape matrices at once:
 one batched-matmul chain for, say, all 768×768 matrices of a GPT instead of one per matrix.
 
-Two coefficient sets:
+Two named coefficient sets, and any table of one's own (ns_coefficients=custom, `ns_custom`):
 - "classic": the quintic (3.4445, −4.7750, 2.0315) of Keller Jordan's Muon, the same at every
   iteration, tuned for the largest slope at zero; singular values end up spread around 1
   (roughly 0.7–1.15), which in Keller Jordan's experiments trains as well as the exact U Vᵀ.
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from optim.config import NS_FORMS
+from optim.config import NS_FORMS, MuonConfig
 from optim.muon.ns_schedule import polar_express_schedule
 
 Coefficients = tuple[float, float, float]
@@ -107,21 +107,38 @@ def ns_flops(shape: Sequence[int], steps: int, form: str = "factored") -> int:
     return stack * steps * (4 * m * m * n + 2 * m**3)
 
 
-def coefficient_set(name: str) -> CoefficientSet:
-    """The named set; a ValueError lists the known names."""
+# A named set (COEFFICIENT_SETS) or a table of one's own
+Chosen = str | CoefficientSet
+
+
+def chosen_coefficients(hp: MuonConfig) -> Chosen:
+    """Muon's choice: the named set of `ns_coefficients`, or with "custom" the set of
+    `ns_custom`'s tuples and `ns_custom_norm_scale` (hashable, as the names are)."""
+    if hp.ns_coefficients != "custom":
+        return hp.ns_coefficients
+    rows = tuple((float(a), float(b), float(c)) for a, b, c in hp.ns_custom)
+    return CoefficientSet(rows, float(hp.ns_custom_norm_scale))
+
+
+def coefficient_set(name: Chosen) -> CoefficientSet:
+    """The named set (a set of one's own as it is); a ValueError lists the known names."""
+    if isinstance(name, CoefficientSet):
+        if not name.iterations:
+            raise ValueError("a Newton-Schulz coefficient set needs at least one (a, b, c)")
+        return name
     if name not in COEFFICIENT_SETS:
         raise ValueError(f"ns_coefficients must be one of {sorted(COEFFICIENT_SETS)}, got {name!r}")
     return COEFFICIENT_SETS[name]
 
 
-def ns_coefficients(name: str, steps: int) -> list[Coefficients]:
+def ns_coefficients(name: Chosen, steps: int) -> list[Coefficients]:
     """The (a, b, c) tuple for each of `steps` iterations of the named coefficient set.
 
-    "classic" repeats its single tuple. "polar_express" is the published table for 5
-    iterations; for any other count it is the schedule the same recipe computes for that many
-    (`polar_express_schedule`: the first three tuples agree, the last ones are retuned so the
-    final step lands centred on 1). 4 steps reach singular values in [0.42, 1.58], 5 in
-    [0.86, 1.14], 6 in [0.998, 1.002] from inputs in [1e-3, 1].
+    "classic" repeats its single tuple, as a set of one's own repeats its last. "polar_express"
+    is the published table for 5 iterations; for any other count it is the schedule the same
+    recipe computes for that many (`polar_express_schedule`: the first three tuples agree, the
+    last ones are retuned so the final step lands centred on 1). 4 steps reach singular values
+    in [0.42, 1.58], 5 in [0.86, 1.14], 6 in [0.998, 1.002] from inputs in [1e-3, 1].
     """
     if steps < 1:
         raise ValueError(f"Newton-Schulz steps must be >= 1, got {steps}")
@@ -291,7 +308,7 @@ def zeropower(
 
 def orthogonalise(
     stacks: Sequence[Tensor],
-    coefficients: str,
+    coefficients: Chosen,
     steps: int,
     eps: float,
     dtype: torch.dtype,

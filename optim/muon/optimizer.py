@@ -44,11 +44,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
+from torch.profiler import record_function
 
 from optim.config import MuonConfig
 from optim.muon.banked import BankedGroups
 from optim.muon.master import new_mantissa
-from optim.muon.newton_schulz import orthogonalise
+from optim.muon.newton_schulz import chosen_coefficients, orthogonalise
 from optim.muon.normuon import head_rows, merge, moment_shape, pieces, stat_dim
 from optim.muon.sharded import ShardedOwners, ShardedTP
 from optim.muon.strategies import OwnerOnly, Replicated, Strategy
@@ -85,6 +86,9 @@ class Muon(torch.optim.Optimizer):
         self.hp = replace(settings or MuonConfig(), **overrides)
         self.hp.validate()
         self.ns_dtype = ns_dtype  # the hardware's choice, not a param-group setting
+        self.coefficients = chosen_coefficients(self.hp)
+        # The stepping group's Newton–Schulz (coefficients, steps): its own, or the settings'
+        self._ns = (self.coefficients, self.hp.ns_steps)
         self._head_rows: dict[int, int] = {}  # the stepping group's split stacks (qk_split)
         if parallelism not in PARALLELISMS:
             raise ValueError(f"Muon parallelism must be one of {' | '.join(PARALLELISMS)}, "
@@ -175,7 +179,7 @@ class Muon(torch.optim.Optimizer):
         group = self.param_groups[-1]
         try:
             per_group = {k: group[k] for k in ("lr", "momentum", "weight_decay")}
-            replace(self.hp, **per_group).validate()
+            replace(self.hp.for_group(group), **per_group).validate()
             for p in group["params"]:
                 if p.ndim < 2:
                     raise ValueError(
@@ -227,8 +231,8 @@ class Muon(torch.optim.Optimizer):
             for part in pieces(u, self._head_rows.get(i, 0)):
                 flat.append(part)
                 where.append(i)
-        out = orthogonalise(flat, hp.ns_coefficients, hp.ns_steps, hp.eps, self.ns_dtype,
-                            hp.ns_form)  # fmt: skip
+        coefficients, steps = self._ns
+        out = orthogonalise(flat, coefficients, steps, hp.eps, self.ns_dtype, hp.ns_form)
         parts: dict[int, list[Tensor]] = {}
         for k, i in enumerate(where):
             parts.setdefault(i, []).append(out[k])
@@ -244,7 +248,8 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         if self.banked is not None:
-            self.banked.step(self.param_groups)
+            with record_function("muon.banks"):
+                self.banked.step(self.param_groups)
             if not self.defer_finish:
                 self.finish_exchange()
             return loss
@@ -255,20 +260,26 @@ class Muon(torch.optim.Optimizer):
             if work is None:
                 continue
             self._head_rows = {i: head_rows(p) for i, p in enumerate(params) if head_rows(p)}
+            own = hp.for_group(group)
+            self._ns = (self.coefficients if own is hp else chosen_coefficients(own), own.ns_steps)
             values = {dtype: host_values(group, hp, dtype) for dtype in {p.dtype for p in params}}
             grads, mine = work  # a rank may hold none (it owns no matrix) and still takes part
             updates = {}
-            for i, g in grads.items():
-                p, state = params[i], self.state[params[i]]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p, dtype=self.state_dtype)
-                buf = local(state["momentum_buffer"])
-                u = momentum(g, buf, values[p.dtype], hp, i in mine, w=local(p))
-                if u is not None:
-                    updates[i] = u
-            for i, update in self.strategy.orthogonalise(index, group, updates).items():
-                self._finish(params[i], update, values[params[i].dtype])
-            self.strategy.finish(index, group)
+            with record_function("muon.momentum"):
+                for i, g in grads.items():
+                    p, state = params[i], self.state[params[i]]
+                    if "momentum_buffer" not in state:
+                        state["momentum_buffer"] = torch.zeros_like(p, dtype=self.state_dtype)
+                    buf = local(state["momentum_buffer"])
+                    u = momentum(g, buf, values[p.dtype], hp, i in mine, w=local(p))
+                    if u is not None:
+                        updates[i] = u
+            with record_function("muon.newton_schulz"):  # with the strategy's exchange
+                orthogonal = self.strategy.orthogonalise(index, group, updates)
+            with record_function("muon.finish"):
+                for i, update in orthogonal.items():
+                    self._finish(params[i], update, values[params[i].dtype])
+                self.strategy.finish(index, group)
         return loss
 
     def _finish(self, p: Tensor, update: Tensor, values: dict[str, float]) -> None:

@@ -46,6 +46,7 @@ from torch import Tensor
 
 from optim.config import MuonConfig
 from optim.muon.exchange import assign_owners
+from optim.muon.newton_schulz import chosen_coefficients
 from optim.muon.strategies import Group, NewtonSchulz, Strategy, require_every_gradient
 from optim.muon.tp_newton_schulz import check_tp_form, orthogonalise_row_shards
 from optim.row_shards import check_layout, is_dtensor, local, numel_of_rows, row_counts
@@ -219,11 +220,11 @@ class ShardedTP(ShardedOwners):
     ) -> dict[int, Tensor]:
         if self.group is None:
             return self.newton_schulz(updates)
-        hp = self.hp
+        hp = self.hp.for_group(group)
         shapes = [p.shape for p in group["params"]]
         return orthogonalise_row_shards(
-            updates, shapes, self.group, hp.ns_coefficients, hp.ns_steps, hp.eps, self.ns_dtype,
-            hp.ns_form,
+            updates, shapes, self.group, chosen_coefficients(hp), hp.ns_steps, hp.eps,
+            self.ns_dtype, hp.ns_form,
         )  # fmt: skip
 
 

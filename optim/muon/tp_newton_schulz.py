@@ -68,6 +68,7 @@ from torch import Tensor
 from optim.config import NS_FORMS
 from optim.muon.newton_schulz import (
     GRAM_SEGMENT,
+    Chosen,
     Coefficients,
     check_form,
     coefficient_set,
@@ -194,7 +195,7 @@ def orthogonalise_row_shards(
     shards: dict[int, Tensor],
     shapes: Sequence[Sequence[int]],
     group: dist.ProcessGroup,
-    coefficients: str,
+    coefficients: Chosen,
     steps: int,
     eps: float,
     dtype: torch.dtype,

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from optim.config import LR_SCALES, MuonConfig
 from optim.muon.master import master_of, truncate
-from optim.muon.newton_schulz import orthogonalise
+from optim.muon.newton_schulz import Chosen, orthogonalise
 from optim.muon.normuon import merge, normalise, pieces, stat_dim
 
 Value = float | Tensor  # a Python float eager, a 0-d float64 tensor compiled
@@ -59,12 +59,13 @@ LR_SCALE_OF: dict[str, Callable[[int, int], float]] = {
 }
 
 
-def lr_scale_factor(shape: Sequence[int], lr_scale: str) -> float:
-    """The factor multiplying the LR of a matrix of `shape` (rows, cols) under `lr_scale`."""
+def lr_scale_factor(shape: Sequence[int], lr_scale: str, extra: float = 1.0) -> float:
+    """The factor multiplying the LR of a matrix of `shape` (rows, cols) under `lr_scale`,
+    times `extra` (`optim.muon.extra_scale`; × 1.0 leaves every bit as it was)."""
     if lr_scale not in LR_SCALE_OF:
         raise ValueError(f"lr_scale must be one of {list(LR_SCALES)}, got {lr_scale!r}")
     rows, cols = shape
-    return LR_SCALE_OF[lr_scale](rows, cols)
+    return LR_SCALE_OF[lr_scale](rows, cols) * extra
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class Layout:
         """The layout of parameter `p` (its global shape, where it is a shard)."""
         shape = tuple(p.shape)
         return Layout(shape, p.dtype, getattr(p, "muon_head_rows", 0), state_dtype or p.dtype,
-                      lr_scale_factor(shape[-2:], hp.lr_scale))  # fmt: skip
+                      lr_scale_factor(shape[-2:], hp.lr_scale, hp.extra_scale))  # fmt: skip
 
     def pieces(self, x: Tensor) -> list[Tensor]:
         """The matrices of a stack `x` (k, *shape) as Muon sees them (normuon.py `pieces`)."""
@@ -199,7 +200,7 @@ def step_matrix(w: Tensor, update: Tensor, group: dict[str, Any], hp: MuonConfig
     momentum this phase does not read)."""
     shape = tuple(shape or w.shape)
     state_dtype = torch.float32 if mantissa is not None else w.dtype
-    scale = lr_scale_factor(shape[-2:], hp.lr_scale)
+    scale = lr_scale_factor(shape[-2:], hp.lr_scale, hp.extra_scale)
     layout = Layout(shape, w.dtype, head_rows, state_dtype, scale)
     new = finish(layout, w.unsqueeze(0), [x.unsqueeze(0) for x in layout.pieces(update)],
                  [m.unsqueeze(0) for m in moments],
@@ -285,10 +286,12 @@ def _to_weights(w: Tensor, update: Tensor, layout: Layout, lr_mul: Value,
 
 @dataclass(frozen=True)
 class Settings:
-    """What `stack_update` is specialised to: the Muon settings and the Newton–Schulz dtype."""
+    """What `stack_update` is specialised to: the Muon settings, the Newton–Schulz dtype and
+    coefficients (`chosen_coefficients(hp)`, made once, outside the compiled graph)."""
 
     hp: MuonConfig
     ns_dtype: torch.dtype
+    coefficients: Chosen
 
 
 def stack_update(
@@ -311,8 +314,8 @@ def stack_update(
     updates = [momentum(g, buf, v, hp, w=w)
                for g, buf, w, v in zip(grads, momenta, weights, scalars, strict=True)]  # fmt: skip
     parts = [layout.pieces(u) for layout, u in zip(layouts, updates, strict=True)]  # type: ignore[arg-type]
-    flat = orthogonalise([p for ps in parts for p in ps], hp.ns_coefficients, hp.ns_steps, hp.eps,
-                         settings.ns_dtype, hp.ns_form)  # fmt: skip
+    flat = orthogonalise([p for ps in parts for p in ps], settings.coefficients, hp.ns_steps,
+                         hp.eps, settings.ns_dtype, hp.ns_form)  # fmt: skip
     out = []
     for b, layout in enumerate(layouts):
         mine = [flat.pop(0) for _ in parts[b]]

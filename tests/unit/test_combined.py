@@ -211,3 +211,26 @@ def test_a_group_saved_in_another_order_loads_by_name() -> None:
     group["param_names"] = ["gain", "other"]
     with pytest.raises(ValueError, match=r"holds other parameters than this run's: \['bias'"):
         build_optimizer(model, schedule_cfg("muon_adamw"), device=CPU).load_state_dict(saved)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_step_is_named_in_a_profiler_trace(compiled: bool) -> None:
+    """Each part's step and Muon's phases are ranges of a torch.profiler trace, nested as they
+    run: the eager Muon's momentum, Newton–Schulz and finish inside optim.muon, the banks
+    (optim.compile, here uncompiled banks) as one range; Adam's beside it."""
+    model = small_model()
+    cfg = OptimConfig(compile=compiled, compile_backend="eager")
+    cfg.adamw.eps_placement = "raw"  # optim/adam.py's Adam, named optim.adam
+    opt = build_optimizer(model, cfg, device=CPU)
+    model.lm_head(model.hidden(model.embed(torch.tensor([1, 2])) * model.gain)).sum().backward()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        opt.step()
+    events = prof.events()
+    names = {e.name for e in events}
+    muon = ["muon.banks"] if compiled else ["muon.momentum", "muon.newton_schulz", "muon.finish"]
+    assert {"optim.muon", "optim.adam", *muon} <= names
+    outer = next(e for e in events if e.name == "optim.muon")
+    for name in muon:
+        inner = next(e for e in events if e.name == name)
+        assert outer.time_range.start <= inner.time_range.start
+        assert inner.time_range.end <= outer.time_range.end

@@ -338,3 +338,40 @@ def test_accumulate_and_ema_agree_at_constant_momentum_only():
             opt.step()
         warm.append(ps)
     assert max_delta_err(warm[1], warm[0], params) > 1e-2
+
+
+@pytest.mark.parametrize("banks", [False, True])
+def test_a_param_group_takes_its_own_newton_schulz(banks: bool) -> None:
+    """Two groups, the square matrices with 3 Polar Express iterations and the others with the
+    optimizer's 5 classic ones, step exactly as two optimizers each built with one group's
+    settings (eager, and over banks); a bad per-group value is refused naming its key."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = {"square": [(16, 16), (16, 16)], "rest": [(8, 24), (24, 8)]}
+    start = {k: [torch.randn(s, generator=gen) for s in v] for k, v in shapes.items()}
+    grads = {k: [[torch.randn(s, generator=gen) for s in v] for _ in range(3)]
+             for k, v in shapes.items()}  # fmt: skip
+    own = {"ns_steps": 3, "ns_coefficients": "polar_express"}
+    kw = {"ns_dtype": torch.float32, "banks": banks, "lr": 0.05}
+
+    def train(groups: dict[str, dict], **settings: object) -> dict[str, list[torch.Tensor]]:
+        params = {k: [p.clone().requires_grad_() for p in start[k]] for k in groups}
+        opt = Muon([{"params": params[k], **extra} for k, extra in groups.items()],
+                   **kw, **settings)  # fmt: skip
+        for step in range(3):
+            for k, ps in params.items():
+                for p, g in zip(ps, grads[k][step], strict=True):
+                    p.grad = g.clone()
+            opt.step()
+        return {k: [p.detach() for p in ps] for k, ps in params.items()}
+
+    together = train({"square": own, "rest": {}})
+    alone = {**train({"square": {}}, **own), **train({"rest": {}})}
+    for k in shapes:
+        assert all(torch.equal(a, b) for a, b in zip(together[k], alone[k], strict=True)), k
+    default = train({"square": {}, "rest": {}})["square"]
+    assert not any(torch.equal(a, b) for a, b in zip(default, together["square"], strict=True))
+    p = torch.nn.Parameter(torch.zeros(4, 4))
+    with pytest.raises(ValueError, match=r"optim\.muon\.ns_steps must be an integer >= 1"):
+        Muon([{"params": [p], "ns_steps": 0}])
+    with pytest.raises(ValueError, match=r"optim\.muon\.ns_coefficients must be one of"):
+        Muon([{"params": [p], "ns_coefficients": "cubic"}])

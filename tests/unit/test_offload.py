@@ -8,6 +8,7 @@ trip shows up as a difference from the run without offload.
 
 from dataclasses import replace
 
+import pytest
 import torch
 
 from model import GPT, ModelConfig
@@ -73,3 +74,37 @@ def test_offload_is_bitwise_and_frees_the_state() -> None:
     with off_opt.resident():
         assert all(_state_storage(off_opt)), "resident() brings every state back"
     assert "offloaded" in off_opt.summary
+
+
+def test_offload_switched_on_and_off_mid_run_changes_nothing() -> None:
+    """`set_offload` between steps: two steps on the device, two offloaded, two on the device
+    again equal six without offload, bit for bit; the state is freed exactly while on."""
+    (plain, plain_opt), _ = _pair()
+    torch.manual_seed(0)
+    model = GPT(CFG)
+    opt = build_optimizer(model, OptimConfig(), device=torch.device("cpu"))
+    want = [_train(plain, plain_opt, 2) for _ in range(3)]
+    got = [_train(model, opt, 2)]
+    assert all(_state_storage(opt))
+    opt.set_offload(True)
+    assert _state_storage(opt) and not any(_state_storage(opt))
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"inside optimizer\.resident\(\)"):
+        opt.flat_state()  # its tensors' storage is freed
+    with opt.resident():
+        assert len(opt.flat_state()) == len(plain_opt.flat_state())
+    got.append(_train(model, opt, 2))
+    assert not any(_state_storage(opt)), "the state stays freed between steps while on"
+    opt.set_offload(False)
+    assert all(_state_storage(opt))
+    got.append(_train(model, opt, 2))
+    assert got == want
+    for a, b in zip(plain.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_offload_is_refused_where_muon_steps_banks() -> None:
+    opt = build_optimizer(GPT(CFG), OptimConfig(compile=True, compile_backend="eager"),
+                          device=torch.device("cpu"))  # fmt: skip
+    with pytest.raises(ValueError, match=r"optim\.compile=true"):
+        opt.set_offload(True)
+    assert opt.offload is None

@@ -243,3 +243,24 @@ def test_bad_use_fails_clearly() -> None:
         QKClip(model, 0.0)
     with pytest.raises(RuntimeError, match=r"start\(\)"):
         QKClip(model, 1.0).apply()
+
+
+def test_a_run_with_qk_norm_is_warned_that_the_clip_bounds_nothing() -> None:
+    """QK-norm makes the clip a no-op on the logits (test_clipped_heads_reach_tau_only_without
+    _qk_norm): a run that asks for both is told at start, naming both keys; without either
+    there is nothing to say."""
+    from tests.helpers import compose_config
+    from trainer.config import to_config
+    from trainer.observe.console import qk_clip_without_effect
+
+    def conf(*overrides: str):
+        return to_config(compose_config([*overrides, "run_dir=."]))
+
+    warning = qk_clip_without_effect(conf("optim.muon.qk_clip=50"))
+    assert warning is not None and "model.attention.qk_norm=true" in warning
+    assert "optim.muon.qk_clip=50" in warning and "\n" not in warning
+    assert (
+        qk_clip_without_effect(conf("optim.muon.qk_clip=50", "model.attention.qk_norm=false"))
+        is None
+    )
+    assert qk_clip_without_effect(conf()) is None

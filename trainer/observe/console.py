@@ -153,3 +153,17 @@ def tie_outlasts_run(conf: Config) -> str | None:
         f"{steps}), so they stay tied for the whole run; set it below {steps - apart + until} "
         "to split them"
     )
+
+
+def qk_clip_without_effect(conf: Config) -> str | None:
+    """A warning when QK-clip can change no logit: with QK-norm q and k are RMS-normalised
+    before the logits, so rescaling W_q and W_k leaves the next logits as they were
+    (optim/qk_clip.py). The clip still rescales the weights, which is allowed but rarely meant."""
+    tau = conf.optim.muon.qk_clip
+    if not tau or not conf.model.attention.qk_norm:
+        return None
+    return (
+        f"optim.muon.qk_clip={tau:g} bounds no logit here: model.attention.qk_norm=true "
+        "normalises q and k, so scaling W_q and W_k leaves the logits unchanged; set "
+        "model.attention.qk_norm=false for QK-clip to act, or optim.muon.qk_clip=0"
+    )
