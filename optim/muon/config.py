@@ -139,6 +139,16 @@ class MuonConfig:
     """Added to the Frobenius norm before normalising."""
     ns_dtype: str = field(default="auto", metadata={"choices": NS_DTYPES})
     """Newton–Schulz precision: bf16 | fp32 | auto = bf16 where bf16 matmuls are native."""
+    exchange_in_flight: int = field(default=0, metadata=OPERATIONAL)
+    """Under dist.parallelism=fsdp_gather: how many shape buckets' exchanges (shards to their
+    owners, rows back) may be live at once, bounding their buffers to that many buckets'; 0 =
+    every bucket at once (the most overlap, the most memory). Bit for bit the same results."""
+    exchange_chunk: int = field(default=0, metadata=OPERATIONAL)
+    """Under dist.parallelism=fsdp_gather: at most this many matrices per bucket, a shape
+    class cut in index order (−1: as many as ranks, so each rank owns about one per bucket;
+    0: the whole class, one batched Newton–Schulz per shape). Smaller buckets bound the
+    buffers further with exchange_in_flight. The same values where batched matmuls give a
+    matrix the bits it gets alone (tests/e2e/test_sharded_muon.py)."""
     qk_clip: float = 0.0
     """QK-clip τ: after each step, heads whose max logit exceeded τ get W_q, W_k scaled by
     √(τ/max); 0 = off. Acts only with model.attention.qk_norm=false."""
@@ -161,6 +171,16 @@ class MuonConfig:
                 raise ValueError(f"optim.muon.{key} must be >= 0, got {getattr(self, key)}")
         if not self.eps > 0:
             raise ValueError(f"optim.muon.eps must be > 0, got {self.eps}")
+        if not (isinstance(self.exchange_chunk, int) and self.exchange_chunk >= -1):
+            raise ValueError(
+                "optim.muon.exchange_chunk must be an integer >= 1, or 0 (a whole shape class) "
+                f"or -1 (as many as ranks), got {self.exchange_chunk!r}"
+            )
+        if not (isinstance(self.exchange_in_flight, int) and self.exchange_in_flight >= 0):
+            raise ValueError(
+                "optim.muon.exchange_in_flight must be an integer >= 0 (0: unbounded), got "
+                f"{self.exchange_in_flight!r}"
+            )
         if not (self.extra_scale > 0 and math.isfinite(self.extra_scale)):
             raise ValueError(f"optim.muon.extra_scale must be > 0, got {self.extra_scale}")
         self._validate_custom()

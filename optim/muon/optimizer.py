@@ -141,7 +141,7 @@ class Muon(torch.optim.Optimizer):
         if sharded:
             if exchange == "tp":
                 return ShardedTP(ns, self.ns_dtype, hp)
-            return ShardedOwners(ns, self.ns_dtype)
+            return ShardedOwners(ns, self.ns_dtype, hp.exchange_in_flight, hp.exchange_chunk)
         if group is None or dist.get_world_size(group) == 1:
             return Strategy(ns)
         if parallelism not in MUON_EXCHANGES:

@@ -21,8 +21,10 @@ dim-0 shards of a stacked weight are whole matrices, orthogonalised locally). No
 whole matrix; the results equal one process's up to rounding, bitwise only for stacked
 weights. It suits tall matrices; a wide one needs the Gram matrix of its long side.
 
-A bucket is one Newton–Schulz shape class (a 768×3072 and a 3072×768 share one), so each
-bucket is one batched Newton–Schulz. Every bucket's exchange is started at once (async), and
+A bucket is one Newton–Schulz shape class (a 768×3072 and a 3072×768 share one), or with
+optim.muon.exchange_chunk a run of at most that many of its matrices, so each bucket is one
+batched Newton–Schulz; optim.muon.exchange_in_flight bounds how many buckets' exchanges are
+live at once, and so their buffers. Every bucket's exchange is started at once (async), and
 the owners orthogonalise bucket k while later buckets are still in flight; each result goes
 back (async) as soon as it is ready. No rank ever materialises a whole parameter: owners see
 whole *updates*, of the matrices they own only.
@@ -65,7 +67,9 @@ class Bucket:
 class ExchangePlan:
     """Who owns which matrix of a group, and the split sizes of every bucket's exchange."""
 
-    def __init__(self, shapes: Sequence[torch.Size], world: int, rank: int) -> None:
+    def __init__(self, shapes: Sequence[torch.Size], world: int, rank: int, chunk: int = 0) -> None:
+        """`chunk`: at most this many matrices per bucket (a shape class cut in index order;
+        −1: as many as ranks, 0: the whole class)."""
         self.shapes, self.world, self.rank = list(shapes), world, rank
         self.owners = assign_owners(self.shapes, world)
         self.rows = [row_counts(s[0], world) for s in self.shapes]  # per matrix, per rank
@@ -73,7 +77,13 @@ class ExchangePlan:
         classes: dict[tuple[int, ...], list[int]] = {}
         for i, s in enumerate(self.shapes):
             classes.setdefault((*s[:-2], *sorted(s[-2:])), []).append(i)
-        self.buckets = [self._bucket(idx) for idx in classes.values()]
+        size = world if chunk == -1 else chunk
+        cut = [
+            idx[k : k + size] if size else idx
+            for idx in classes.values()
+            for k in range(0, len(idx), size or len(idx))
+        ]
+        self.buckets = [self._bucket(idx) for idx in cut]
 
     def _bucket(self, indices: list[int]) -> Bucket:
         mine = [i for i in indices if self.owners[i] == self.rank]
@@ -99,12 +109,18 @@ class ShardedOwners(Strategy):
     sharded = True
     eager_state = True
 
-    def __init__(self, newton_schulz: NewtonSchulz, ns_dtype: torch.dtype) -> None:
+    def __init__(
+        self, newton_schulz: NewtonSchulz, ns_dtype: torch.dtype, in_flight: int = 0,
+        chunk: int = 0,
+    ) -> None:  # fmt: skip
         super().__init__(newton_schulz)
         self.ns_dtype = ns_dtype
+        self.in_flight = in_flight  # buckets whose exchange buffers may be live at once; 0: all
+        self.chunk = chunk  # matrices per bucket (ExchangePlan)
         self.group: dist.ProcessGroup | None = None
         self._has_params = False
         self._plans: dict[int, ExchangePlan] = {}
+        self.peak_bytes = 0  # the most exchange-buffer bytes live at once, over every step
 
     def check_param(self, p: Tensor) -> None:
         group = None
@@ -128,31 +144,64 @@ class ShardedOwners(Strategy):
         self, index: int, group: Group, updates: dict[int, Tensor]
     ) -> dict[int, Tensor]:
         """Shards to owners, whole-matrix Newton–Schulz, rows back: this rank's rows of each
-        orthogonalised matrix."""
+        orthogonalised matrix.
+
+        A bucket's exchange is live from the send of its shards until its rows are back in
+        place. With `in_flight` = k > 0 at most k buckets are live at once: the (k+1)-th is
+        sent only once the oldest is unpacked, so the buffers of at most k buckets exist
+        together (0: every bucket's at once). Every bucket computes the same values either
+        way; only when each exchange starts and is waited for differs."""
         params = group["params"]
         plan = self._plan(index, params)
         shards = [updates[i] for i in range(len(params))]
-        outgoing = [self._to_owners(plan, b, shards) for b in plan.buckets]
-        returning = []
-        for bucket, (work, received) in zip(plan.buckets, outgoing, strict=True):
-            _wait(work)
-            ortho = self.newton_schulz(self._assemble(plan, bucket, received))
-            returning.append(self._to_shards(plan, bucket, ortho, shards[0].device))
-        out = {}
-        for bucket, (work, received) in zip(plan.buckets, returning, strict=True):
-            _wait(work)
-            offset = 0
-            for owner in range(plan.world):
-                for i in plan.owned_by(bucket, owner):
-                    n = plan.numel(i, plan.rank)
-                    out[i] = received[offset : offset + n].view(local(params[i]).shape)
-                    offset += n
+        n = len(plan.buckets)
+        limit = self.in_flight or n
+        outgoing: dict[int, tuple] = {}
+        returning: dict[int, tuple] = {}
+        out: dict[int, Tensor] = {}
+        unpacked = 0
+        for j in range(min(limit, n)):
+            outgoing[j] = self._to_owners(plan, plan.buckets[j], shards)
+        for j, bucket in enumerate(plan.buckets):
+            arrived = outgoing.pop(j)
+            _wait(arrived[0])
+            ortho = self.newton_schulz(self._assemble(plan, bucket, arrived[1]))
+            returning[j] = self._to_shards(plan, bucket, ortho, shards[0].device)
+            self._count([*outgoing.values(), *returning.values(), arrived])
+            del arrived, ortho
+            if j + limit < n:  # room for the next send once the oldest is home
+                self._unpack(plan, unpacked, returning.pop(unpacked), params, out)
+                unpacked += 1
+                outgoing[j + limit] = self._to_owners(plan, plan.buckets[j + limit], shards)
+        for j in range(unpacked, n):
+            self._unpack(plan, j, returning.pop(j), params, out)
         return out
+
+    def _unpack(
+        self, plan: ExchangePlan, j: int, exchange: tuple, params: list[Tensor], out: dict
+    ) -> None:
+        """Bucket j's rows, back from their owners, into `out` (views of the buffer)."""
+        work, received, _ = exchange
+        _wait(work)
+        offset = 0
+        for owner in range(plan.world):
+            for i in plan.owned_by(plan.buckets[j], owner):
+                n = plan.numel(i, plan.rank)
+                out[i] = received[offset : offset + n].view(local(params[i]).shape)
+                offset += n
+
+    def _count(self, live: list[tuple]) -> None:
+        """Track the peak bytes of the exchange buffers live now (each exchange's send and
+        receive buffers: one tensor in one process)."""
+        buffers = {id(t): t for _, received, send in live for t in (received, send)}
+        total = sum(t.numel() * t.element_size() for t in buffers.values())
+        self.peak_bytes = max(self.peak_bytes, total)
 
     def _plan(self, index: int, params: list[Tensor]) -> ExchangePlan:
         if index not in self._plans:
             rank = dist.get_rank(self.group) if self.group is not None else 0
-            self._plans[index] = ExchangePlan([p.shape for p in params], self.world, rank)
+            shapes = [p.shape for p in params]
+            self._plans[index] = ExchangePlan(shapes, self.world, rank, self.chunk)
         return self._plans[index]
 
     def _to_owners(self, plan: ExchangePlan, bucket: Bucket, updates: list[Tensor]) -> tuple:
@@ -198,12 +247,12 @@ class ShardedOwners(Strategy):
 
     def _all_to_all(self, send: Tensor, recv_splits: list[int], send_splits: list[int]) -> tuple:
         if self.group is None:
-            return None, send
+            return None, send, send
         received = torch.empty(sum(recv_splits), dtype=send.dtype, device=send.device)
         work = dist.all_to_all_single(
             received, send, recv_splits, send_splits, group=self.group, async_op=True
         )
-        return work, received
+        return work, received, send  # the send buffer stays referenced until the wait
 
 
 class ShardedTP(ShardedOwners):

@@ -176,3 +176,52 @@ def test_parameters_without_gradients_are_named() -> None:
     opt = Muon([{"params": [p], "name": "muon"}], parallelism="fsdp_gather")
     with pytest.raises(RuntimeError, match="parameters \\[0\\] of group 'muon'"):
         opt.step()
+
+
+def _bounded_main(rank: int, world: int, out: str) -> None:
+    """fp32 (bitwise on every CPU), every bound: the parameters and the peak exchange bytes."""
+    mesh = init_device_mesh("cpu", (world,))
+    results = {}
+    for in_flight, chunk in BOUNDS:
+        params, grads = _problem()
+        shards = [torch.nn.Parameter(distribute_tensor(p, mesh, [Shard(0)], src_data_rank=None))
+                  for p in params]  # fmt: skip
+        opt = Muon(shards, lr=0.05, ns_dtype=torch.float32, parallelism="fsdp_gather",
+                   exchange_in_flight=in_flight, exchange_chunk=chunk, **SETTINGS[0])  # fmt: skip
+        for step in grads:
+            for p, g in zip(shards, step, strict=True):
+                p.grad = distribute_tensor(g, mesh, [Shard(0)], src_data_rank=None)
+            opt.step()
+        got = [p.detach().full_tensor() for p in shards]
+        results[(in_flight, chunk)] = (got, opt.strategy.peak_bytes)
+    torch.save(results, Path(out) / f"rank{rank}.pt")
+    dist.barrier()
+
+
+# (optim.muon.exchange_in_flight, optim.muon.exchange_chunk): unbounded first
+BOUNDS = [(0, 0), (1, 0), (2, 0), (0, -1), (1, 1)]
+
+
+@pytest.mark.slow
+def test_a_bounded_exchange_is_the_unbounded_one_bit_for_bit(tmp_path: Path) -> None:
+    """optim.muon.exchange_in_flight and exchange_chunk: 1 or 2 buckets' exchanges live at
+    once, buckets cut to as many matrices as ranks or to one, give every parameter's bits of
+    the unbounded exchange (and of one process), with fewer buffer bytes live at the peak."""
+    run_ranks(_bounded_main, WORLD, str(tmp_path))
+    want = _reference(SETTINGS[0], torch.float32)
+    for rank in range(WORLD):
+        results = torch.load(tmp_path / f"rank{rank}.pt")
+        for bound, (got, _) in results.items():
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), bound
+        peak = {bound: peak for bound, (_, peak) in results.items()}
+
+        # A bucket's exchange is a send and a receive buffer each way (fp32: 4 bytes a value).
+        # Unbounded, every bucket's are live at once; with one in flight, one bucket's two.
+        def pairs(chunk: int, rank: int = rank) -> list[int]:
+            plan = ExchangePlan([torch.Size(s) for s in SHAPES], WORLD, rank, chunk)
+            return [(sum(b.send) + sum(b.recv)) * 4 for b in plan.buckets]
+
+        assert peak[(0, 0)] >= sum(pairs(0)) and len(pairs(0)) > 2
+        assert peak[(1, 0)] == 2 * max(pairs(0)) < peak[(2, 0)] < peak[(0, 0)], peak
+        assert peak[(1, 1)] == 2 * max(pairs(1)) < peak[(1, 0)], peak
+        assert len(pairs(1)) == len(SHAPES)  # one matrix a bucket
