@@ -1,6 +1,6 @@
 """Benchmark the fused softcapped cross-entropy against the plain formula, forward + backward.
 
-Both compute the same loss and gradient (tests/test_loss.py checks it); the ratio is the
+Both compute the same loss and gradient (tests/unit/test_loss.py checks it); the ratio is the
 plain form's time over ours, measured in the same process with interleaved repetitions.
 
     python scripts/bench/loss.py                    # 2048 tokens x 50304 vocab, as the default run

@@ -217,3 +217,52 @@ def test_the_default_step_time_is_stated_once() -> None:
     [(_, line)] = where
     text = STEP_TIME_PAGE.read_text(encoding="utf-8").splitlines()[line - 1]
     assert "python train.py" in text, "the step time's row names the command that measured it"
+
+
+# A repository path as the code cites one: a top-level package or folder, then a file name
+# with its extension (scripts/bench/ns.py, conf/model/tiny.yaml, docs/fsdp.md).
+CITED = re.compile(
+    r"(?<![\w/.<])((?:model|optim|data|trainer|scripts|tests|stages|conf|docs)/[\w./-]*\w"
+    r"\.(?:py|md|yaml|sh|txt|json|csv))"
+)
+
+
+def prose_of(source: str) -> list[tuple[int, str]]:
+    """A Python file's docstrings and comments, each as (its first line, its text): what a
+    reader takes on trust, unlike a string the code uses (a test's made-up file name)."""
+    import ast
+    import io
+    import tokenize
+
+    out = []
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            out.append((tok.start[0], tok.string))
+    for node in ast.walk(ast.parse(source)):
+        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        if isinstance(node, kinds) and node.body and isinstance(node.body[0], ast.Expr):
+            value = node.body[0].value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                out.append((node.body[0].lineno, value.value))
+    return out
+
+
+def test_docstrings_and_comments_cite_only_files_that_exist() -> None:
+    """Every repository path a docstring or a comment names (optim/muon/update.py, tests/unit/
+    test_muon.py, ...) exists: a file moved or renamed leaves no pointer to nowhere."""
+    import subprocess
+
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    missing = []
+    for name in sorted(set(listed.stdout.split())):
+        path = REPO / name
+        if not path.exists():  # deleted in the working tree, not yet in git
+            continue
+        for line, text in prose_of(path.read_text(encoding="utf-8")):
+            for cited in CITED.findall(text):
+                if not (REPO / cited).exists():
+                    missing.append(f"{name}:{line} cites {cited}")
+    assert not missing, "files cited that do not exist:\n" + "\n".join(missing)

@@ -1,5 +1,5 @@
-"""Polar Express coefficient schedules (optim/ns_schedule.py): the published tuples, the minimax
-property of each quintic, and the singular-value bands a schedule guarantees."""
+"""Polar Express coefficient schedules (optim/muon/ns_schedule.py): the published tuples, the
+minimax property of each quintic, and the singular-value bands a schedule guarantees."""
 
 import itertools
 import math
@@ -12,7 +12,7 @@ from scipy.optimize import linprog
 from optim.muon.ns_schedule import optimal_quintic, polar_express_schedule, schedule_band
 
 # The five tuples of the speedrun records (num_iters=5, safety 2e-2, lower 1e-3), copied here so
-# the test stays an independent check of optim/newton_schulz.py's constants.
+# the test stays an independent check of optim/muon/newton_schulz.py's constants.
 PUBLISHED = (
     (8.156554524902461, -22.48329292557795, 15.878769915207462),
     (4.042929935166739, -2.808917465908714, 0.5000178451051316),

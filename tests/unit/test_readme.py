@@ -89,7 +89,7 @@ def test_each_train_command_composes_a_valid_config(page: str, shown: str, args:
 
 
 def page_scripts(page: Path) -> dict[str, set[str]]:
-    """Each script a page runs (`python -m pkg.mod` or `python scripts/x.py`) with every
+    """Each script a page runs (`python -m pkg.mod` or `python scripts/<name>.py`) with every
     --flag it is given there."""
     scripts: dict[str, set[str]] = {}
     for w in page_commands(page):
