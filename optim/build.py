@@ -123,7 +123,7 @@ def build_optimizer(
         summary += ", state offloaded to CPU"
     clip = None
     if cfg.muon.qk_clip > 0:
-        clip = QKClip(model, cfg.muon.qk_clip, process_group)
+        clip = QKClip(model, cfg.muon.qk_clip, process_group, list(cfg.muon.qk_clip_heads))
         summary += f", QK-clip at {cfg.muon.qk_clip:g}"
     table = describe_groups(cfg, named)
     if rows:

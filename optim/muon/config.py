@@ -152,6 +152,10 @@ class MuonConfig:
     qk_clip: float = 0.0
     """QK-clip τ: after each step, heads whose max logit exceeded τ get W_q, W_k scaled by
     √(τ/max); 0 = off. Acts only with model.attention.qk_norm=false."""
+    qk_clip_heads: list[str] = field(default_factory=list)
+    """The heads QK-clip may scale: "L" (every head of attention layer L, counted from 0 in
+    model order) or "L.h" (head h of it), e.g. ["0", "5.3"]; empty = every head. Every head's
+    maximum is still logged. Checked against the model when the optimizer is built."""
 
     def validate(self, total_steps: int | None = None) -> None:
         """Raise ValueError naming the `optim.muon.*` key that is wrong (a standalone `Muon`
@@ -184,6 +188,11 @@ class MuonConfig:
         if not (self.extra_scale > 0 and math.isfinite(self.extra_scale)):
             raise ValueError(f"optim.muon.extra_scale must be > 0, got {self.extra_scale}")
         self._validate_custom()
+        if self.qk_clip_heads and not self.qk_clip:
+            raise ValueError(
+                "optim.muon.qk_clip_heads is read only with optim.muon.qk_clip > 0: set the "
+                "threshold or drop the heads"
+            )
         if self.master_weights != "none" and self.qk_clip:
             # QK-clip rescales the bf16 weights after the step; the master would undo it.
             raise ValueError(

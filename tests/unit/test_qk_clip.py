@@ -264,3 +264,46 @@ def test_a_run_with_qk_norm_is_warned_that_the_clip_bounds_nothing() -> None:
         is None
     )
     assert qk_clip_without_effect(conf()) is None
+
+
+def test_a_head_subset_clips_only_its_heads() -> None:
+    """optim.muon.qk_clip_heads: of the heads over tau, exactly those named ("L" a whole layer,
+    "L.h" one head) are scaled, by the same factor as with every head allowed; the rest keep
+    their bits. A name that is no head of the model is refused when the clip is built."""
+    model = build(BASE)
+    heads = ["0", "1.2"]
+    clip = QKClip(model, 1.0, heads=heads)
+    clip.start()
+    model(tokens(1))
+    m = maxima(model)
+    clip.tau = tau = between(m)
+    weights = qk_rows(model)
+    allowed = {(0, h) for h in range(BASE.n_head)} | {(1, 2)}
+    stats = clip.apply()
+    want_clipped = sum(1 for (layer, h) in allowed if m[layer, h] > tau)
+    assert stats["qk_clip/max_logit"] == m.max().item()  # every head is still tracked
+    assert stats["qk_clip/clipped_heads"] == want_clipped > 0
+    D = BASE.head_dim
+    for layer, (old, new) in enumerate(zip(weights, qk_rows(model), strict=True)):
+        for h in range(BASE.n_head):
+            rows = slice(h * D, (h + 1) * D)
+            for w0, w1 in zip(old, new, strict=True):
+                if m[layer, h] > tau and (layer, h) in allowed:
+                    want = w0[rows] * math.sqrt(tau / m[layer, h].item())
+                    torch.testing.assert_close(w1[rows], want, rtol=1e-6, atol=0)
+                else:
+                    assert torch.equal(w1[rows], w0[rows]), (layer, h)
+    assert any(
+        m[layer, h] > tau for layer in range(2) for h in range(3) if (layer, h) not in allowed
+    )
+    for bad in (["2"], ["0.3"], ["x"], ["1.-1"]):
+        with pytest.raises(ValueError, match=r"optim\.muon\.qk_clip_heads: .* is not a head"):
+            QKClip(model, 1.0, heads=bad)
+
+
+def test_qk_clip_heads_need_the_clip() -> None:
+    from optim.config import MuonConfig
+
+    with pytest.raises(ValueError, match=r"optim\.muon\.qk_clip_heads is read only with"):
+        MuonConfig(qk_clip_heads=["0"]).validate()
+    MuonConfig(qk_clip=50.0, qk_clip_heads=["0", "3.1"]).validate()
