@@ -48,13 +48,13 @@ from torch.profiler import record_function
 
 from optim.config import MuonConfig
 from optim.muon.banked import BankedGroups
+from optim.muon.choose import strategy_for
 from optim.muon.master import new_mantissa
 from optim.muon.newton_schulz import chosen_coefficients, orthogonalise
 from optim.muon.normuon import head_rows, merge, moment_shape, pieces, stat_dim
-from optim.muon.sharded import ShardedOwners, ShardedTP
-from optim.muon.strategies import OwnerOnly, Replicated, Strategy
+from optim.muon.strategies import OwnerOnly, Strategy
 from optim.muon.update import host_values, momentum, step_matrix
-from optim.parallelism import DEFAULT, MUON_EXCHANGES, PARALLELISMS
+from optim.parallelism import DEFAULT, PARALLELISMS
 from optim.row_shards import local
 from optim.shards import Comm
 
@@ -101,7 +101,9 @@ class Muon(torch.optim.Optimizer):
                 )
             parallelism = "ddp_row_shards"
         self.parallelism = parallelism
-        self.strategy = self._strategy(process_group, parallelism)
+        self.strategy = strategy_for(
+            parallelism, process_group, self.hp, self.newton_schulz, ns_dtype
+        )
         hp = self.hp
         super().__init__(
             params, {"lr": hp.lr, "momentum": hp.momentum, "weight_decay": hp.weight_decay}
@@ -119,39 +121,6 @@ class Muon(torch.optim.Optimizer):
                                        compile_backend, comm)  # fmt: skip
             self.banked.attach(self.state)
         self.defer_finish = False  # CombinedOptimizer finishes a sharded step itself
-
-    def _strategy(self, group: dist.ProcessGroup | None, parallelism: str) -> Strategy:
-        ns, hp = self.newton_schulz, self.hp
-        several = group is not None and dist.get_world_size(group) > 1
-        exchange = PARALLELISMS[parallelism].muon
-        sharded = PARALLELISMS[parallelism].fsdp
-        whole = {"normuon_beta2": hp.normuon_beta2 > 0,
-                 "master_weights": hp.master_weights != "none",
-                 "qk_split": hp.qk_split != "none"}  # fmt: skip
-        for key, on in whole.items():
-            if on and (sharded or (several and exchange == "reduce_scatter")):
-                # NorMuon's statistics, the master's low half and the head-pair blocks need
-                # each whole update where it is applied, with its state there for checkpoints:
-                # only the replicated exchanges (and the row shards' whole banks) give that.
-                raise ValueError(
-                    f"optim.muon.{key}={getattr(hp, key)} runs in one process or with "
-                    f"dist.parallelism=ddp_all_gather | ddp_all_reduce | ddp_row_shards; got "
-                    f"dist.parallelism={parallelism}"
-                )
-        if sharded:
-            if exchange == "tp":
-                return ShardedTP(ns, self.ns_dtype, hp)
-            return ShardedOwners(ns, self.ns_dtype, hp.exchange_in_flight, hp.exchange_chunk)
-        if group is None or dist.get_world_size(group) == 1:
-            return Strategy(ns)
-        if parallelism not in MUON_EXCHANGES:
-            raise ValueError(
-                f"dist.parallelism={parallelism} shares Muon's rows through the optimizer's "
-                "exchange (`comm`), not a process group"
-            )
-        if exchange == "reduce_scatter":
-            return OwnerOnly(ns, group)
-        return Replicated(ns, group, exchange, self.ns_dtype)
 
     def start_exchange(self) -> None:
         """ddp_row_shards: start the gradient reduction (no-op otherwise)."""
@@ -284,7 +253,7 @@ class Muon(torch.optim.Optimizer):
 
     def _finish(self, p: Tensor, update: Tensor, values: dict[str, float]) -> None:
         """The rest of the update of matrix `p` from its orthogonalised `update` (or this
-        rank's rows of both): NorMuon and the master need the whole matrix (`_strategy`)."""
+        rank's rows of both): NorMuon and the master need the whole matrix (`strategy_for`)."""
         mantissa = None
         if self.hp.master_weights != "none":
             if "mantissa" not in self.state[p]:
