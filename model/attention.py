@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from model.attend import attend
 from model.config import ModelConfig
 from model.context import Context
-from model.layers import linear, rms_norm
+from model.layers import declare, linear, rms_norm
 from model.masks import Mask
 from model.max_logit import max_logits
 from model.paired import double, paired_positions, undouble
@@ -251,7 +251,7 @@ class MergedQKVAttention(CausalSelfAttention):
         super().__init__(cfg, spec, layer)
         d = cfg.n_embd
         self.qkv = nn.Parameter(torch.empty(3, d, d))
-        self.qkv.role = "matrix"  # type: ignore[attr-defined]  # a hidden matrix per slice
+        declare(self.qkv, "matrix", stack_of="q, k, v")  # a hidden matrix per slice
         self.o = linear(cfg, d, d)
 
     def project(self, x: Tensor, lam: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
@@ -284,7 +284,7 @@ class MergedQKVOAttention(CausalSelfAttention):
         super().__init__(cfg, spec, layer)
         d = cfg.n_embd
         self.qkvo = nn.Parameter(torch.empty(4, d, d))
-        self.qkvo.role = "matrix"  # type: ignore[attr-defined]  # a hidden matrix per slice
+        declare(self.qkvo, "matrix", stack_of="q, k, v, o")  # a hidden matrix per slice
 
     def project(self, x: Tensor, lam: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         w = self.qkvo[:3].flatten(0, 1).to(x.dtype)
@@ -372,12 +372,14 @@ def offset_keys(k: Tensor, spans: tuple[tuple[int, int], ...]) -> Tensor:
 
 def scale_rows(w: Tensor, factors: Tensor) -> None:
     """w[r] *= factors[r] for the dim-0 rows of `w` this rank holds: all of them, or an FSDP2
-    DTensor's local shard, which FSDP2 cuts as `torch.chunk` cuts dim 0."""
-    from torch.distributed.tensor import DTensor  # here: QK-clip only (a costly import)
+    DTensor's local shard, which FSDP2 cuts as `torch.chunk` cuts dim 0 over its shard dim."""
+    from torch.distributed.tensor import DTensor, Shard  # here: QK-clip only (a costly import)
 
     if isinstance(w, DTensor):
-        pieces = factors.chunk(w.device_mesh.size())
-        rank = w.device_mesh.get_local_rank()
+        # the mesh dim that cuts the rows (HSDP's other dim replicates them)
+        dim = next(k for k, placement in enumerate(w.placements) if placement == Shard(0))
+        pieces = factors.chunk(w.device_mesh.size(dim))
+        rank = w.device_mesh.get_local_rank(dim)
         w.to_local().mul_((pieces[rank] if rank < len(pieces) else factors[:0]).to(w.dtype))
     else:
         w.mul_(factors.to(w.dtype))

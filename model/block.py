@@ -20,6 +20,7 @@ from model.attention import build_attention
 from model.config import ModelConfig
 from model.context import Context
 from model.layers import MLP, rms_norm
+from model.moe import MoE
 from model.mudd import mudd_layer
 from model.plan import LayerSpec
 from model.residual import ATTENTION, add_sublayer, x0_mix
@@ -32,7 +33,7 @@ class Block(nn.Module):
         super().__init__()
         self.layer = layer
         self.attn = build_attention(cfg, spec, layer) if spec.attention else None
-        self.mlp = MLP(cfg) if spec.mlp else None
+        self.mlp = (MoE(cfg) if cfg.mlp.experts else MLP(cfg)) if spec.mlp else None
         self.mudd, self.value_table = spec.mudd, spec.value_embed  # model.residual.mudd
         res = cfg.residual
         self.mixes_x0 = res.x0_shortcut and not spec.empty

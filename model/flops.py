@@ -5,7 +5,8 @@ The convention is PaLM's (Chowdhery et al. 2022, appendix B), as nanoGPT's MFU e
     FLOPs = 6·N·tokens + 12·d·P
 
 N is the number of parameters that multiply activations: every hidden matrix (q, k, v, o, fc,
-proj) and the LM head, not the embedding tables (a lookup multiplies nothing) nor the scalars.
+proj) and the LM head, not the embedding tables (a lookup multiplies nothing) nor the scalars;
+of a mixture of experts, the router and the top_k / E share of the experts a token meets.
 A token costs 2·N forward and 4·N backward. d is the attention width (heads × head dim), and
 P the (query, key) pairs that attention computes, summed over rows and attention layers: each
 pair costs 2·d for q·kᵀ and 2·d for scores·v forward, three times that with the backward.
@@ -46,7 +47,9 @@ def matmul_params(model: nn.Module) -> int:
     """N: the elements of every weight matrix of `model` that multiplies activations (the
     parameters of 2 or more dimensions that are not embedding tables)."""
     tables = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
-    return sum(p.numel() for p in model.parameters() if p.ndim >= 2 and id(p) not in tables)
+    # an expert stack counts the share one token meets (top_k of E experts: model/moe.py)
+    return round(sum(p.numel() * getattr(p, "active_share", 1.0) for p in model.parameters()
+                     if p.ndim >= 2 and id(p) not in tables))  # fmt: skip
 
 
 def keys_per_query(

@@ -10,7 +10,8 @@ sublayer scales their tabled values. With model.numerics.dtype=bf16 the tables, 
 (head.bf16) the head become bf16 parameters: N(0, 1) rounded to bf16, as the records'.
 
 The draws happen in this order (the RNG stream decides every value): the token table, the
-value tables, then each block's q/k/v and fc, the head, the second token table
+value tables, then each block's q/k/v and fc (or its router and expert fc stack,
+model.mlp.experts), the head, the second token table
 (embed.second_table), then MUDD's W1 (model/mudd.py). Record M's zero value tables
 (embed.value_std=0) draw nothing.
 """
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from model.attention import init_bound
+from model.moe import MoE
 
 
 @torch.no_grad()
@@ -42,16 +44,17 @@ def initialise(model: nn.Module) -> None:
         weights = block.attn.qkv_weights() if block.attn is not None else []
         for w in weights:
             nn.init.uniform_(w, -attn_bound, attn_bound)
-        weights = [block.mlp.fc.weight] if block.mlp is not None else []
-        for w in weights:
-            nn.init.uniform_(w, -bound, bound)
+        if isinstance(block.mlp, MoE):  # the router and the experts draw their own
+            block.mlp.reset(bound)
+        elif block.mlp is not None:
+            nn.init.uniform_(block.mlp.fc.weight, -bound, bound)
         if block.attn is not None:
             if not block.attn.out_uniform:
                 nn.init.zeros_(block.attn.out_weight())
             if block.attn.gate is not None:  # σ(0): every gate starts half open
                 nn.init.zeros_(block.attn.gate.weight)
             block.attn.reset_lambdas()
-        if block.mlp is not None:
+        if block.mlp is not None and not isinstance(block.mlp, MoE):
             nn.init.zeros_(block.mlp.proj.weight)
     if cfg.head.init_std:  # record D: N(0, 0.005²), so the first loss is not ln(vocab)
         nn.init.normal_(model.lm_head.weight, std=cfg.head.init_std)
@@ -100,5 +103,5 @@ def matrices(model: nn.Module) -> list[nn.Parameter]:
         if attn is not None:
             out += attn.matrices()
         if block.mlp is not None:
-            out += [block.mlp.fc.weight, block.mlp.proj.weight]
+            out += block.mlp.matrices()
     return out

@@ -24,11 +24,16 @@ class CastedLinear(nn.Linear):
         return F.linear(x, self.weight.to(x.dtype))
 
 
-def declare(p: nn.Parameter, role: str, settings: ParamOptim | None = None) -> None:
+def declare(
+    p: nn.Parameter, role: str, settings: ParamOptim | None = None, stack_of: str = ""
+) -> None:
     """Set on parameter `p` what the optimizer needs to know of it: its `role` ("matrix",
-    "embed", "head" or "scalar": which group takes it, optim/partition.py) and, when its
-    part's section gives them, its own Adam settings (`optim_settings`, optim/adam_table.py)."""
+    "embed", "head" or "scalar": which group takes it, optim/partition.py), when its part's
+    section gives them its own Adam settings (`optim_settings`, optim/adam_table.py), and for
+    a stack of matrices what its leading index runs over (`stack_of`, optim/muon/stacks.py)."""
     p.role = role  # type: ignore[attr-defined]
+    if stack_of:
+        p.stack_of = stack_of  # type: ignore[attr-defined]
     if settings is not None:
         p.optim_settings = settings  # type: ignore[attr-defined]
 
@@ -71,3 +76,7 @@ class MLP(nn.Module):
         if self.fp8 is not None and self.training and torch.is_grad_enabled():
             return self.fp8(self.fc.weight, self.proj.weight, x, micro_steps)
         return self.proj(F.relu(self.fc(x)).square())
+
+    def matrices(self) -> list[nn.Parameter]:
+        """fc's and proj's weights (model.numerics.bf16_matrices casts them)."""
+        return [self.fc.weight, self.proj.weight]

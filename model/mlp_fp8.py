@@ -244,7 +244,7 @@ def delayed_states(blocks: nn.ModuleList) -> dict[int, FP8MlpState]:
     """The FP8 MLPs' delayed scales by layer (none unless mlp.fp8=up_down)."""
     out = {}
     for i, block in enumerate(blocks):
-        fp8 = None if block.mlp is None else block.mlp.fp8
+        fp8 = getattr(block.mlp, "fp8", None)  # a mixture of experts has none
         if fp8 is not None and fp8.state is not None:
             out[i] = fp8.state
     return out

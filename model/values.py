@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from model.config import ModelConfig
 from model.context import Context
+from model.layers import declare
 from model.plan import LayerSpec
 
 
@@ -103,7 +104,8 @@ class ValueGates(nn.Module):
         super().__init__()
         rows = sum(s.value_embed is not None for s in plan)
         self.weight = nn.Parameter(torch.zeros(rows, cfg.n_head, cfg.gate_channels))
-        self.weight.role = "scalar"  # type: ignore[attr-defined]  # Adam, not Muon
+        # Adam, not Muon; where optim.roles gives it to Muon, a stack of one matrix a layer
+        declare(self.weight, "scalar", stack_of="layers with a value table")
 
     @torch.no_grad()
     def reset(self) -> None:

@@ -21,6 +21,7 @@ from optim.groups import GroupSpec, base_lr, describe_groups, group_specs, parti
 from optim.muon.newton_schulz import resolve_ns_dtype
 from optim.muon.normuon import mark_head_pairs
 from optim.muon.optimizer import Muon
+from optim.muon.stacks import mark_stacks
 from optim.offload import StateOffload
 from optim.parallelism import DEFAULT, PARALLELISMS
 from optim.partition import Named
@@ -65,6 +66,7 @@ def build_optimizer(
     _set_lr_muls(named, specs, cfg)
     muon_named = [pair for s in specs if s.optimizer == "muon" for pair in named[s.name]]
     mark_head_pairs(model, muon_named, cfg.muon.qk_split)
+    mark_stacks(muon_named, cfg.muon.expert_keys)
     parts: list[torch.optim.Optimizer] = []
     summary = cfg.name
     self_reduced: list[str] = []

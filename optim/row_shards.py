@@ -1,7 +1,9 @@
 """Where a sharded parameter's values live: FSDP2's dim-0 shards, as row ranges per rank.
 
 Under an fsdp `dist.parallelism` (fsdp_gather, fsdp_tp) every parameter is a DTensor placed
-`Shard(0)` on a 1-D mesh: rank r holds a contiguous block of dim-0 "rows" (whole slices of a
+`Shard(0)` on a 1-D mesh, or with dist.replicate > 1 `(Replicate(), Shard(0))` on a
+(replicate, shard) mesh (HSDP: each replica group holds the model once, cut the same way):
+within its shard group, rank r holds a contiguous block of dim-0 "rows" (whole slices of a
 stacked q/k/v weight), cut the way `torch.chunk` cuts: ⌈R/W⌉ rows per rank, the last ranks short
 or empty. The global tensor is the concatenation of the local shards in rank order. Plain
 tensors count as one shard holding everything, so the same code serves the unsharded (DDP / one
@@ -11,6 +13,7 @@ process) case.
 import sys
 from collections.abc import Sequence
 
+import torch.distributed as dist
 from torch import Tensor
 
 
@@ -37,32 +40,43 @@ def row_range(p: Tensor) -> tuple[int, int]:
     """The global dim-0 rows [start, stop) of `p` that this rank holds."""
     if not is_dtensor(p):
         return 0, p.shape[0]
-    check_layout(p)
-    mesh = p.device_mesh
-    counts = row_counts(p.shape[0], mesh.size())
-    rank = mesh.get_local_rank()
+    dim = shard_dim(p)
+    counts = row_counts(p.shape[0], p.device_mesh.size(dim))
+    rank = p.device_mesh.get_local_rank(dim)
     start = sum(counts[:rank])
     return start, start + counts[rank]
 
 
-def check_layout(p: Tensor) -> None:
-    """Raise unless the DTensor `p` is dim-0 sharded on a 1-D mesh with torch.chunk's split
-    (the layout the sharded optimizer's exchange assumes), naming what differs."""
-    from torch.distributed.tensor import Shard
+def shard_dim(p: Tensor) -> int:
+    """The mesh dim that cuts the DTensor `p` into dim-0 rows: its one `Shard(0)` placement,
+    every other dim `Replicate()` (a 1-D mesh's FSDP, or HSDP's (replicate, shard) mesh:
+    each replica group holds the same rows). Raises, naming what differs, on any other
+    layout or a split other than torch.chunk's (what the sharded optimizer's exchange
+    assumes)."""
+    from torch.distributed.tensor import Replicate, Shard
 
-    if p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),):
+    placements = tuple(p.placements)
+    cut = [k for k, placement in enumerate(placements) if placement == Shard(0)]
+    if len(cut) != 1 or any(x != Replicate() for k, x in enumerate(placements) if k != cut[0]):
         raise ValueError(
-            f"a sharded parameter must be Shard(0) on a 1-D mesh, got {p.placements} on a "
-            f"{p.device_mesh.ndim}-D mesh"
+            f"a sharded parameter must be Shard(0) on one mesh dim and Replicate() on any "
+            f"other, got {placements} on a {p.device_mesh.ndim}-D mesh"
         )
-    counts = row_counts(p.shape[0], p.device_mesh.size())
+    dim = cut[0]
+    counts = row_counts(p.shape[0], p.device_mesh.size(dim))
     have = p.to_local().shape[0]
-    want = counts[p.device_mesh.get_local_rank()]
+    want = counts[p.device_mesh.get_local_rank(dim)]
     if have != want:
         raise ValueError(
             f"a parameter of shape {tuple(p.shape)} holds {have} rows here; the torch.chunk "
             f"split gives this rank {want}"
         )
+    return dim
+
+
+def shard_group(p: Tensor) -> dist.ProcessGroup:
+    """The process group of the ranks among which the DTensor `p`'s rows are cut."""
+    return p.device_mesh.get_group(shard_dim(p))
 
 
 def numel_of_rows(shape: Sequence[int], rows: int) -> int:

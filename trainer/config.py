@@ -21,7 +21,7 @@ from model.config import ModelConfig
 from optim.config import OptimConfig
 from optim.parallelism import DEFAULT as DEFAULT_PARALLELISM
 from optim.parallelism import NAMES as PARALLELISM_NAMES
-from optim.parallelism import replaced_message
+from optim.parallelism import PARALLELISMS, replaced_message
 from stages import StageTable
 from stages.moved import refuse_keys, refuse_moved
 from trainer.config_across import check_across, check_finite
@@ -243,6 +243,10 @@ class DistConfig:
     fsdp_param_dtype: str = field(default="auto", metadata={"choices": FSDP_PARAM_DTYPES})
     """fsdp_*: the dtype parameters are gathered and computed in; auto = bf16 on CUDA, fp32 on
     CPU (gradients are always reduced in fp32)."""
+    replicate: int = 1
+    """fsdp_*: R > 1 lays the ranks out as an (R, W/R) mesh, HSDP: each of R replica groups
+    shards the model over its W/R ranks, and the groups average their gradients (as DDP
+    does); Muon's exchange stays within a shard group. 1 = one group of every rank."""
 
     def validate(self, train: TrainConfig) -> None:
         """Raise ValueError naming the `dist.*` key that is wrong."""
@@ -253,6 +257,17 @@ class DistConfig:
             raise ValueError(f"dist.max_restarts must be >= 0, got {self.max_restarts}")
         if self.timeout_s <= 0:
             raise ValueError(f"dist.timeout_s must be > 0, got {self.timeout_s}")
+        if self.replicate < 1:
+            raise ValueError(f"dist.replicate must be >= 1, got {self.replicate}")
+        if self.replicate > 1 and not PARALLELISMS[self.parallelism].fsdp:
+            raise ValueError(
+                f"dist.replicate={self.replicate} replicates FSDP's shard groups (HSDP): it "
+                f"needs an fsdp dist.parallelism (fsdp_gather, fsdp_tp), not {self.parallelism}"
+            )
+        if self.nproc > 1 and self.nproc % self.replicate:
+            raise ValueError(
+                f"dist.replicate={self.replicate} must divide the ranks, dist.nproc={self.nproc}"
+            )
         if self.backend == "nccl" and train.device == "cpu":
             raise ValueError("dist.backend=nccl needs train.device=cuda (or auto on a GPU)")
 

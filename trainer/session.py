@@ -108,7 +108,8 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
     model.micro_steps = accum_steps  # the FP8 head undoes the loss / micro_steps (model/head.py)
     fsdp = PARALLELISMS[conf.dist.parallelism].fsdp
     if fsdp:  # before the optimizer: its state is sharded like the parameters
-        shard_model(model, rt, resolve_param_dtype(conf.dist.fsdp_param_dtype, rt.device))
+        dtype = resolve_param_dtype(conf.dist.fsdp_param_dtype, rt.device)
+        shard_model(model, rt, dtype, conf.dist.replicate)
     compiles = conf.model.compile or conf.optim.compile
     cache = use_compile_cache(t.compile_cache) if compiles else None  # before any compile
     optimizer = parts.optimizer(

@@ -211,6 +211,19 @@ class MlpConfig:
     fp8_bootstrap: int = 16
     """B: the weight quantisations after optimizer updates 0 … B−1 (training steps 0 … B) use
     bf16(max|C_proj|/448) of the current weights, without headroom (mlp.fp8=up_down)."""
+    experts: int = 0
+    """E ≥ 2: each MLP a mixture of E ReLU² experts (model/moe.py), each token sent to the
+    top_k its router scores highest; 0 = the dense MLP (builds no router or expert)."""
+    top_k: int = 2
+    """The experts each token goes to (1 … experts), their outputs weighted by the router's
+    probabilities renormalised over those k (model.mlp.experts)."""
+    expert_hidden: int = 0
+    """Each expert's hidden width; 0 = 4·n_embd / top_k, so that a token's active MLP
+    parameters equal the dense MLP's (model.mlp.experts)."""
+    balance: float = 0.01
+    """The load-balancing term's weight α: training adds the gradient of α·E·Σₑ fₑ·Pₑ per
+    layer (fₑ the share of routed slots, Pₑ the mean router probability of expert e); the
+    loss the run reports is the cross-entropy alone (model.mlp.experts)."""
 
     def validate(self) -> None:
         if self.fp8 not in MLP_FP8:
@@ -229,9 +242,33 @@ class MlpConfig:
             raise ValueError(
                 f"model.mlp.fp8_bootstrap must be >= 0 (steps), got {self.fp8_bootstrap}"
             )
+        self._validate_experts()
         bad = set(self.layers) - set("M.")
         if bad:
             raise ValueError(
                 f"model.mlp.layers={self.layers!r}: each layer is one of ['M', '.'], got "
                 f"{sorted(bad)}"
+            )
+
+    def _validate_experts(self) -> None:
+        if self.experts == 0:
+            return
+        if self.experts < 2:
+            raise ValueError(
+                f"model.mlp.experts must be 0 (a dense MLP) or >= 2, got {self.experts}"
+            )
+        if not 1 <= self.top_k <= self.experts:
+            raise ValueError(
+                f"model.mlp.top_k must be 1 … model.mlp.experts ({self.experts}), got {self.top_k}"
+            )
+        if self.expert_hidden < 0:
+            raise ValueError(f"model.mlp.expert_hidden must be >= 0, got {self.expert_hidden}")
+        if self.balance < 0:
+            raise ValueError(f"model.mlp.balance must be >= 0, got {self.balance}")
+        dense = [k for k in ("fc_in_out", "proj_in_out") if getattr(self, k)]
+        dense += ["fp8"] if self.fp8 != "off" else []
+        if dense:
+            raise ValueError(
+                f"model.mlp.experts={self.experts}: the experts are (E, out, in) stacks in "
+                f"bf16 or fp32; model.mlp.{dense[0]} is the dense MLP's, leave it off"
             )

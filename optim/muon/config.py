@@ -156,6 +156,11 @@ class MuonConfig:
     """The heads QK-clip may scale: "L" (every head of attention layer L, counted from 0 in
     model order) or "L.h" (head h of it), e.g. ["0", "5.3"]; empty = every head. Every head's
     maximum is still logged. Checked against the model when the optimizer is built."""
+    expert_keys: list[str] = field(default_factory=lambda: ["*.experts.*"])
+    """Name patterns (fnmatch, on qualified names) of the (E, out, in) expert stacks: Muon
+    orthogonalises each expert's matrix on its own, with the LR scale of one expert's shape.
+    A Muon parameter of 3 or more dims that these do not name, and whose module does not
+    declare a stack, is refused when the optimizer is built (optim/muon/stacks.py)."""
 
     def validate(self, total_steps: int | None = None) -> None:
         """Raise ValueError naming the `optim.muon.*` key that is wrong (a standalone `Muon`

@@ -52,6 +52,7 @@ from optim.muon.choose import strategy_for
 from optim.muon.master import new_mantissa
 from optim.muon.newton_schulz import chosen_coefficients, orthogonalise
 from optim.muon.normuon import head_rows, merge, moment_shape, pieces, stat_dim
+from optim.muon.stacks import check_stack
 from optim.muon.strategies import OwnerOnly, Strategy
 from optim.muon.update import host_values, momentum, step_matrix
 from optim.parallelism import DEFAULT, PARALLELISMS
@@ -155,6 +156,7 @@ class Muon(torch.optim.Optimizer):
                         f"Muon only takes matrices (2-D, or stacks of them), got a parameter "
                         f"of shape {tuple(p.shape)}; give embeddings, gains and biases to AdamW"
                     )
+                check_stack(p)
                 if 0 in p.shape:
                     # Newton–Schulz divides by the norm and the LR scale by a dimension.
                     raise ValueError(

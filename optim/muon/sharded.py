@@ -26,8 +26,10 @@ optim.muon.exchange_chunk a run of at most that many of its matrices, so each bu
 batched Newton–Schulz; optim.muon.exchange_in_flight bounds how many buckets' exchanges are
 live at once, and so their buffers. Every bucket's exchange is started at once (async), and
 the owners orthogonalise bucket k while later buckets are still in flight; each result goes
-back (async) as soon as it is ready. No rank ever materialises a whole parameter: owners see
-whole *updates*, of the matrices they own only.
+back (async) as soon as it is ready. Expert stacks (optim.muon.expert_keys) take no
+exchange: a dim-0 shard of an (E, out, in) stack is whole experts, orthogonalised on the rank
+that holds them while the first buckets are in flight. No rank ever materialises a whole
+parameter: owners see whole *updates*, of the matrices they own only.
 
 A rank holds P/W values and sends the (W-1)/W of them that other ranks own, then receives as
 many back: 2·(W-1)/W²·P·b bytes per rank per step (b: the Newton–Schulz dtype's size). For
@@ -49,9 +51,10 @@ from torch import Tensor
 from optim.config import MuonConfig
 from optim.muon.exchange import assign_owners
 from optim.muon.newton_schulz import chosen_coefficients
+from optim.muon.stacks import is_expert_stack
 from optim.muon.strategies import Group, NewtonSchulz, Strategy, require_every_gradient
 from optim.muon.tp_newton_schulz import check_tp_form, orthogonalise_row_shards
-from optim.row_shards import check_layout, is_dtensor, local, numel_of_rows, row_counts
+from optim.row_shards import is_dtensor, local, numel_of_rows, row_counts, shard_group
 
 
 @dataclass
@@ -124,9 +127,8 @@ class ShardedOwners(Strategy):
 
     def check_param(self, p: Tensor) -> None:
         group = None
-        if is_dtensor(p):
-            check_layout(p)
-            group = p.device_mesh.get_group()
+        if is_dtensor(p):  # HSDP: the exchange runs within the shard group, every replica alike
+            group = shard_group(p)
         if self._has_params and group is not self.group:
             raise ValueError("every parameter of a sharded Muon must be sharded on the same mesh")
         self.group, self._has_params = group, True
@@ -151,9 +153,14 @@ class ShardedOwners(Strategy):
         sent only once the oldest is unpacked, so the buffers of at most k buckets exist
         together (0: every bucket's at once). Every bucket computes the same values either
         way; only when each exchange starts and is waited for differs."""
-        params = group["params"]
+        every = group["params"]
+        # An expert stack's dim-0 shard is whole experts: they are orthogonalised where they
+        # live, while the other matrices' exchanges are in flight (optim/muon/stacks.py).
+        kept = [i for i, p in enumerate(every) if is_expert_stack(p)]
+        moved = [i for i in range(len(every)) if i not in set(kept)]
+        params = [every[i] for i in moved]
         plan = self._plan(index, params)
-        shards = [updates[i] for i in range(len(params))]
+        shards = [updates[i] for i in moved]
         n = len(plan.buckets)
         limit = self.in_flight or n
         outgoing: dict[int, tuple] = {}
@@ -162,6 +169,7 @@ class ShardedOwners(Strategy):
         unpacked = 0
         for j in range(min(limit, n)):
             outgoing[j] = self._to_owners(plan, plan.buckets[j], shards)
+        here = self.newton_schulz({i: updates[i] for i in kept}) if kept else {}
         for j, bucket in enumerate(plan.buckets):
             arrived = outgoing.pop(j)
             _wait(arrived[0])
@@ -175,7 +183,7 @@ class ShardedOwners(Strategy):
                 outgoing[j + limit] = self._to_owners(plan, plan.buckets[j + limit], shards)
         for j in range(unpacked, n):
             self._unpack(plan, j, returning.pop(j), params, out)
-        return out
+        return {**{moved[k]: u for k, u in out.items()}, **here}
 
     def _unpack(
         self, plan: ExchangePlan, j: int, exchange: tuple, params: list[Tensor], out: dict

@@ -27,12 +27,14 @@ from trainer.launch.dist import free_port
 BOUNDS = ((0, 0), (1, 0), (0, -1), (1, -1), (2, -1), (1, 1))
 
 
-def muon_shapes(experiment: str) -> list[torch.Size]:
-    """The shapes of the preset's Muon matrices, from its model on the meta device."""
+def muon_shapes(experiment: str) -> list[tuple[torch.Size, str]]:
+    """The shapes of the preset's Muon matrices, from its model on the meta device, each with
+    what its leading dim stacks ("" for a matrix; optim/muon/stacks.py)."""
     from omegaconf import open_dict
 
     from model import GPT
     from optim.groups import partition_params
+    from optim.muon.stacks import mark_stacks, stack_of
     from trainer.cli.overrides import compose_run
     from trainer.config import to_config
 
@@ -44,7 +46,8 @@ def muon_shapes(experiment: str) -> list[torch.Size]:
     with torch.device("meta"):
         model = GPT(conf.model)
     named = partition_params(model, conf.optim.name, conf.optim.roles)
-    return [p.shape for _, p in named["muon"]]
+    mark_stacks(named["muon"], conf.optim.muon.expert_keys)
+    return [(p.shape, stack_of(p)) for _, p in named["muon"]]
 
 
 def rank_main(rank: int, world: int, port: int, shapes: list, out: str) -> None:
@@ -59,9 +62,11 @@ def rank_main(rank: int, world: int, port: int, shapes: list, out: str) -> None:
     mesh = init_device_mesh("cpu", (world,))
     gen = torch.Generator().manual_seed(0)
     params = []
-    for s in shapes:  # every rank draws the same whole tensor and keeps its rows
+    for s, what in shapes:  # every rank draws the same whole tensor and keeps its rows
         p = torch.nn.Parameter(distribute_tensor(torch.randn(s, generator=gen) * 0.02, mesh,
                                                  [Shard(0)], src_data_rank=None))  # fmt: skip
+        if what:
+            p.stack_of = what
         p.grad = distribute_tensor(torch.randn(s, generator=gen), mesh, [Shard(0)],
                                    src_data_rank=None)  # fmt: skip
         params.append(p)
@@ -85,10 +90,12 @@ def main() -> None:
     args = parser.parse_args()
     from optim.muon.sharded import ExchangePlan
 
-    shapes = muon_shapes(args.experiment)
+    matrices = muon_shapes(args.experiment)
+    # expert stacks are stepped where they live: only the others are exchanged
+    shapes = [s for s, what in matrices if what != "experts"]
     Path(args.out).mkdir(parents=True, exist_ok=True)
     torch.multiprocessing.start_processes(
-        rank_main, args=(args.world, free_port(), shapes, args.out), nprocs=args.world,
+        rank_main, args=(args.world, free_port(), matrices, args.out), nprocs=args.world,
         join=True, start_method="spawn",
     )  # fmt: skip
     peaks = torch.load(Path(args.out) / "peaks.pt")

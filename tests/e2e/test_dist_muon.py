@@ -208,6 +208,7 @@ def train_record_d(group: dist.ProcessGroup | None = None) -> tuple[list[torch.T
     params = [torch.nn.Parameter((torch.randn(s, generator=gen) / 16).bfloat16()) for s in shapes]
     for p in params[::3]:
         p.muon_head_rows = 16  # type: ignore[attr-defined]
+        p.stack_of = "q, k, v, o"  # type: ignore[attr-defined]  # as the model declares it
     params[2].lr_mul = 2.0  # type: ignore[attr-defined]
     kw = {**KW, **RECORD_D}
     opt = Muon(params, ns_dtype=torch.bfloat16, process_group=group, parallelism="ddp_all_gather",

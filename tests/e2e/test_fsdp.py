@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from tests.e2e.test_dist_train import RUN, TOL, assert_same_curve, curve, train_on_ranks
+from tests.helpers import compose_config
 from trainer.checkpoint import files
+from trainer.config import to_config
 
 SAVE = ["train.checkpoint_every=6", "train.checkpoint_keep=3"]
 MID = 6  # the step a resume starts from
@@ -99,6 +101,23 @@ def test_one_rank_fsdp_is_ddp_and_its_saves_resume_on_two(
         assert_continues(two, one, exact=False)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_hsdp_on_four_ranks_gives_the_curve_and_resumes_on_two(
+    fsdp_two: Path, tmp_path: Path, corpus_cache: Path
+) -> None:
+    """dist.replicate=2 on 4 ranks: a 2 × 2 (replicate, shard) mesh, HSDP. Its curve is the
+    2-rank FSDP run's (the same model, data and batch, its sums associated otherwise), its
+    DCP checkpoint holds each shard once, and it resumes on 2 ranks without replicas."""
+    hsdp = train_on_ranks(4, tmp_path, "hsdp", corpus_cache, FSDP, "dist.replicate=2", *SAVE)
+    assert_same_curve(hsdp, curve(fsdp_two))
+    meta = files.validate(tmp_path / "hsdp" / files.CHECKPOINTS_DIR / files.step_dir_name(12))
+    assert meta["layout"] == "dcp" and meta["world_size"] == 4
+    resume = f"train.resume={_checkpoint(tmp_path / 'hsdp')}"
+    two = train_on_ranks(2, tmp_path, "hsdp_to_2", corpus_cache, FSDP, resume)
+    assert_continues(two, hsdp, exact=False)
+
+
 def test_fsdp_run_config_is_checked() -> None:
     from trainer.runtime import resolve_param_dtype
 
@@ -106,3 +125,13 @@ def test_fsdp_run_config_is_checked() -> None:
     assert resolve_param_dtype("auto", torch.device("cuda")) == torch.bfloat16
     assert resolve_param_dtype("bf16", torch.device("cpu")) == torch.bfloat16
     assert RUN  # the shared tiny run
+    for overrides, message in [
+        (["dist.replicate=2"], r"dist\.replicate=2 .* needs an fsdp dist\.parallelism"),
+        (
+            [FSDP, "dist.replicate=2", "dist.nproc=3", "train.batch_size=6"],
+            r"dist\.replicate=2 must divide",
+        ),
+        ([FSDP, "dist.replicate=0"], r"dist\.replicate must be >= 1"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            to_config(compose_config([*RUN, *overrides, "run_dir=."]))

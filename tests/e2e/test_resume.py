@@ -81,8 +81,9 @@ BANKED = ["optim.compile=true", "optim.compile_backend=eager", "optim.adamw.upda
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "settings",
-    [["train.autocast=none"], ["train.autocast=bf16"], ["train.autocast=none", *BANKED]],
-    ids=["none", "bf16", "compiled optimizer"],
+    [["train.autocast=none"], ["train.autocast=bf16"], ["train.autocast=none", *BANKED],
+     ["train.autocast=none", "model.mlp.experts=4"]],
+    ids=["none", "bf16", "compiled optimizer", "experts"],
 )  # fmt: skip
 def test_stop_and_resume_is_bitwise_on_one_rank(
     tmp_path: Path, corpus_cache: Path, settings: list[str]

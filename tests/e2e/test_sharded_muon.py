@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from optim.muon.newton_schulz import cpu_flags
 from optim.muon.optimizer import Muon
@@ -51,9 +51,18 @@ def _problem() -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
     return params, grads
 
 
+def _named_stacks(params: list[torch.Tensor], what: str = "q, k, v") -> list[torch.Tensor]:
+    """Mark the 3-D parameters as stacks, as a model's module or optim.muon.expert_keys does
+    (optim/muon/stacks.py)."""
+    for p in params:
+        if p.ndim == 3:
+            p.stack_of = what
+    return params
+
+
 def _reference(settings: dict, dtype: torch.dtype) -> list[torch.Tensor]:
     params, grads = _problem()
-    params = [torch.nn.Parameter(p) for p in params]
+    params = _named_stacks([torch.nn.Parameter(p) for p in params])
     opt = Muon(params, lr=0.05, ns_dtype=dtype, **settings)
     for step in grads:
         for p, g in zip(params, step, strict=True):
@@ -66,10 +75,12 @@ def _sharded(
     settings: dict, dtype: torch.dtype, mesh, parallelism: str = "fsdp_gather"
 ) -> tuple[list[torch.Tensor], int]:
     params, grads = _problem()
-    shards = [
-        torch.nn.Parameter(distribute_tensor(p, mesh, [Shard(0)], src_data_rank=None))
-        for p in params
-    ]
+    shards = _named_stacks(
+        [
+            torch.nn.Parameter(distribute_tensor(p, mesh, [Shard(0)], src_data_rank=None))
+            for p in params
+        ]
+    )
     opt = Muon(shards, lr=0.05, ns_dtype=dtype, parallelism=parallelism, **settings)
     gathers = 0
     original = DTensor.full_tensor
@@ -160,7 +171,7 @@ def test_plan_balances_owners_and_splits_by_shape_class() -> None:
 def test_plain_tensors_match_muon() -> None:
     """Without a mesh (one process) the sharded optimizer is Muon itself."""
     params, grads = _problem()
-    mine = [torch.nn.Parameter(p.clone()) for p in params]
+    mine = _named_stacks([torch.nn.Parameter(p.clone()) for p in params])
     opt = Muon(mine, lr=0.05, ns_dtype=torch.float32, parallelism="fsdp_gather")
     for step in grads:
         for p, g in zip(mine, step, strict=True):
@@ -184,8 +195,12 @@ def _bounded_main(rank: int, world: int, out: str) -> None:
     results = {}
     for in_flight, chunk in BOUNDS:
         params, grads = _problem()
-        shards = [torch.nn.Parameter(distribute_tensor(p, mesh, [Shard(0)], src_data_rank=None))
-                  for p in params]  # fmt: skip
+        shards = _named_stacks(
+            [
+                torch.nn.Parameter(distribute_tensor(p, mesh, [Shard(0)], src_data_rank=None))
+                for p in params
+            ]
+        )
         opt = Muon(shards, lr=0.05, ns_dtype=torch.float32, parallelism="fsdp_gather",
                    exchange_in_flight=in_flight, exchange_chunk=chunk, **SETTINGS[0])  # fmt: skip
         for step in grads:
@@ -225,3 +240,108 @@ def test_a_bounded_exchange_is_the_unbounded_one_bit_for_bit(tmp_path: Path) -> 
         assert peak[(1, 0)] == 2 * max(pairs(0)) < peak[(2, 0)] < peak[(0, 0)], peak
         assert peak[(1, 1)] == 2 * max(pairs(1)) < peak[(1, 0)], peak
         assert len(pairs(1)) == len(SHAPES)  # one matrix a bucket
+
+
+# Expert stacks (E, out, in), E even and odd (rank 1 holds one expert fewer), beside a matrix
+EXPERT_SHAPES = [(4, 12, 16), (4, 16, 12), (3, 16, 16), (24, 16)]
+
+
+def _experts_problem(mesh=None) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+    gen = torch.Generator().manual_seed(2)
+    params = [torch.randn(s, generator=gen) for s in EXPERT_SHAPES]
+    grads = [[torch.randn(s, generator=gen) for s in EXPERT_SHAPES] for _ in range(STEPS)]
+    if mesh is not None:
+        params = [distribute_tensor(p, mesh, [Shard(0)], src_data_rank=None) for p in params]
+        grads = [[distribute_tensor(g, mesh, [Shard(0)], src_data_rank=None) for g in step]
+                 for step in grads]  # fmt: skip
+    return _named_stacks([torch.nn.Parameter(p) for p in params], "experts"), grads
+
+
+def _experts_run(mesh=None) -> tuple[list[torch.Tensor], int]:
+    params, grads = _experts_problem(mesh)
+    parallelism = "fsdp_gather" if mesh is not None else "ddp_all_gather"
+    opt = Muon(params, lr=0.05, ns_dtype=torch.float32, parallelism=parallelism,
+               weight_decay=0.1)  # fmt: skip
+    for step in grads:
+        for p, g in zip(params, step, strict=True):
+            p.grad = g
+        opt.step()
+    whole = [p.detach().full_tensor() if mesh is not None else p.detach() for p in params]
+    return whole, opt.strategy.peak_bytes if mesh is not None else 0
+
+
+def _experts_main(rank: int, world: int, out: str) -> None:
+    mesh = init_device_mesh("cpu", (world,))
+    torch.save(_experts_run(mesh), Path(out) / f"rank{rank}.pt")
+    dist.barrier()
+
+
+@pytest.mark.slow
+def test_expert_stacks_step_where_they_live(tmp_path: Path) -> None:
+    """fsdp_gather on 2 ranks: expert stacks sharded on the expert dim are orthogonalised on
+    the rank that holds each expert, with no exchange: the parameters equal one process's bit
+    for bit (fp32), and the exchange buffers are the one matrix's alone."""
+    run_ranks(_experts_main, WORLD, str(tmp_path))
+    want, _ = _experts_run()
+    for rank in range(WORLD):
+        got, peak = torch.load(tmp_path / f"rank{rank}.pt")
+        for a, b, shape in zip(got, want, EXPERT_SHAPES, strict=True):
+            assert torch.equal(a, b), f"rank {rank} {shape}: {(a - b).abs().max().item()}"
+        # the matrix's exchange each way, send and receive buffers, fp32; the stacks' none
+        (bucket,) = ExchangePlan([torch.Size(EXPERT_SHAPES[-1])], WORLD, rank).buckets
+        assert peak == 2 * (sum(bucket.send) + sum(bucket.recv)) * 4, peak
+
+
+# HSDP: 4 ranks as 2 replica groups × 2 shards, each parameter (Replicate(), Shard(0))
+HSDP_MESH = (2, 2)
+TP_TOL = 5e-6  # fp32: the tensor-parallel Newton–Schulz's 2-D matrices agree to rounding
+
+
+def _hsdp_main(rank: int, world: int, out: str) -> None:
+    mesh = init_device_mesh("cpu", HSDP_MESH, mesh_dim_names=("replicate", "shard"))
+    results = {}
+    for parallelism in ("fsdp_gather", "fsdp_tp"):
+        params, grads = _problem()
+        place = [Replicate(), Shard(0)]
+        shards = _named_stacks(
+            [
+                torch.nn.Parameter(distribute_tensor(p, mesh, place, src_data_rank=None))
+                for p in params
+            ]
+        )
+        opt = Muon(shards, lr=0.05, ns_dtype=torch.float32, parallelism=parallelism,
+                   **SETTINGS[0])  # fmt: skip
+        for step in grads:
+            for p, g in zip(shards, step, strict=True):
+                p.grad = distribute_tensor(g, mesh, place, src_data_rank=None)
+            opt.step()
+        shard = mesh.get_local_rank("shard")
+        local_rows = [local(p).clone() for p in shards]
+        results[parallelism] = ([p.detach().full_tensor() for p in shards], local_rows, shard)
+    torch.save(results, Path(out) / f"rank{rank}.pt")
+    dist.barrier()
+
+
+@pytest.mark.slow
+def test_hsdp_on_a_2x2_mesh_is_one_process(tmp_path: Path) -> None:
+    """4 gloo ranks as a (replicate, shard) = 2 × 2 mesh: the sharded Muon exchanges within
+    each shard group, and every rank ends with one process's parameters: fsdp_gather bit for
+    bit (fp32), fsdp_tp to rounding (its stacks bit for bit). Both replicas of a shard hold
+    the same rows, those of its place in the shard group."""
+    run_ranks(_hsdp_main, 4, str(tmp_path))
+    want = _reference(SETTINGS[0], torch.float32)
+    rows: dict = {}
+    for rank in range(4):
+        results = torch.load(tmp_path / f"rank{rank}.pt")
+        for parallelism, (got, local_rows, shard) in results.items():
+            for a, b, shape in zip(got, want, SHAPES, strict=True):
+                where = f"rank {rank} {parallelism} {shape}"
+                if parallelism == "fsdp_gather" or len(shape) == 3:
+                    assert torch.equal(a, b), f"{where}: {(a - b).abs().max().item()}"
+                else:
+                    assert (a - b).abs().max().item() <= TP_TOL, where
+            for got_rows, whole, shape in zip(local_rows, got, SHAPES, strict=True):
+                start = sum(row_counts(shape[0], HSDP_MESH[1])[:shard])
+                assert torch.equal(got_rows, whole[start : start + got_rows.shape[0]])
+                key = (parallelism, shape, shard)
+                assert torch.equal(rows.setdefault(key, got_rows), got_rows), f"{key} replicas"

@@ -38,7 +38,8 @@ ADDED = {"residual.sublayer_scales", "residual.resid_init", "residual.post_init"
          "mlp.fp8_act_headroom", "mlp.fp8_weight_headroom", "mlp.fp8_bootstrap",
          "attention.init_std", "attention.yarn_max_window", "embed.value_gate_input",
          "embed.second_table", "residual.x0_lambdas",
-         "attention.max_segments", "head.loss_kernel", "mlp.fp8_kernel"}  # fmt: skip
+         "attention.max_segments", "head.loss_kernel", "mlp.fp8_kernel",
+         "mlp.experts", "mlp.top_k", "mlp.expert_hidden", "mlp.balance"}  # fmt: skip
 
 
 def leaves(cls: type, prefix: str = "") -> set[str]:

@@ -35,6 +35,9 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
 def run_steps(opt_cls, params, grads, **kwargs):
     """Clone `params`, take one step per list in `grads`, return (new params, optimizer)."""
     ps = [p.clone().requires_grad_() for p in params]
+    for p, q in zip(ps, params, strict=True):  # a named stack stays one (optim/muon/stacks.py)
+        if hasattr(q, "stack_of"):
+            p.stack_of = q.stack_of
     opt = opt_cls(ps, **kwargs)
     for gs in grads:
         for p, g in zip(ps, gs, strict=True):
@@ -301,6 +304,7 @@ def test_a_stack_of_matrices_is_each_matrix_on_its_own():
     gen = torch.Generator().manual_seed(1)
     stacked = torch.randn(3, 32, 48, generator=gen)
     grads = [torch.randn(3, 32, 48, generator=gen) for _ in range(3)]
+    stacked.stack_of = "q, k, v"
     ps, _ = run_steps(Muon, [stacked], [[g] for g in grads], lr=0.02, ns_dtype=torch.float32)
     apart, _ = run_steps(
         Muon, list(stacked), [list(g) for g in grads], lr=0.02, ns_dtype=torch.float32

@@ -63,6 +63,9 @@ def test_two_steps_match_the_record_formulas(normuon: bool, cautious: bool) -> N
     weights = [torch.randn(s, generator=gen) * 0.1 for s in SHAPES]
     grads = [[torch.randn(s, generator=gen) for s in SHAPES] for _ in range(2)]
     params = [torch.nn.Parameter(w.clone()) for w in weights]
+    for p in params:  # a merged weight is a named stack, as its module declares it
+        if p.ndim == 3:
+            p.stack_of = "q, k, v"
     hp = MuonConfig(
         lr=LR, momentum=MU, ns_coefficients="polar_express", ns_form="factored", eps=1e-6,
         weight_decay=DECAY, weight_decay_form="cautious" if cautious else "decoupled",

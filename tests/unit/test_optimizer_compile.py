@@ -58,6 +58,8 @@ def muon_params(cfg: OptimConfig, dtype: torch.dtype, misread: bool = False
     for p in params:
         p.muon_head_rows = HEAD_ROWS if p.ndim == 3 and cfg.muon.qk_split != "none" else 0
         p.lr_mul = 1.0
+        if p.ndim == 3:  # as the model's merged attention declares it (optim/muon/stacks.py)
+            p.stack_of = "q, k, v, o"
     params[2].lr_mul = 1.0 if misread else next(iter(cfg.lr_mul.values()), 1.0)
     if cfg.muon.normuon_axis == "rows":  # record M: its bf16 8 × 16 gates beside fp32 matrices
         gate = torch.nn.Parameter(torch.zeros(8, 16, dtype=torch.bfloat16))  # zero, as its init

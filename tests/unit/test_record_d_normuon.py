@@ -75,6 +75,7 @@ def draw(dtype=torch.float64, steps=2):
              for _ in range(steps)]  # fmt: skip
     params = {n: torch.nn.Parameter(w.to(dtype, copy=True)) for n, w in weights.items()}
     params["qkvo"].muon_head_rows = ROWS  # as build_optimizer marks a (4, d, d) stack
+    params["qkvo"].stack_of = "q, k, v, o"  # as the model's merged attention declares it
     params["proj"].lr_mul = 2.0
     return weights, grads, params
 

@@ -138,6 +138,9 @@ def draw(dtype=torch.float64, steps=2):
     grads = [{n: torch.randn(s, generator=gen, dtype=torch.float64) for n, s in SHAPES.items()}
              for _ in range(steps)]  # fmt: skip
     params = {n: nn.Parameter(w.to(dtype, copy=True)) for n, w in weights.items()}
+    for p in params.values():  # a merged weight is a named stack, as its module declares it
+        if p.ndim == 3:
+            p.stack_of = "q, k, v, o"
     for n, mul in LR_MUL.items():
         params[n].lr_mul = mul  # as build_optimizer sets optim.lr_mul's factors
     return weights, grads, params

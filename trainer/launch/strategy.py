@@ -24,28 +24,45 @@ from torch import nn
 
 from trainer.runtime import Runtime
 
+# What a module declares on its parameters: the optimizer role and Adam settings, the stack
+# a 3-D weight is (optim/muon/stacks.py), the share of an expert stack a token meets (flops)
+DECLARED = ("role", "optim_settings", "stack_of", "active_share")
 
-def shard_model(model: nn.Module, rt: Runtime, param_dtype: torch.dtype) -> nn.Module:
+
+def shard_model(
+    model: nn.Module, rt: Runtime, param_dtype: torch.dtype, replicate: int = 1
+) -> nn.Module:
     """Apply FSDP2 to `model` in place (its class becomes an FSDP subclass; names unchanged):
     each of `model.fsdp_units()` a unit, the rest the root unit.
 
-    Needs the default process group (a one-rank group for a single process). The `role` a
-    module declared on a parameter (`optim/partition.py`) is carried over to the sharded
-    parameter that replaces it, so the optimizer groups are the same as unsharded.
+    `replicate` (dist.replicate) > 1: an (R, W/R) mesh, each row of W/R ranks one copy of
+    the model (HSDP). Needs the default process group (a one-rank group for a single
+    process). What a module declared on a parameter (`DECLARED`: model/layers.py `declare`)
+    is carried over to the sharded parameter that replaces it, so the optimizer sees it as
+    unsharded.
     """
     # FSDP is imported here, when used: it takes ~0.5 s that a DDP run need not pay.
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(rt.device.type, (rt.world_size,))
-    roles = {n: p.role for n, p in model.named_parameters() if hasattr(p, "role")}
+    if rt.world_size % replicate:
+        raise ValueError(
+            f"dist.replicate={replicate} must divide the ranks; this run has {rt.world_size}"
+        )
+    if replicate > 1:  # HSDP: FSDP2 shards over "shard" and all-reduces over "replicate"
+        shape, names = (replicate, rt.world_size // replicate), ("replicate", "shard")
+        mesh = init_device_mesh(rt.device.type, shape, mesh_dim_names=names)
+    else:
+        mesh = init_device_mesh(rt.device.type, (rt.world_size,))
+    declared = {n: {a: getattr(p, a) for a in DECLARED if hasattr(p, a)}
+                for n, p in model.named_parameters()}  # fmt: skip
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for unit in model.fsdp_units():  # the model declares its units; the rest is the root's
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     for name, p in model.named_parameters():
-        if name in roles:
-            p.role = roles[name]  # type: ignore[attr-defined]
+        for attribute, value in declared.get(name, {}).items():
+            setattr(p, attribute, value)
     return model
 
 
