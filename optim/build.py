@@ -70,7 +70,7 @@ def build_optimizer(
     parts: list[torch.optim.Optimizer] = []
     summary = cfg.name
     self_reduced: list[str] = []
-    muon_groups = [_group(s, named[s.name], cfg) for s in specs if s.optimizer == "muon"]
+    muon_groups = [g for s in specs if s.optimizer == "muon" for g in _ns_groups(s, named, cfg)]
     backend = cfg.compile_backend if cfg.compile else None
     if any(g["params"] for g in muon_groups):
         m = cfg.muon
@@ -128,6 +128,10 @@ def build_optimizer(
         clip = QKClip(model, cfg.muon.qk_clip, process_group, list(cfg.muon.qk_clip_heads))
         summary += f", QK-clip at {cfg.muon.qk_clip:g}"
     table = describe_groups(cfg, named)
+    for pattern, row in cfg.muon.rows().items():  # optim.muon.table, as the groups show it
+        count = next(len(g["params"]) for g in muon_groups if g.get("pattern") == pattern)
+        settings = ", ".join(f"{k} {v}" for k, v in row.given().items())
+        table += f"\n  optim.muon.table {pattern!r}: {settings} ({count} matrices)"
     if rows:
         table += "\n" + describe_table(rows)
     if comm is not None:  # every gradient is reduced by the optimizer, not DDP
@@ -148,6 +152,29 @@ def _group(spec: GroupSpec, named: Named, cfg: OptimConfig) -> dict:
     if spec.scheduled_momentum:
         group["scheduled_momentum"] = True
     return group
+
+
+def _ns_groups(spec: GroupSpec, named: dict[str, Named], cfg: OptimConfig) -> list[dict]:
+    """The Muon group's param groups: its matrices that no row of `optim.muon.table` names,
+    then one group for each row's (carrying the row's Newton–Schulz settings, named
+    "muon_row<k>" after the row's place), each in the model's order. A pattern that names
+    no Muon parameter, or a parameter two patterns name, is an error naming it."""
+    rows = cfg.muon.rows()
+    members: dict[str, Named] = {"": [], **{pattern: [] for pattern in rows}}
+    for name, p in named[spec.name]:
+        hits = [pattern for pattern in rows if fnmatch.fnmatchcase(name, pattern)]
+        if len(hits) > 1:
+            raise ValueError(f"optim.muon.table: {name!r} matches {hits}; give it one row")
+        members[hits[0] if hits else ""].append((name, p))
+    unmatched = [pattern for pattern in rows if not members[pattern]]
+    if unmatched:
+        raise ValueError(f"optim.muon.table: {unmatched} match no Muon parameter")
+    groups = [_group(spec, members[""], cfg)] if members[""] else []
+    for k, (pattern, row) in enumerate(rows.items()):
+        # a group's name is its log key and its state's prefix: one per row
+        group = {**_group(spec, members[pattern], cfg), **row.given(), "pattern": pattern}
+        groups.append(group | {"name": f"{spec.name}_row{k}"})
+    return groups
 
 
 def _set_lr_muls(named: dict[str, Named], specs: list[GroupSpec], cfg: OptimConfig) -> None:

@@ -6,6 +6,7 @@ renamed option values (optim/renamed.py) and of the keys `dist.parallelism` repl
 
 import math
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from optim.parallelism import replaced_message
 from optim.renamed import RENAMED_VALUES, renamed_message
@@ -47,6 +48,21 @@ def check_choices(settings: object, prefix: str) -> None:
                 f"{prefix}{f.name} must be one of {' | '.join(allowed)}, "
                 f"got {getattr(settings, f.name)!r}"
             )
+
+
+@dataclass
+class NSRow:
+    """A row of `optim.muon.table`: the Newton–Schulz of the Muon matrices its pattern names
+    (fnmatch on qualified names); an unset field keeps optim.muon's."""
+
+    ns_steps: int | None = None
+    ns_coefficients: str | None = None
+    ns_custom: list[list[float]] | None = None
+    ns_custom_norm_scale: float | None = None
+
+    def given(self) -> dict[str, Any]:
+        """The settings the row sets, as a param group carries them (NS_GROUP_KEYS)."""
+        return {k: getattr(self, k) for k in NS_GROUP_KEYS if getattr(self, k) is not None}
 
 
 @refuse_keys("optim.muon", {"exchange", "sharded_ns"}, replaced_message)
@@ -156,6 +172,11 @@ class MuonConfig:
     """The heads QK-clip may scale: "L" (every head of attention layer L, counted from 0 in
     model order) or "L.h" (head h of it), e.g. ["0", "5.3"]; empty = every head. Every head's
     maximum is still logged. Checked against the model when the optimizer is built."""
+    table: dict[str, NSRow] = field(default_factory=dict, metadata=MUST_MATCH)
+    """Newton–Schulz by parameter: {name pattern: {ns_steps, ns_coefficients, ns_custom,
+    ns_custom_norm_scale}}, e.g. {"*.attn.*": {ns_steps: 6}} for the square attention
+    matrices; each row's matrices are a param group of their own, the others keep these
+    settings. Every pattern must match a Muon parameter, and no parameter two patterns."""
     expert_keys: list[str] = field(default_factory=lambda: ["*.experts.*"])
     """Name patterns (fnmatch, on qualified names) of the (E, out, in) expert stacks: Muon
     orthogonalises each expert's matrix on its own, with the LR scale of one expert's shape.
@@ -193,6 +214,14 @@ class MuonConfig:
         if not (self.extra_scale > 0 and math.isfinite(self.extra_scale)):
             raise ValueError(f"optim.muon.extra_scale must be > 0, got {self.extra_scale}")
         self._validate_custom()
+        for pattern, row in self.rows().items():
+            if not row.given():
+                raise ValueError(f"optim.muon.table[{pattern!r}] sets nothing: give ns_steps, "
+                                 "ns_coefficients, ns_custom or ns_custom_norm_scale")  # fmt: skip
+            try:
+                replace(self, table={}, **row.given()).validate()
+            except ValueError as e:
+                raise ValueError(f"optim.muon.table[{pattern!r}]: {e}") from e
         if self.qk_clip_heads and not self.qk_clip:
             raise ValueError(
                 "optim.muon.qk_clip_heads is read only with optim.muon.qk_clip > 0: set the "
@@ -209,6 +238,10 @@ class MuonConfig:
                 f"optim.muon.normuon_form={self.normuon_form} needs NorMuon "
                 "(optim.muon.normuon_beta2 > 0)"
             )
+
+    def rows(self) -> dict[str, NSRow]:
+        """`table`'s rows as `NSRow`s (a config built in Python may give plain dicts)."""
+        return {k: v if isinstance(v, NSRow) else NSRow(**v) for k, v in self.table.items()}
 
     def for_group(self, group: dict) -> "MuonConfig":
         """These settings with a param group's own values of NS_GROUP_KEYS (itself where the
