@@ -107,13 +107,17 @@ def test_hsdp_on_four_ranks_gives_the_curve_and_resumes_on_two(
     fsdp_two: Path, tmp_path: Path, corpus_cache: Path
 ) -> None:
     """dist.replicate=2 on 4 ranks: a 2 × 2 (replicate, shard) mesh, HSDP. Its curve is the
-    2-rank FSDP run's (the same model, data and batch, its sums associated otherwise), its
-    DCP checkpoint holds each shard once, and it resumes on 2 ranks without replicas."""
+    2-rank FSDP run's (the same model, data and batch, its sums associated otherwise); from
+    its DCP checkpoint it resumes bit for bit on the same mesh, and on 2 ranks without
+    replicas."""
     hsdp = train_on_ranks(4, tmp_path, "hsdp", corpus_cache, FSDP, "dist.replicate=2", *SAVE)
     assert_same_curve(hsdp, curve(fsdp_two))
     meta = files.validate(tmp_path / "hsdp" / files.CHECKPOINTS_DIR / files.step_dir_name(12))
     assert meta["layout"] == "dcp" and meta["world_size"] == 4
     resume = f"train.resume={_checkpoint(tmp_path / 'hsdp')}"
+    same = train_on_ranks(4, tmp_path, "hsdp_again", corpus_cache, FSDP, "dist.replicate=2",
+                          resume)  # fmt: skip
+    assert_continues(same, hsdp, exact=True)
     two = train_on_ranks(2, tmp_path, "hsdp_to_2", corpus_cache, FSDP, resume)
     assert_continues(two, hsdp, exact=False)
 
