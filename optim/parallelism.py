@@ -96,3 +96,18 @@ def from_replaced(saved: dict[str, str]) -> str:
     if saved.get("optim.distribute", "replicated") == "sharded":
         return "ddp_row_shards"
     return REPLACED["optim.muon.exchange"][saved.get("optim.muon.exchange", "all_gather")]
+
+
+def check_replicate(replicate: int, parallelism: str, ranks: int | None) -> None:
+    """Raise ValueError naming dist.replicate where HSDP's (R, W/R) mesh can't be laid out:
+    R < 1, R > 1 without an fsdp parallelism, or R not dividing the `ranks` (None: not known
+    yet, as under torchrun before launch)."""
+    if replicate < 1:
+        raise ValueError(f"dist.replicate must be >= 1, got {replicate}")
+    if replicate > 1 and not PARALLELISMS[parallelism].fsdp:
+        raise ValueError(
+            f"dist.replicate={replicate} replicates FSDP's shard groups (HSDP): it needs an "
+            f"fsdp dist.parallelism (fsdp_gather, fsdp_tp), not {parallelism}"
+        )
+    if ranks is not None and ranks % replicate:
+        raise ValueError(f"dist.replicate={replicate} must divide the ranks, {ranks} here")

@@ -21,7 +21,7 @@ from model.config import ModelConfig
 from optim.config import OptimConfig
 from optim.parallelism import DEFAULT as DEFAULT_PARALLELISM
 from optim.parallelism import NAMES as PARALLELISM_NAMES
-from optim.parallelism import PARALLELISMS, replaced_message
+from optim.parallelism import check_replicate, replaced_message
 from stages import StageTable
 from stages.moved import refuse_keys, refuse_moved
 from trainer.config_across import check_across, check_finite
@@ -257,17 +257,8 @@ class DistConfig:
             raise ValueError(f"dist.max_restarts must be >= 0, got {self.max_restarts}")
         if self.timeout_s <= 0:
             raise ValueError(f"dist.timeout_s must be > 0, got {self.timeout_s}")
-        if self.replicate < 1:
-            raise ValueError(f"dist.replicate must be >= 1, got {self.replicate}")
-        if self.replicate > 1 and not PARALLELISMS[self.parallelism].fsdp:
-            raise ValueError(
-                f"dist.replicate={self.replicate} replicates FSDP's shard groups (HSDP): it "
-                f"needs an fsdp dist.parallelism (fsdp_gather, fsdp_tp), not {self.parallelism}"
-            )
-        if self.nproc > 1 and self.nproc % self.replicate:
-            raise ValueError(
-                f"dist.replicate={self.replicate} must divide the ranks, dist.nproc={self.nproc}"
-            )
+        # under torchrun (nproc 1) the ranks are known only once launched (shard_model)
+        check_replicate(self.replicate, self.parallelism, self.nproc if self.nproc > 1 else None)
         if self.backend == "nccl" and train.device == "cpu":
             raise ValueError("dist.backend=nccl needs train.device=cuda (or auto on a GPU)")
 

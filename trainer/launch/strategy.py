@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager, contextmanager
 import torch
 from torch import nn
 
+from optim.parallelism import check_replicate
 from trainer.runtime import Runtime
 
 # What a module declares on its parameters: the optimizer role and Adam settings, the stack
@@ -45,10 +46,7 @@ def shard_model(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if rt.world_size % replicate:
-        raise ValueError(
-            f"dist.replicate={replicate} must divide the ranks; this run has {rt.world_size}"
-        )
+    check_replicate(replicate, "fsdp_gather", rt.world_size)  # only the ranks are news here
     if replicate > 1:  # HSDP: FSDP2 shards over "shard" and all-reduces over "replicate"
         shape, names = (replicate, rt.world_size // replicate), ("replicate", "shard")
         mesh = init_device_mesh(rt.device.type, shape, mesh_dim_names=names)
