@@ -1,8 +1,11 @@
 """Which `Strategy` runs Muon under each dist.parallelism (optim/parallelism.py), and what a
 setting needs of it: the one place a parallelism's name becomes Muon's exchange."""
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from optim.config import MuonConfig
 from optim.muon.sharded import ShardedOwners, ShardedTP
@@ -12,10 +15,11 @@ from optim.parallelism import MUON_EXCHANGES, PARALLELISMS
 
 def strategy_for(
     parallelism: str, group: dist.ProcessGroup | None, hp: MuonConfig, ns: NewtonSchulz,
-    ns_dtype: torch.dtype,
+    ns_dtype: torch.dtype, runs: Callable[[dict[int, Tensor]], list[list[int]]] | None = None,
 ) -> Strategy:  # fmt: skip
     """The strategy of `parallelism` over `group`'s ranks (one process: `Strategy` itself);
-    ValueError naming the setting where `hp` needs whole matrices the parallelism splits."""
+    ValueError naming the setting where `hp` needs whole matrices the parallelism splits.
+    `runs`: `Muon.ns_runs`, which an overlapped round-robin exchange goes by."""
     several = group is not None and dist.get_world_size(group) > 1
     exchange = PARALLELISMS[parallelism].muon
     sharded = PARALLELISMS[parallelism].fsdp
@@ -32,10 +36,23 @@ def strategy_for(
                 f"dist.parallelism=ddp_all_gather | ddp_all_reduce | ddp_row_shards; got "
                 f"dist.parallelism={parallelism}"
             )
+    if hp.exchange_overlap != "auto" and exchange not in ("all_gather", "all_reduce"):
+        raise ValueError(
+            f"optim.muon.exchange_overlap={hp.exchange_overlap} times the round-robin exchange "
+            f"of dist.parallelism=ddp_all_gather | ddp_all_reduce; got dist.parallelism="
+            f"{parallelism}: leave it auto"
+        )
+    if not hp.free_grads and not sharded:
+        raise ValueError(
+            "optim.muon.free_grads=false keeps the gradients an fsdp dist.parallelism frees "
+            f"during the step; got dist.parallelism={parallelism}, which keeps them anyway: "
+            "leave it true"
+        )
     if sharded:
         if exchange == "tp":
             return ShardedTP(ns, ns_dtype, hp)
-        return ShardedOwners(ns, ns_dtype, hp.exchange_in_flight, hp.exchange_chunk)
+        return ShardedOwners(ns, ns_dtype, hp.exchange_in_flight, hp.exchange_chunk,
+                             hp.free_grads)  # fmt: skip
     if group is None or dist.get_world_size(group) == 1:
         return Strategy(ns)
     if parallelism not in MUON_EXCHANGES:
@@ -45,4 +62,4 @@ def strategy_for(
         )
     if exchange == "reduce_scatter":
         return OwnerOnly(ns, group)
-    return Replicated(ns, group, exchange, ns_dtype)
+    return Replicated(ns, group, exchange, ns_dtype, hp.exchange_overlap, runs)

@@ -29,6 +29,8 @@ QK_SPLITS = ("none", "head_pairs")
 NORMUON_AXES = ("columns", "shape", "rows")
 NORMUON_FORMS = ("fp32", "o_dtype", "fp32_mean_squares")
 MASTER_WEIGHTS = ("none", "fp32_truncated")
+# When the round-robin exchange runs: as Newton–Schulz finishes each run, or after it all.
+OVERLAPS = ("auto", "async", "sync")
 # The settings a param group of Muon may hold for itself (`MuonConfig.for_group`): its own
 # Newton–Schulz, e.g. more iterations for its square matrices than for the rest.
 NS_GROUP_KEYS = ("ns_steps", "ns_coefficients", "ns_custom", "ns_custom_norm_scale")
@@ -159,6 +161,17 @@ class MuonConfig:
     """Under dist.parallelism=fsdp_gather: how many shape buckets' exchanges (shards to their
     owners, rows back) may be live at once, bounding their buffers to that many buckets'; 0 =
     every bucket at once (the most overlap, the most memory). Bit for bit the same results."""
+    exchange_overlap: str = field(default="auto", metadata={**OPERATIONAL, "choices": OVERLAPS})
+    """Under dist.parallelism=ddp_all_gather | ddp_all_reduce: async starts each run of
+    matrices' exchange as soon as its Newton–Schulz is done, so it travels while the next run
+    computes (a run: the shape classes that share a batch); sync exchanges everything once
+    Newton–Schulz is done, as a ring of point-to-point transfers on gloo; auto: async on
+    NCCL, sync on gloo, where its ring beats gloo's own all-gather. Bit for bit the same."""
+    free_grads: bool = field(default=True, metadata=OPERATIONAL)
+    """Under dist.parallelism=fsdp_gather | fsdp_tp: drop each Muon gradient (`p.grad =
+    None`) once its momentum has read it, so its memory is free before the exchange's
+    buffers are taken (the trainer zeroes every gradient after the step anyway); false keeps
+    them until `zero_grad`, for code that reads them after `step`."""
     exchange_chunk: int = field(default=0, metadata=OPERATIONAL)
     """Under dist.parallelism=fsdp_gather: at most this many matrices per bucket, a shape
     class cut in index order (−1: as many as ranks, so each rank owns about one per bucket;

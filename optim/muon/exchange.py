@@ -24,7 +24,7 @@ pack so that every rank's buffer has the same size (which gloo and NCCL both req
 rank unpacks all buffers the same way from the shared ownership.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -72,11 +72,16 @@ class RoundRobin:
     collective runs again; pass `reuse=False` for results that must outlive the step.
     """
 
-    def __init__(self, shapes: Sequence[Sequence[int]], group: dist.ProcessGroup) -> None:
+    def __init__(
+        self, shapes: Sequence[Sequence[int]], group: dist.ProcessGroup,
+        owners: Sequence[int] | None = None,
+    ) -> None:  # fmt: skip
+        """`owners`: each matrix's rank, where a larger group's ownership is kept (a run of
+        it exchanged on its own); default `assign_owners`."""
         self.group = group
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.shapes = [torch.Size(s) for s in shapes]
-        self.owners = assign_owners(self.shapes, self.world)
+        self.owners = list(owners) if owners is not None else assign_owners(self.shapes, self.world)
         self.owned = owned_indices(self.owners, self.world)
         self.mine = self.owned[self.rank]
         # Every rank's pack is padded to the largest (at least 1 value, so that a rank owning
@@ -89,16 +94,23 @@ class RoundRobin:
 
     def all_reduce(self, mine: dict[int, Tensor], dtype: torch.dtype) -> list[Tensor]:
         """Every rank's tensors on every rank: each fills its own slots of a zeroed buffer, SUM."""
+        flat, views = self._zero_filled(mine, dtype)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+        return views
+
+    def _zero_filled(self, mine: dict[int, Tensor], dtype: torch.dtype) -> tuple[Tensor, list]:
+        """The all-reduce buffer with my tensors in their slots and zeros elsewhere, and each
+        matrix's view of it."""
         sizes = [s.numel() for s in self.shapes]
         flat = self._buffer("all_reduce", sum(sizes), dtype, _device_of(mine, self.group))
         slots = flat.split(sizes)
-        for i, slot in enumerate(slots):
+        views = [slot.view(shape) for slot, shape in zip(slots, self.shapes, strict=True)]
+        for i, view in enumerate(views):
             if i in mine:
-                slot.view(self.shapes[i]).copy_(mine[i])
+                view.copy_(mine[i])
             else:
-                slot.zero_()
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
-        return [slot.view(shape) for slot, shape in zip(slots, self.shapes, strict=True)]
+                view.zero_()
+        return flat, views
 
     def all_gather(
         self, mine: dict[int, Tensor], dtype: torch.dtype, reuse: bool = True
@@ -114,11 +126,31 @@ class RoundRobin:
             send = get("ag_send", self.pack_size, dtype, device)
             send.copy_(recv[self.rank])
             dist.all_gather(recv, send, group=self.group)
+        return self._unpack_all(recv)
+
+    def _unpack_all(self, recv: list[Tensor]) -> list[Tensor]:
+        """Every matrix, in index order, from every rank's pack."""
         out: list[Tensor | None] = [None] * len(self.shapes)
         for r, idx in enumerate(self.owned):
             for i, t in zip(idx, self._unpack(recv[r], idx), strict=True):
                 out[i] = t
         return out  # type: ignore[return-value]  # every index has exactly one owner
+
+    def start(self, mine: dict[int, Tensor], dtype: torch.dtype, exchange: str) -> "Pending":
+        """`all_gather` or `all_reduce` (`exchange`) started with the backend's own async
+        collective: wait on the result to read every rank's tensors. The buffers are this
+        object's, reused every step, as in the blocking forms."""
+        if exchange == "all_reduce":
+            flat, views = self._zero_filled(mine, dtype)
+            work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+            return Pending(work, lambda: views)
+        device = _device_of(mine, self.group)
+        recv = [self._buffer(f"ag_recv{r}", self.pack_size, dtype, device)
+                for r in range(self.world)]  # fmt: skip
+        send = self._buffer("ag_send", self.pack_size, dtype, device)
+        self._pack(send, [mine[i] for i in self.mine])
+        work = dist.all_gather(recv, send, group=self.group, async_op=True)
+        return Pending(work, lambda: self._unpack_all(recv))
 
     def _ring_all_gather(self, bufs: list[Tensor]) -> None:
         """All-gather in place by passing packs around a ring of point-to-point transfers.
@@ -189,6 +221,18 @@ class RoundRobin:
             out.append(flat[offset : offset + n].view(self.shapes[i]))
             offset += n
         return out
+
+
+class Pending:
+    """A started exchange: `wait` blocks until it has arrived and returns its tensors."""
+
+    def __init__(self, work: dist.Work | None, result: Callable[[], list[Tensor]]) -> None:
+        self.work, self.result = work, result
+
+    def wait(self) -> list[Tensor]:
+        if self.work is not None:
+            self.work.wait()
+        return self.result()
 
 
 def _fresh(name: str, size: int, dtype: torch.dtype, device: torch.device) -> Tensor:

@@ -328,8 +328,7 @@ def orthogonalise(
     mats = [s.reshape(-1, *s.shape[-2:]) for s in stacks]
     by_shape: dict[tuple[int, ...], list[int]] = {}
     for i, m in enumerate(mats):
-        key = tuple(m.shape[-2:]) if as_given else tuple(sorted(m.shape[-2:]))
-        by_shape.setdefault(key, []).append(i)
+        by_shape.setdefault(batch_key(m.shape, form), []).append(i)
     chosen = coefficient_set(coefficients)
     iterations = ns_coefficients(coefficients, steps)
     out: list[Tensor | None] = [None] * len(stacks)
@@ -349,6 +348,14 @@ def orthogonalise(
             start += n
             out[i] = (y if as_given or not _is_tall(mats[i]) else y.mT).reshape(stacks[i].shape)
     return out  # type: ignore[return-value]  # every stack is in exactly one batch
+
+
+def batch_key(shape: Sequence[int], form: str) -> tuple[int, ...]:
+    """The batch of `orthogonalise` a matrix of `shape` (..., m, n) joins under `form`: its
+    (m, n), or with a tall one's transpose outside RECORD_FORMS. Matrices of different keys
+    never share a batched Newton–Schulz, so orthogonalising them in separate calls gives the
+    same bits as one call."""
+    return tuple(shape[-2:]) if form in RECORD_FORMS else tuple(sorted(shape[-2:]))
 
 
 def _is_tall(t: Tensor) -> bool:

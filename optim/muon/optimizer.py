@@ -50,7 +50,7 @@ from optim.config import MuonConfig
 from optim.muon.banked import BankedGroups
 from optim.muon.choose import strategy_for
 from optim.muon.master import new_mantissa
-from optim.muon.newton_schulz import chosen_coefficients, orthogonalise
+from optim.muon.newton_schulz import batch_key, chosen_coefficients, orthogonalise
 from optim.muon.normuon import head_rows, merge, moment_shape, pieces, stat_dim
 from optim.muon.stacks import check_stack
 from optim.muon.strategies import OwnerOnly, Strategy
@@ -103,7 +103,7 @@ class Muon(torch.optim.Optimizer):
             parallelism = "ddp_row_shards"
         self.parallelism = parallelism
         self.strategy = strategy_for(
-            parallelism, process_group, self.hp, self.newton_schulz, ns_dtype
+            parallelism, process_group, self.hp, self.newton_schulz, ns_dtype, self.ns_runs
         )
         hp = self.hp
         super().__init__(
@@ -209,6 +209,29 @@ class Muon(torch.optim.Optimizer):
             parts.setdefault(i, []).append(out[k])
         return {i: merge(ps, updates[i].shape) for i, ps in parts.items()}
 
+    def ns_runs(self, params: dict[int, Tensor]) -> list[list[int]]:
+        """A param group's matrices (index: parameter) cut into runs that share no batch of
+        `newton_schulz` (the pieces of a split stack keep theirs together), each run in index
+        order: a run's Newton–Schulz on its own gives the bits of one call over every matrix,
+        so an exchange can start as each run finishes (optim/muon/strategies.py)."""
+        run_of: dict[tuple[int, ...], int] = {}  # batch key -> the run that holds it
+        runs: list[list[int]] = []
+        for i, p in params.items():
+            parts = pieces(torch.empty(p.shape, device="meta"), head_rows(p))
+            keys = {batch_key(part.shape, self.hp.ns_form) for part in parts}
+            joined = sorted({run_of[k] for k in keys if k in run_of})
+            if not joined:
+                runs.append([])
+                joined = [len(runs) - 1]
+            target = joined[0]
+            for other in joined[1:]:  # this matrix joins two runs: they become one
+                runs[target] += runs[other]
+                runs[other] = []
+                run_of.update({k: target for k, r in run_of.items() if r == other})
+            runs[target].append(i)
+            run_of.update({k: target for k in keys})
+        return [sorted(run) for run in runs if run]
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
         """One Muon step; `closure`, if given, recomputes and returns the loss (with grads).
@@ -235,16 +258,14 @@ class Muon(torch.optim.Optimizer):
             self._ns = (self.coefficients if own is hp else chosen_coefficients(own), own.ns_steps)
             values = {dtype: host_values(group, hp, dtype) for dtype in {p.dtype for p in params}}
             grads, mine = work  # a rank may hold none (it owns no matrix) and still takes part
-            updates = {}
+            updates: dict[int, Tensor] = {}
             with record_function("muon.momentum"):
-                for i, g in grads.items():
-                    p, state = params[i], self.state[params[i]]
-                    if "momentum_buffer" not in state:
-                        state["momentum_buffer"] = torch.zeros_like(p, dtype=self.state_dtype)
-                    buf = local(state["momentum_buffer"])
-                    u = momentum(g, buf, values[p.dtype], hp, i in mine, w=local(p))
+                for i in self.strategy.order(index, group, grads):
+                    # popped: the strategy may drop the gradient itself once it is taken
+                    u = self._momentum(params[i], grads.pop(i), values, i in mine)
                     if u is not None:
                         updates[i] = u
+                    self.strategy.taken(index, group, i, updates)
             with record_function("muon.newton_schulz"):  # with the strategy's exchange
                 orthogonal = self.strategy.orthogonalise(index, group, updates)
             with record_function("muon.finish"):
@@ -252,6 +273,14 @@ class Muon(torch.optim.Optimizer):
                     self._finish(params[i], update, values[params[i].dtype])
                 self.strategy.finish(index, group)
         return loss
+
+    def _momentum(self, p: Tensor, g: Tensor, values: dict, look_ahead: bool) -> Tensor | None:
+        """Matrix p's momentum takes gradient g; its update to orthogonalise, if `look_ahead`."""
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p, dtype=self.state_dtype)
+        buf = local(state["momentum_buffer"])
+        return momentum(g, buf, values[p.dtype], self.hp, look_ahead, w=local(p))
 
     def _finish(self, p: Tensor, update: Tensor, values: dict[str, float]) -> None:
         """The rest of the update of matrix `p` from its orthogonalised `update` (or this

@@ -24,12 +24,16 @@ weights. It suits tall matrices; a wide one needs the Gram matrix of its long si
 A bucket is one Newton–Schulz shape class (a 768×3072 and a 3072×768 share one), or with
 optim.muon.exchange_chunk a run of at most that many of its matrices, so each bucket is one
 batched Newton–Schulz; optim.muon.exchange_in_flight bounds how many buckets' exchanges are
-live at once, and so their buffers. Every bucket's exchange is started at once (async), and
-the owners orthogonalise bucket k while later buckets are still in flight; each result goes
-back (async) as soon as it is ready. Expert stacks (optim.muon.expert_keys) take no
-exchange: a dim-0 shard of an (E, out, in) stack is whole experts, orthogonalised on the rank
-that holds them while the first buckets are in flight. No rank ever materialises a whole
-parameter: owners see whole *updates*, of the matrices they own only.
+live at once, and so their buffers. The momentum runs bucket by bucket, and each bucket's
+shards leave (async) as soon as its last matrix's momentum is done, so the first exchange
+travels while the rest of the momentum is computed; the owners orthogonalise bucket k while
+later buckets are still in flight, and each result goes back (async) as soon as it is ready.
+Each gradient is dropped once its momentum has read it (optim.muon.free_grads), so the
+gradients' memory is free before the exchange's buffers are taken. Expert stacks
+(optim.muon.expert_keys) take no exchange: a dim-0 shard of an (E, out, in) stack is whole
+experts, orthogonalised on the rank that holds them while the first buckets are in flight.
+No rank ever materialises a whole parameter: owners see whole *updates*, of the matrices they
+own only.
 
 A rank holds P/W values and sends the (W-1)/W of them that other ranks own, then receives as
 many back: 2·(W-1)/W²·P·b bytes per rank per step (b: the Newton–Schulz dtype's size). For
@@ -41,7 +45,7 @@ DTensors sharded like their parameters, created with the optimizer, so every ran
 state from the start.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -105,6 +109,17 @@ class ExchangePlan:
         return [i for i in bucket.indices if self.owners[i] == rank]
 
 
+@dataclass
+class GroupPlan:
+    """A param group's exchange: the plan over the matrices that move, by their place in
+    `moved` (group indices), and the expert stacks `kept` where they live."""
+
+    plan: ExchangePlan
+    moved: list[int]
+    kept: list[int]
+    bucket_of: dict[int, int]  # group index -> its bucket
+
+
 class ShardedOwners(Strategy):
     """fsdp_gather: each matrix's shards go to its owner, which orthogonalises the
     whole matrix; its rows come back (the module docstring)."""
@@ -112,18 +127,26 @@ class ShardedOwners(Strategy):
     sharded = True
     eager_state = True
 
+    early_sends = True  # buckets sent as soon as their momentum is done (ShardedTP: none)
+
     def __init__(
         self, newton_schulz: NewtonSchulz, ns_dtype: torch.dtype, in_flight: int = 0,
-        chunk: int = 0,
+        chunk: int = 0, free_grads: bool = True,
     ) -> None:  # fmt: skip
         super().__init__(newton_schulz)
         self.ns_dtype = ns_dtype
         self.in_flight = in_flight  # buckets whose exchange buffers may be live at once; 0: all
         self.chunk = chunk  # matrices per bucket (ExchangePlan)
+        self.free_grads = free_grads  # drop each gradient once its momentum has taken it
         self.group: dist.ProcessGroup | None = None
         self._has_params = False
-        self._plans: dict[int, ExchangePlan] = {}
+        self._plans: dict[int, GroupPlan] = {}
+        self._sent: dict[int, tuple] = {}  # bucket j's exchange, started during the momentum
+        self._pending: dict[int, int] = {}  # bucket j -> its matrices whose momentum is to come
         self.peak_bytes = 0  # the most exchange-buffer bytes live at once, over every step
+        # ... and with the bytes of the local gradients still held then: what freeing each
+        # gradient once taken (free_grads) saves at the exchange's peak
+        self.peak_held_bytes = 0
 
     def check_param(self, p: Tensor) -> None:
         group = None
@@ -142,6 +165,27 @@ class ShardedOwners(Strategy):
         require_every_gradient(group, index, "sharded Muon")
         return {i: local(p.grad) for i, p in enumerate(params)}, set(range(len(params)))
 
+    def order(self, index: int, group: Group, grads: dict[int, Tensor]) -> list[int]:
+        """Bucket by bucket, expert stacks last: the first bucket's shards can leave while
+        the momentum of the others is computed (`taken`)."""
+        gp = self._plan(index, group["params"])
+        limit = (self.in_flight or len(gp.plan.buckets)) if self.early_sends else 0
+        self._sent = {}
+        self._pending = {j: len(b.indices) for j, b in enumerate(gp.plan.buckets[:limit])}
+        return [gp.moved[k] for bucket in gp.plan.buckets for k in bucket.indices] + gp.kept
+
+    def taken(self, index: int, group: Group, i: int, updates: dict[int, Tensor]) -> None:
+        if self.free_grads:
+            group["params"][i].grad = None
+        gp = self._plan(index, group["params"])
+        j = gp.bucket_of.get(i)
+        if j in self._pending:
+            self._pending[j] -= 1
+            if not self._pending[j]:  # the bucket's last matrix: its shards can go
+                bucket = gp.plan.buckets[j]
+                shards = {k: updates[gp.moved[k]] for k in bucket.indices}
+                self._sent[j] = self._to_owners(gp.plan, bucket, shards)
+
     def orthogonalise(
         self, index: int, group: Group, updates: dict[int, Tensor]
     ) -> dict[int, Tensor]:
@@ -154,12 +198,9 @@ class ShardedOwners(Strategy):
         together (0: every bucket's at once). Every bucket computes the same values either
         way; only when each exchange starts and is waited for differs."""
         every = group["params"]
-        # An expert stack's dim-0 shard is whole experts: they are orthogonalised where they
-        # live, while the other matrices' exchanges are in flight (optim/muon/stacks.py).
-        kept = [i for i, p in enumerate(every) if is_expert_stack(p)]
-        moved = [i for i in range(len(every)) if i not in set(kept)]
+        gp = self._plan(index, every)
+        plan, moved, kept = gp.plan, gp.moved, gp.kept
         params = [every[i] for i in moved]
-        plan = self._plan(index, params)
         shards = [updates[i] for i in moved]
         n = len(plan.buckets)
         limit = self.in_flight or n
@@ -167,15 +208,16 @@ class ShardedOwners(Strategy):
         returning: dict[int, tuple] = {}
         out: dict[int, Tensor] = {}
         unpacked = 0
-        for j in range(min(limit, n)):
-            outgoing[j] = self._to_owners(plan, plan.buckets[j], shards)
+        for j in range(min(limit, n)):  # started during the momentum, unless it was not
+            outgoing[j] = self._sent.pop(j, None) or self._to_owners(plan, plan.buckets[j], shards)
         here = self.newton_schulz({i: updates[i] for i in kept}) if kept else {}
+        held = sum(local(p.grad).nbytes for p in every if p.grad is not None)
         for j, bucket in enumerate(plan.buckets):
             arrived = outgoing.pop(j)
             _wait(arrived[0])
             ortho = self.newton_schulz(self._assemble(plan, bucket, arrived[1]))
             returning[j] = self._to_shards(plan, bucket, ortho, shards[0].device)
-            self._count([*outgoing.values(), *returning.values(), arrived])
+            self._count([*outgoing.values(), *returning.values(), arrived], held)
             del arrived, ortho
             if j + limit < n:  # room for the next send once the oldest is home
                 self._unpack(plan, unpacked, returning.pop(unpacked), params, out)
@@ -198,21 +240,30 @@ class ShardedOwners(Strategy):
                 out[i] = received[offset : offset + n].view(local(params[i]).shape)
                 offset += n
 
-    def _count(self, live: list[tuple]) -> None:
+    def _count(self, live: list[tuple], held: int) -> None:
         """Track the peak bytes of the exchange buffers live now (each exchange's send and
-        receive buffers: one tensor in one process)."""
+        receive buffers: one tensor in one process), alone and with `held` gradient bytes."""
         buffers = {id(t): t for _, received, send in live for t in (received, send)}
         total = sum(t.numel() * t.element_size() for t in buffers.values())
         self.peak_bytes = max(self.peak_bytes, total)
+        self.peak_held_bytes = max(self.peak_held_bytes, total + held)
 
-    def _plan(self, index: int, params: list[Tensor]) -> ExchangePlan:
+    def _plan(self, index: int, every: list[Tensor]) -> "GroupPlan":
         if index not in self._plans:
             rank = dist.get_rank(self.group) if self.group is not None else 0
-            shapes = [p.shape for p in params]
-            self._plans[index] = ExchangePlan(shapes, self.world, rank, self.chunk)
+            # An expert stack's dim-0 shard is whole experts: they are orthogonalised where
+            # they live, while the other matrices' exchanges are in flight (stacks.py).
+            kept = [i for i, p in enumerate(every) if is_expert_stack(p)]
+            moved = [i for i in range(len(every)) if i not in set(kept)]
+            shapes = [every[i].shape for i in moved]
+            plan = ExchangePlan(shapes, self.world, rank, self.chunk)
+            bucket_of = {moved[k]: j for j, b in enumerate(plan.buckets) for k in b.indices}
+            self._plans[index] = GroupPlan(plan, moved, kept, bucket_of)
         return self._plans[index]
 
-    def _to_owners(self, plan: ExchangePlan, bucket: Bucket, updates: list[Tensor]) -> tuple:
+    def _to_owners(
+        self, plan: ExchangePlan, bucket: Bucket, updates: Mapping[int, Tensor]
+    ) -> tuple:
         """Start sending my shard of each matrix in `bucket` to its owner, packed by owner."""
         device = updates[bucket.indices[0]].device
         send = torch.empty(sum(bucket.send), dtype=self.ns_dtype, device=device)
@@ -267,8 +318,10 @@ class ShardedTP(ShardedOwners):
     """fsdp_tp: tensor-parallel Newton–Schulz of the row shards, in place
     (`orthogonalise_row_shards`); no rank holds a whole matrix."""
 
+    early_sends = False  # no exchange to start: each iteration all-reduces Gram matrices
+
     def __init__(self, newton_schulz: NewtonSchulz, ns_dtype: torch.dtype, hp: MuonConfig) -> None:
-        super().__init__(newton_schulz, ns_dtype)
+        super().__init__(newton_schulz, ns_dtype, free_grads=hp.free_grads)
         check_tp_form(hp.ns_form)
         self.hp = hp
 

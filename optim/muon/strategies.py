@@ -67,6 +67,15 @@ class Strategy:
         grads = {i: p.grad for i, p in enumerate(group["params"]) if p.grad is not None}
         return (grads, set(grads)) if grads else None
 
+    def order(self, index: int, group: Group, grads: dict[int, Tensor]) -> list[int]:
+        """The order the momentum takes the matrices of `grads` in (one whose exchange starts
+        during the momentum, `taken`, wants its first bucket's matrices first)."""
+        return list(grads)
+
+    def taken(self, index: int, group: Group, i: int, updates: dict[int, Tensor]) -> None:
+        """Matrix i's momentum is done: its gradient is read for the last time, and its
+        update (if this rank orthogonalises it) is updates[i]."""
+
     def orthogonalise(
         self, index: int, group: Group, updates: dict[int, Tensor]
     ) -> dict[int, Tensor]:
@@ -104,13 +113,30 @@ class _RoundRobin(Strategy):
 class Replicated(_RoundRobin):
     """ddp_all_gather | ddp_all_reduce: DDP has averaged every gradient, every rank advances
     every momentum (replicated state), orthogonalises the matrices it owns, and the finished
-    updates are exchanged, so every rank applies all of them."""
+    updates are exchanged, so every rank applies all of them.
+
+    With `overlap` the exchange goes run by run (`runs`: matrices that share no Newton–Schulz
+    batch with the others): each run's collective starts, async, as soon as its matrices are
+    orthogonalised and travels while the next run computes; the largest run goes first, so
+    the one exchange left to wait for at the end is the smallest. Ownership is the whole
+    group's either way, and a run's Newton–Schulz alone gives the bits of one call over all,
+    so both ways give the same bits."""
 
     def __init__(self, newton_schulz: NewtonSchulz, group: dist.ProcessGroup, exchange: str,
-                 ns_dtype: torch.dtype) -> None:  # fmt: skip
+                 ns_dtype: torch.dtype, overlap: str = "auto",
+                 runs: Callable[[dict[int, Tensor]], list[list[int]]] | None = None,
+                 ) -> None:  # fmt: skip
         super().__init__(newton_schulz, group, exchange)
         self.ns_dtype = ns_dtype
+        # Gloo's async all-gather is slower than the blocking ring (optim/muon/exchange.py).
+        self.overlap = overlap == "async" or (
+            overlap == "auto" and dist.get_backend(group) == "nccl"
+        )
+        if self.overlap and runs is None:
+            raise ValueError("an overlapped exchange needs the Newton–Schulz runs (`runs`)")
+        self.runs = runs
         self._members: dict[int, list[int]] = {}
+        self._run_exchanges: dict[tuple, list[tuple[list[int], RoundRobin]]] = {}
 
     def gradients(self, index: int, group: Group) -> tuple[dict[int, Tensor], set[int]] | None:
         params = group["params"]
@@ -125,11 +151,43 @@ class Replicated(_RoundRobin):
         self, index: int, group: Group, updates: dict[int, Tensor]
     ) -> dict[int, Tensor]:
         members = self._members[index]
+        if self.overlap:
+            return self._overlapped(index, group["params"], members, updates)
         rr = self.round_robin(index, group["params"], members)
         position = {i: k for k, i in enumerate(members)}
         mine = {position[i]: o for i, o in self.newton_schulz(updates).items()}
         share = rr.all_gather if self.exchange == "all_gather" else rr.all_reduce
         return dict(zip(members, share(mine, self.ns_dtype), strict=True))
+
+    def _overlapped(self, index: int, params: list[Tensor], members: list[int],
+                    updates: dict[int, Tensor]) -> dict[int, Tensor]:  # fmt: skip
+        pending = []
+        for run, rr in self._exchanges_by_run(index, params, members):
+            ortho = self.newton_schulz({i: updates[i] for i in run if i in updates})
+            mine = {k: ortho[i] for k, i in enumerate(run) if i in ortho}
+            pending.append((run, rr.start(mine, self.ns_dtype, self.exchange)))
+        out: dict[int, Tensor] = {}
+        for run, exchange in pending:
+            out.update(zip(run, exchange.wait(), strict=True))
+        return out
+
+    def _exchanges_by_run(
+        self, index: int, params: list[Tensor], members: list[int]
+    ) -> list[tuple[list[int], RoundRobin]]:
+        """Each run of the group's matrices (largest first) with its own exchange, which
+        keeps the whole group's owners."""
+        key = (index, tuple(members))
+        if key not in self._run_exchanges:
+            owner = dict(zip(members, self.round_robin(index, params, members).owners,
+                             strict=True))  # fmt: skip
+            runs = self.runs({i: params[i] for i in members})  # type: ignore[misc]
+            runs.sort(key=lambda run: (-sum(params[i].numel() for i in run), run[0]))
+            self._run_exchanges[key] = [
+                (run, RoundRobin([params[i].shape for i in run], self.group,
+                                 [owner[i] for i in run]))
+                for run in runs
+            ]  # fmt: skip
+        return self._run_exchanges[key]
 
 
 class OwnerOnly(_RoundRobin):

@@ -1,5 +1,6 @@
 """Benchmark distributed Muon: 2 gloo ranks against 1 process, per exchange mode and sharded
-(the rows are dist.parallelism's ddp_all_reduce, ddp_all_gather, ddp_owners and fsdp_gather).
+(the rows are dist.parallelism's ddp_all_reduce, ddp_all_gather, ddp_owners and fsdp_gather,
+and the first two with optim.muon.exchange_overlap=async).
 
 Two ranks (1 thread each) hold the GPT-2-small Muon matrices. In every round, in the same two
 processes: rank 0 alone times a single-process Muon step with 1 thread (the same compute per
@@ -17,6 +18,9 @@ halved) and compared with the ring formulas:
     sharded         2·(W-1)/W²·P·b     (fsdp_gather: shards to owners and back)
     FSDP gradients    (W-1)/W·P·4 + (W-1)/W·P·4   (reduce-scatter the gradients, all-gather
                                         the parameters for the next forward: fp32 on CPU)
+
+The "async" rows start each run's exchange (gloo's own async collective) as soon as its
+Newton–Schulz is done, against the blocking ring after all of it in the rows above.
 
 The sharded row is Muon's sharded strategy on dim-0 DTensor shards of the same matrices: every rank
 keeps 1/W of the momentum, and "vs replicated" is its ratio to the all_gather mode's step,
@@ -48,6 +52,7 @@ from scripts.bench.muon_step import SHAPE_SETS
 from trainer.launch.dist import free_port
 
 WORLD = 2
+OVERLAPPED = ("all_gather", "all_reduce")  # optim.muon.exchange_overlap=async applies to these
 KW = {"lr": 0.02, "momentum": 0.95, "nesterov": True, "ns_steps": 5}
 
 
@@ -60,13 +65,15 @@ def loopback_bytes() -> int:
     raise RuntimeError("no loopback interface in /proc/net/dev")
 
 
-def make(shapes: list, group: dist.ProcessGroup | None, exchange: str, ns_dtype) -> Muon:
+def make(shapes: list, group: dist.ProcessGroup | None, exchange: str, ns_dtype,
+         **settings: object) -> Muon:  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     params = [torch.randn(s, generator=gen).requires_grad_() for s in shapes]
     for p in params:
         p.grad = torch.randn(p.shape, generator=gen)
     parallelism = PARALLELISM_OF[exchange]
-    return Muon(params, ns_dtype=ns_dtype, process_group=group, parallelism=parallelism, **KW)
+    return Muon(params, ns_dtype=ns_dtype, process_group=group, parallelism=parallelism, **KW,
+                **settings)  # fmt: skip
 
 
 def make_sharded(shapes: list, ns_dtype) -> Muon:
@@ -99,6 +106,8 @@ def rank_main(rank: int, port: int, shapes: list, rounds: int, out: dict) -> Non
     group = dist.group.WORLD
     single = make(shapes, None, "all_reduce", ns_dtype) if rank == 0 else None
     modes = {m: make(shapes, group, m, ns_dtype) for m in EXCHANGES}
+    for m in OVERLAPPED:  # the same exchange, started run by run as Newton–Schulz finishes
+        modes[f"{m} async"] = make(shapes, group, m, ns_dtype, exchange_overlap="async")
     sharded = make_sharded(shapes, ns_dtype)
     grads = torch.zeros(sum(torch.Size(s).numel() for s in shapes))  # DDP's fp32 gradients
     shard_grads = torch.zeros(grads.numel() // WORLD)  # FSDP's: reduce-scattered, then the
@@ -176,6 +185,7 @@ def main() -> None:
     ring = (w - 1) / w * n
     formula = {"all_reduce": 2 * ring * b, "all_gather": ring * b, "reduce_scatter": 2 * ring * 4}
     formula["sharded"] = 2 * ring / w * b
+    formula.update({f"{m} async": formula[m] for m in OVERLAPPED})
     ddp_s, ddp_bytes = t["DDP grad all-reduce"], sent["DDP grad all-reduce"]
     base1, base2 = t["1 rank, 1 thread"], t["1 rank, 2 threads"]
 
@@ -196,17 +206,22 @@ def main() -> None:
     )
     print()
     print(
-        f"{'exchange':<15} {'step ms':>8} {'vs 1r1t':>8} {'vs 1r2t':>8} {'MB/rank':>8} "
+        f"{'exchange':<17} {'step ms':>8} {'vs 1r1t':>8} {'vs 1r2t':>8} {'MB/rank':>8} "
         f"{'formula':>8} {'+grad sync ms':>14} {'vs 1r1t':>8} {'vs 1r2t':>8}"
     )
-    for m in (*EXCHANGES, "sharded"):
+    for m in (*EXCHANGES, *(f"{m} async" for m in OVERLAPPED), "sharded"):
         # The cost of getting from local gradients to updated parameters, in every mode.
         sync = {"reduce_scatter": 0.0, "sharded": fsdp_s}.get(m, ddp_s)
         total = t[m] + sync
         print(
-            f"{m:<15} {t[m] * 1000:>8.0f} {t[m] / base1:>7.2f}x {t[m] / base2:>7.2f}x "
+            f"{m:<17} {t[m] * 1000:>8.0f} {t[m] / base1:>7.2f}x {t[m] / base2:>7.2f}x "
             f"{sent[m] / 1e6:>8.0f} {formula[m] / 1e6:>8.0f} {total * 1000:>14.0f} "
             f"{total / base1:>7.2f}x {total / base2:>7.2f}x"
+        )
+    for m in OVERLAPPED:
+        print(
+            f"{m} exchange_overlap=async vs sync (the ring), same rounds: "
+            f"{t[f'{m} async'] / t[m]:.2f}x the step"
         )
     ratio = t["sharded"] / t["all_gather"]
     print(

@@ -8,7 +8,9 @@ of send and receive buffers live at once (optim/muon/sharded.py). The buffers' s
 depend on the values or on the iteration count, so Newton–Schulz runs one iteration here (the
 step is otherwise what a run computes). "all at once, kept" is the exchange as it was before
 the bound existed, from the same plan: every bucket's buffers, both ways, live until the last
-bucket is unpacked.
+bucket is unpacked. The second table adds the local gradients still held at that peak:
+all of them with optim.muon.free_grads=false (as before it existed), none with the default,
+which drops each once its momentum has read it.
 
     python -m scripts.bench.exchange_peak                        # record #89, 8 ranks
     python -m scripts.bench.exchange_peak --world 4 --experiment record_medium_2025_12_31
@@ -61,23 +63,28 @@ def rank_main(rank: int, world: int, port: int, shapes: list, out: str) -> None:
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (world,))
     gen = torch.Generator().manual_seed(0)
-    params = []
+    params, grads = [], []
     for s, what in shapes:  # every rank draws the same whole tensor and keeps its rows
         p = torch.nn.Parameter(distribute_tensor(torch.randn(s, generator=gen) * 0.02, mesh,
                                                  [Shard(0)], src_data_rank=None))  # fmt: skip
         if what:
             p.stack_of = what
-        p.grad = distribute_tensor(torch.randn(s, generator=gen), mesh, [Shard(0)],
-                                   src_data_rank=None)  # fmt: skip
+        grads.append(distribute_tensor(torch.randn(s, generator=gen), mesh, [Shard(0)],
+                                       src_data_rank=None))  # fmt: skip
         params.append(p)
-    peaks = {}
+    peaks, held = {}, {}
     for in_flight, chunk in BOUNDS:
-        opt = Muon(params, ns_dtype=torch.bfloat16, parallelism="fsdp_gather", ns_steps=1,
-                   exchange_in_flight=in_flight, exchange_chunk=chunk)  # fmt: skip
-        opt.step()
-        peaks[(in_flight, chunk)] = opt.strategy.peak_bytes
+        for free in (True, False):
+            bound = {"exchange_in_flight": in_flight, "exchange_chunk": chunk}
+            opt = Muon(params, ns_dtype=torch.bfloat16, parallelism="fsdp_gather", ns_steps=1,
+                       free_grads=free, **bound)  # fmt: skip
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g
+            opt.step()
+            peaks[(in_flight, chunk)] = opt.strategy.peak_bytes
+            held[(in_flight, chunk, free)] = opt.strategy.peak_held_bytes
     if rank == 0:
-        torch.save(peaks, Path(out) / "peaks.pt")
+        torch.save((peaks, held), Path(out) / "peaks.pt")
     dist.barrier()
     dist.destroy_process_group()
 
@@ -98,7 +105,7 @@ def main() -> None:
         rank_main, args=(args.world, free_port(), matrices, args.out), nprocs=args.world,
         join=True, start_method="spawn",
     )  # fmt: skip
-    peaks = torch.load(Path(args.out) / "peaks.pt")
+    peaks, held = torch.load(Path(args.out) / "peaks.pt")
     plan = ExchangePlan(shapes, args.world, 0)
     pairs = [(sum(b.send) + sum(b.recv)) * 2 for b in plan.buckets]  # bf16: 2 bytes a value
     kept = 2 * sum(pairs)
@@ -111,6 +118,12 @@ def main() -> None:
     for (in_flight, chunk), peak in peaks.items():
         label = f"{in_flight}, {chunk}" + (" (all at once)" if (in_flight, chunk) == (0, 0) else "")
         print(f"{label:<26} {peak / 1e6:>8.1f} {peak / base:>14.2f}x")
+    print("\nwith the Muon gradients still held at that peak (optim.muon.free_grads):")
+    print(f"{'in_flight, chunk':<26} {'kept MB':>8} {'freed MB':>9} {'freed / kept':>13}")
+    for in_flight, chunk in BOUNDS:
+        kept_mb, freed_mb = held[(in_flight, chunk, False)], held[(in_flight, chunk, True)]
+        print(f"{f'{in_flight}, {chunk}':<26} {kept_mb / 1e6:>8.1f} {freed_mb / 1e6:>9.1f} "
+              f"{freed_mb / kept_mb:>12.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -200,7 +200,9 @@ RECORD_D = {**NORMUON, "normuon_beta2": 0.9, "normuon_axis": "shape", "weight_de
             "master_weights": "fp32_truncated"}  # fmt: skip
 
 
-def train_record_d(group: dist.ProcessGroup | None = None) -> tuple[list[torch.Tensor], Muon]:
+def train_record_d(
+    group: dist.ProcessGroup | None = None, **settings: object
+) -> tuple[list[torch.Tensor], Muon]:
     """Record D's NorMuon on bf16 matrices: two (4, d, d) stacks split into head pairs (16
     rows), two tall MLP matrices (one at lr_mul 2); every rank draws DDP's averaged grads."""
     gen = torch.Generator().manual_seed(0)
@@ -210,7 +212,7 @@ def train_record_d(group: dist.ProcessGroup | None = None) -> tuple[list[torch.T
         p.muon_head_rows = 16  # type: ignore[attr-defined]
         p.stack_of = "q, k, v, o"  # type: ignore[attr-defined]  # as the model declares it
     params[2].lr_mul = 2.0  # type: ignore[attr-defined]
-    kw = {**KW, **RECORD_D}
+    kw = {**KW, **RECORD_D, **settings}
     opt = Muon(params, ns_dtype=torch.bfloat16, process_group=group, parallelism="ddp_all_gather",
                **kw)  # fmt: skip
     for _ in range(STEPS):
