@@ -7,13 +7,18 @@ step, per param group:
 (a) momentum on the local shards, in fp32 (elementwise: shards of the whole result);
 (b) one packed `all_to_all_single` per bucket sends every shard of matrix i, cast to the
     Newton–Schulz dtype, to the rank that owns i (`assign_owners`: cost-balanced, the same
-    on every rank); the owner concatenates the shards in rank order and runs the same
-    batched Newton–Schulz as one process (`orthogonalise`);
+    on every rank); the owner puts the shards in place and runs the same batched
+    Newton–Schulz as one process (`orthogonalise`);
 (c) the inverse `all_to_all_single` returns to every rank its rows of each result, and each
     rank applies weight decay and the update to its shard, with the LR scale of the *global*
     shape.
 
-That is `fsdp_gather` (`ShardedOwners`). `fsdp_tp` (`ShardedTP`)
+That is `fsdp_gather` (`ShardedOwners`). It takes any layout whose pieces are blocks
+(optim/blocks.py): FSDP2's rows, HSDP's (exchanged within each replica group), and FSDP beside
+tensor parallelism on a 2-D mesh, where a row-parallel weight is cut into blocks of rows and
+columns and a column-parallel one into rows twice over; each piece goes to the owner as a box
+and comes back as one. Matrices cut among different ranks are planned apart
+(optim/muon/exchange_plan.py). `fsdp_tp` (`ShardedTP`)
 replaces (b) and (c) with
 tensor-parallel Newton–Schulz on the row shards in place (`orthogonalise_row_shards`: per
 iteration one all_reduce of the cols×cols Gram matrices of all 2-D matrices of a shape; the
@@ -45,79 +50,20 @@ DTensors sharded like their parameters, created with the optimizer, so every ran
 state from the start.
 """
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from optim.blocks import boxes, exchange_group, slices
 from optim.config import MuonConfig
-from optim.muon.exchange import assign_owners
+from optim.muon.exchange_plan import Bucket, ExchangePlan, GroupPlan, SubPlan
 from optim.muon.newton_schulz import chosen_coefficients
 from optim.muon.stacks import is_expert_stack
 from optim.muon.strategies import Group, NewtonSchulz, Strategy, require_every_gradient
 from optim.muon.tp_newton_schulz import check_tp_form, orthogonalise_row_shards
-from optim.row_shards import is_dtensor, local, numel_of_rows, row_counts, shard_group
-
-
-@dataclass
-class Bucket:
-    """One shape class of a group: its matrices and what this rank sends and receives."""
-
-    indices: list[int]  # the group's matrices in this bucket, in index order
-    mine: list[int]  # those this rank owns
-    send: list[int]  # values sent to each rank: my shards of the matrices it owns
-    recv: list[int]  # values received from each rank: its shards of the matrices I own
-
-
-class ExchangePlan:
-    """Who owns which matrix of a group, and the split sizes of every bucket's exchange."""
-
-    def __init__(self, shapes: Sequence[torch.Size], world: int, rank: int, chunk: int = 0) -> None:
-        """`chunk`: at most this many matrices per bucket (a shape class cut in index order;
-        −1: as many as ranks, 0: the whole class)."""
-        self.shapes, self.world, self.rank = list(shapes), world, rank
-        self.owners = assign_owners(self.shapes, world)
-        self.rows = [row_counts(s[0], world) for s in self.shapes]  # per matrix, per rank
-        self.starts = [[sum(r[:k]) for k in range(world)] for r in self.rows]
-        classes: dict[tuple[int, ...], list[int]] = {}
-        for i, s in enumerate(self.shapes):
-            classes.setdefault((*s[:-2], *sorted(s[-2:])), []).append(i)
-        size = world if chunk == -1 else chunk
-        cut = [
-            idx[k : k + size] if size else idx
-            for idx in classes.values()
-            for k in range(0, len(idx), size or len(idx))
-        ]
-        self.buckets = [self._bucket(idx) for idx in cut]
-
-    def _bucket(self, indices: list[int]) -> Bucket:
-        mine = [i for i in indices if self.owners[i] == self.rank]
-        send = [
-            sum(self.numel(i, self.rank) for i in indices if self.owners[i] == dest)
-            for dest in range(self.world)
-        ]
-        recv = [sum(self.numel(i, src) for i in mine) for src in range(self.world)]
-        return Bucket(indices, mine, send, recv)
-
-    def numel(self, i: int, rank: int) -> int:
-        """Values of matrix i that `rank` holds."""
-        return numel_of_rows(self.shapes[i], self.rows[i][rank])
-
-    def owned_by(self, bucket: Bucket, rank: int) -> list[int]:
-        return [i for i in bucket.indices if self.owners[i] == rank]
-
-
-@dataclass
-class GroupPlan:
-    """A param group's exchange: the plan over the matrices that move, by their place in
-    `moved` (group indices), and the expert stacks `kept` where they live."""
-
-    plan: ExchangePlan
-    moved: list[int]
-    kept: list[int]
-    bucket_of: dict[int, int]  # group index -> its bucket
+from optim.row_shards import is_dtensor, local, shard_group
 
 
 class ShardedOwners(Strategy):
@@ -138,8 +84,6 @@ class ShardedOwners(Strategy):
         self.in_flight = in_flight  # buckets whose exchange buffers may be live at once; 0: all
         self.chunk = chunk  # matrices per bucket (ExchangePlan)
         self.free_grads = free_grads  # drop each gradient once its momentum has taken it
-        self.group: dist.ProcessGroup | None = None
-        self._has_params = False
         self._plans: dict[int, GroupPlan] = {}
         self._sent: dict[int, tuple] = {}  # bucket j's exchange, started during the momentum
         self._pending: dict[int, int] = {}  # bucket j -> its matrices whose momentum is to come
@@ -149,16 +93,8 @@ class ShardedOwners(Strategy):
         self.peak_held_bytes = 0
 
     def check_param(self, p: Tensor) -> None:
-        group = None
-        if is_dtensor(p):  # HSDP: the exchange runs within the shard group, every replica alike
-            group = shard_group(p)
-        if self._has_params and group is not self.group:
-            raise ValueError("every parameter of a sharded Muon must be sharded on the same mesh")
-        self.group, self._has_params = group, True
-
-    @property
-    def world(self) -> int:
-        return dist.get_world_size(self.group) if self.group is not None else 1
+        if is_dtensor(p):  # its exchange group, made now: a collective on every rank alike
+            exchange_group(p)
 
     def gradients(self, index: int, group: Group) -> tuple[dict[int, Tensor], set[int]]:
         params = group["params"]
@@ -169,10 +105,10 @@ class ShardedOwners(Strategy):
         """Bucket by bucket, expert stacks last: the first bucket's shards can leave while
         the momentum of the others is computed (`taken`)."""
         gp = self._plan(index, group["params"])
-        limit = (self.in_flight or len(gp.plan.buckets)) if self.early_sends else 0
+        limit = (self.in_flight or len(gp.buckets)) if self.early_sends else 0
         self._sent = {}
-        self._pending = {j: len(b.indices) for j, b in enumerate(gp.plan.buckets[:limit])}
-        return [gp.moved[k] for bucket in gp.plan.buckets for k in bucket.indices] + gp.kept
+        self._pending = {j: len(b.indices) for j, (_, b) in enumerate(gp.buckets[:limit])}
+        return [sp.members[k] for sp, b in gp.buckets for k in b.indices] + gp.kept
 
     def taken(self, index: int, group: Group, i: int, updates: dict[int, Tensor]) -> None:
         if self.free_grads:
@@ -182,9 +118,9 @@ class ShardedOwners(Strategy):
         if j in self._pending:
             self._pending[j] -= 1
             if not self._pending[j]:  # the bucket's last matrix: its shards can go
-                bucket = gp.plan.buckets[j]
-                shards = {k: updates[gp.moved[k]] for k in bucket.indices}
-                self._sent[j] = self._to_owners(gp.plan, bucket, shards)
+                sp, bucket = gp.buckets[j]
+                shards = {k: updates[sp.members[k]] for k in bucket.indices}
+                self._sent[j] = self._to_owners(sp, bucket, shards)
 
     def orthogonalise(
         self, index: int, group: Group, updates: dict[int, Tensor]
@@ -199,45 +135,49 @@ class ShardedOwners(Strategy):
         way; only when each exchange starts and is waited for differs."""
         every = group["params"]
         gp = self._plan(index, every)
-        plan, moved, kept = gp.plan, gp.moved, gp.kept
-        params = [every[i] for i in moved]
-        shards = [updates[i] for i in moved]
-        n = len(plan.buckets)
+        n = len(gp.buckets)
         limit = self.in_flight or n
         outgoing: dict[int, tuple] = {}
         returning: dict[int, tuple] = {}
         out: dict[int, Tensor] = {}
         unpacked = 0
         for j in range(min(limit, n)):  # started during the momentum, unless it was not
-            outgoing[j] = self._sent.pop(j, None) or self._to_owners(plan, plan.buckets[j], shards)
-        here = self.newton_schulz({i: updates[i] for i in kept}) if kept else {}
+            outgoing[j] = self._sent.pop(j, None) or self._send(gp, j, updates)
+        here = self.newton_schulz({i: updates[i] for i in gp.kept}) if gp.kept else {}
         held = sum(local(p.grad).nbytes for p in every if p.grad is not None)
-        for j, bucket in enumerate(plan.buckets):
+        for j, (sp, bucket) in enumerate(gp.buckets):
             arrived = outgoing.pop(j)
             _wait(arrived[0])
-            ortho = self.newton_schulz(self._assemble(plan, bucket, arrived[1]))
-            returning[j] = self._to_shards(plan, bucket, ortho, shards[0].device)
+            ortho = self.newton_schulz(self._assemble(sp.plan, bucket, arrived[1]))
+            returning[j] = self._to_shards(sp, bucket, ortho, arrived[1].device)
             self._count([*outgoing.values(), *returning.values(), arrived], held)
             del arrived, ortho
             if j + limit < n:  # room for the next send once the oldest is home
-                self._unpack(plan, unpacked, returning.pop(unpacked), params, out)
+                self._unpack(gp, unpacked, returning.pop(unpacked), every, out)
                 unpacked += 1
-                outgoing[j + limit] = self._to_owners(plan, plan.buckets[j + limit], shards)
+                outgoing[j + limit] = self._send(gp, j + limit, updates)
         for j in range(unpacked, n):
-            self._unpack(plan, j, returning.pop(j), params, out)
-        return {**{moved[k]: u for k, u in out.items()}, **here}
+            self._unpack(gp, j, returning.pop(j), every, out)
+        return {**out, **here}
+
+    def _send(self, gp: GroupPlan, j: int, updates: dict[int, Tensor]) -> tuple:
+        sp, bucket = gp.buckets[j]
+        return self._to_owners(sp, bucket, {k: updates[sp.members[k]] for k in bucket.indices})
 
     def _unpack(
-        self, plan: ExchangePlan, j: int, exchange: tuple, params: list[Tensor], out: dict
+        self, gp: GroupPlan, j: int, exchange: tuple, every: list[Tensor], out: dict
     ) -> None:
-        """Bucket j's rows, back from their owners, into `out` (views of the buffer)."""
+        """Bucket j's pieces, back from their owners, into `out` by group index (views of
+        the buffer)."""
+        sp, bucket = gp.buckets[j]
         work, received, _ = exchange
         _wait(work)
         offset = 0
-        for owner in range(plan.world):
-            for i in plan.owned_by(plan.buckets[j], owner):
-                n = plan.numel(i, plan.rank)
-                out[i] = received[offset : offset + n].view(local(params[i]).shape)
+        for owner in range(sp.plan.world):
+            for k in sp.plan.owned_by(bucket, owner):
+                i = sp.members[k]
+                n = sp.plan.numel(k, sp.plan.rank)
+                out[i] = received[offset : offset + n].view(local(every[i]).shape)
                 offset += n
 
     def _count(self, live: list[tuple], held: int) -> None:
@@ -248,68 +188,80 @@ class ShardedOwners(Strategy):
         self.peak_bytes = max(self.peak_bytes, total)
         self.peak_held_bytes = max(self.peak_held_bytes, total + held)
 
-    def _plan(self, index: int, every: list[Tensor]) -> "GroupPlan":
+    def _plan(self, index: int, every: list[Tensor]) -> GroupPlan:
+        """Param group `index`'s plan, made at its first step (a collective: each exchange
+        group gathers its ranks' boxes)."""
         if index not in self._plans:
-            rank = dist.get_rank(self.group) if self.group is not None else 0
-            # An expert stack's dim-0 shard is whole experts: they are orthogonalised where
-            # they live, while the other matrices' exchanges are in flight (stacks.py).
-            kept = [i for i, p in enumerate(every) if is_expert_stack(p)]
-            moved = [i for i in range(len(every)) if i not in set(kept)]
-            shapes = [every[i].shape for i in moved]
-            plan = ExchangePlan(shapes, self.world, rank, self.chunk)
-            bucket_of = {moved[k]: j for j, b in enumerate(plan.buckets) for k in b.indices}
-            self._plans[index] = GroupPlan(plan, moved, kept, bucket_of)
+            # An expert stack cut only along its expert dim is whole experts: they are
+            # orthogonalised where they live, while the other matrices' exchanges are in
+            # flight (optim/muon/stacks.py); one cut across its matrices is exchanged.
+            kept = [i for i, p in enumerate(every) if is_expert_stack(p) and _whole_matrices(p)]
+            by_group: dict[dist.ProcessGroup | None, list[int]] = {}
+            for i, p in enumerate(every):
+                if i not in kept:
+                    by_group.setdefault(exchange_group(p) if is_dtensor(p) else None, []).append(i)
+            subplans = []
+            for pg, members in by_group.items():  # in the order of their first matrix
+                world, rank = (dist.get_world_size(pg), dist.get_rank(pg)) if pg else (1, 0)
+                params = [every[i] for i in members]
+                plan = ExchangePlan([p.shape for p in params], world, rank, self.chunk,
+                                    boxes(params, pg))  # fmt: skip
+                subplans.append(SubPlan(plan, pg, members))
+            buckets = [(sp, b) for sp in subplans for b in sp.plan.buckets]
+            bucket_of = {sp.members[k]: j for j, (sp, b) in enumerate(buckets) for k in b.indices}
+            self._plans[index] = GroupPlan(subplans, buckets, kept, bucket_of)
         return self._plans[index]
 
-    def _to_owners(
-        self, plan: ExchangePlan, bucket: Bucket, updates: Mapping[int, Tensor]
-    ) -> tuple:
-        """Start sending my shard of each matrix in `bucket` to its owner, packed by owner."""
+    def _to_owners(self, sp: SubPlan, bucket: Bucket, updates: Mapping[int, Tensor]) -> tuple:
+        """Start sending my piece of each matrix in `bucket` to its owner, packed by owner."""
         device = updates[bucket.indices[0]].device
         send = torch.empty(sum(bucket.send), dtype=self.ns_dtype, device=device)
         offset = 0
-        for dest in range(plan.world):
-            for i in plan.owned_by(bucket, dest):
-                n = updates[i].numel()
-                send[offset : offset + n].view_as(updates[i]).copy_(updates[i])
+        for dest in range(sp.plan.world):
+            for k in sp.plan.owned_by(bucket, dest):
+                n = updates[k].numel()
+                send[offset : offset + n].view_as(updates[k]).copy_(updates[k])
                 offset += n
-        return self._all_to_all(send, bucket.recv, bucket.send)
+        return self._all_to_all(sp.group, send, bucket.recv, bucket.send)
 
     def _assemble(self, plan: ExchangePlan, bucket: Bucket, received: Tensor) -> dict:
-        """The whole update of each matrix I own: the shards from every rank, in rank order."""
+        """The whole update of each matrix I own: the pieces from every rank, in rank order,
+        each in its box."""
         whole = {
-            i: torch.empty(plan.shapes[i], dtype=self.ns_dtype, device=received.device)
-            for i in bucket.mine
+            k: torch.empty(plan.shapes[k], dtype=self.ns_dtype, device=received.device)
+            for k in bucket.mine
         }
         offset = 0
         for src in range(plan.world):
-            for i in bucket.mine:
-                n, start = plan.numel(i, src), numel_of_rows(plan.shapes[i], plan.starts[i][src])
-                whole[i].view(-1)[start : start + n].copy_(received[offset : offset + n])
+            for k in bucket.mine:
+                b, n = plan.boxes[k][src], plan.numel(k, src)
+                whole[k][slices(b)].copy_(received[offset : offset + n].view(b[1]))
                 offset += n
         return whole
 
     def _to_shards(
-        self, plan: ExchangePlan, bucket: Bucket, ortho: dict[int, Tensor], device: torch.device
+        self, sp: SubPlan, bucket: Bucket, ortho: dict[int, Tensor], device: torch.device
     ) -> tuple:
-        """Start sending every rank its rows of each orthogonalised matrix I own."""
+        """Start sending every rank its piece of each orthogonalised matrix I own."""
+        plan = sp.plan
         send = torch.empty(sum(bucket.recv), dtype=self.ns_dtype, device=device)
         offset = 0
         for dest in range(plan.world):
-            for i in bucket.mine:
-                rows, start = plan.rows[i][dest], plan.starts[i][dest]
-                n = plan.numel(i, dest)
-                piece = send[offset : offset + n].view(rows, *plan.shapes[i][1:])
-                piece.copy_(ortho[i][start : start + rows])
+            for k in bucket.mine:
+                b, n = plan.boxes[k][dest], plan.numel(k, dest)
+                send[offset : offset + n].view(b[1]).copy_(ortho[k][slices(b)])
                 offset += n
-        return self._all_to_all(send, bucket.send, bucket.recv)
+        return self._all_to_all(sp.group, send, bucket.send, bucket.recv)
 
-    def _all_to_all(self, send: Tensor, recv_splits: list[int], send_splits: list[int]) -> tuple:
-        if self.group is None:
+    def _all_to_all(
+        self, group: dist.ProcessGroup | None, send: Tensor, recv_splits: list[int],
+        send_splits: list[int],
+    ) -> tuple:  # fmt: skip
+        if group is None:
             return None, send, send
         received = torch.empty(sum(recv_splits), dtype=send.dtype, device=send.device)
         work = dist.all_to_all_single(
-            received, send, recv_splits, send_splits, group=self.group, async_op=True
+            received, send, recv_splits, send_splits, group=group, async_op=True
         )
         return work, received, send  # the send buffer stays referenced until the wait
 
@@ -324,6 +276,22 @@ class ShardedTP(ShardedOwners):
         super().__init__(newton_schulz, ns_dtype, free_grads=hp.free_grads)
         check_tp_form(hp.ns_form)
         self.hp = hp
+        self.group: dist.ProcessGroup | None = None
+        self._has_params = False
+
+    def check_param(self, p: Tensor) -> None:
+        group = None
+        if is_dtensor(p):  # dim-0 rows on one mesh dim (HSDP: within the shard group)
+            try:
+                group = shard_group(p)
+            except ValueError as e:
+                raise ValueError(
+                    f"dist.parallelism=fsdp_tp orthogonalises dim-0 row shards: {e}; "
+                    "fsdp_gather exchanges any blocks"
+                ) from e
+        if self._has_params and group is not self.group:
+            raise ValueError("every parameter of a sharded Muon must be sharded on the same mesh")
+        self.group, self._has_params = group, True
 
     def orthogonalise(
         self, index: int, group: Group, updates: dict[int, Tensor]
@@ -336,6 +304,14 @@ class ShardedTP(ShardedOwners):
             updates, shapes, self.group, chosen_coefficients(hp), hp.ns_steps, hp.eps,
             self.ns_dtype, hp.ns_form,
         )  # fmt: skip
+
+
+def _whole_matrices(p: Tensor) -> bool:
+    """Whether every rank's piece of stack `p` is whole matrices (cut on leading dims only)."""
+    if not is_dtensor(p):
+        return True
+    cut = [x.dim for x in p.placements if hasattr(x, "dim")]  # Shard and _StridedShard
+    return all(d < p.ndim - 2 for d in cut)
 
 
 def _wait(work: dist.Work | None) -> None:

@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=8)
     parser.add_argument("--out", default="/tmp/exchange_peak")
     args = parser.parse_args()
-    from optim.muon.sharded import ExchangePlan
+    from optim.muon.exchange_plan import ExchangePlan
 
     matrices = muon_shapes(args.experiment)
     # expert stacks are stepped where they live: only the others are exchanged
