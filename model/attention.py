@@ -160,8 +160,9 @@ class CausalSelfAttention(nn.Module, ABC):
 
     def forward(self, x: Tensor, rotary: Rotary, ctx: Context, aux: Tensor | None = None) -> Tensor:
         """`aux` (B, T, H, D): added to the values instead of their mixes (the MUDD layer)."""
-        B, T, C = x.shape
-        shape = (B, T, self.n_head, self.head_dim)
+        B, T, _ = x.shape
+        # heads from the projection's width: a tensor-parallel rank's H/T are a whole model's
+        shape = (B, T, -1, self.head_dim)
         lam_in, lam_out = self._lambdas(ctx)
         q, k, v = (t.reshape(shape) for t in self.project(x, lam_in))
         if self.values is not None:
@@ -181,7 +182,7 @@ class CausalSelfAttention(nn.Module, ABC):
         if self.gate is not None:  # σ(u[:k]·G[h]ᵀ) per position and head: (B, T, H)
             g = torch.sigmoid(self.gate(x[..., : self.gate_channels]))
             y = y * g.transpose(1, 2)[..., None]
-        return self.project_out(y.transpose(1, 2).reshape(B, T, C), lam_out)
+        return self.project_out(y.transpose(1, 2).reshape(B, T, -1), lam_out)
 
     @property
     def track_max_logit(self) -> bool:

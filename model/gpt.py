@@ -17,6 +17,8 @@ nothing. Parameter names (and so optimizer groups and checkpoints) are the modul
 `embed`, `value_embeds.<t>`, `blocks.<ℓ>.attn.*`, `blocks.<ℓ>.mlp.*`, `lm_head`, the scalars.
 """
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -40,6 +42,7 @@ from model.residual import Skips, SublayerScales, X0Injection, X0Lambdas
 from model.rotary import Rotary
 from model.scalars import Scalars
 from model.steps import StepInputs, step_inputs
+from model.tensor_parallel import plan as tensor_parallel_plan
 from model.values import ValueGates
 from model.varlen import Segments, varlen_masks, varlen_support
 from model.xsa import XSA
@@ -181,6 +184,11 @@ class GPT(nn.Module):
         second = [] if self.embed2 is None else [self.embed2]
         values = [] if self.value_embeds is None else list(self.value_embeds.values())
         return [self.embed, *second, *values, *bigram, *blocks]
+
+    def tp_plan(self) -> dict[str, Any]:
+        """`parallelize_module`'s plan for dist.tensor_parallel: each block's heads and MLP
+        hidden units split over the TP ranks (model/tensor_parallel.py)."""
+        return tensor_parallel_plan(self)
 
     def count_flops(
         self,

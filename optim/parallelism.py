@@ -111,3 +111,21 @@ def check_replicate(replicate: int, parallelism: str, ranks: int | None) -> None
         )
     if ranks is not None and ranks % replicate:
         raise ValueError(f"dist.replicate={replicate} must divide the ranks, {ranks} here")
+
+
+def check_tensor_parallel(size: int, replicate: int, parallelism: str, ranks: int | None) -> None:
+    """Raise ValueError naming dist.tensor_parallel where its (…, W/T, T) mesh can't be laid
+    out: T < 1, T > 1 without fsdp_gather (the one exchange that takes a TP rank's blocks of
+    rows and columns), or T·dist.replicate not dividing the `ranks` (None: not known yet)."""
+    if size < 1:
+        raise ValueError(f"dist.tensor_parallel must be >= 1, got {size}")
+    if size > 1 and parallelism != "fsdp_gather":
+        raise ValueError(
+            f"dist.tensor_parallel={size} needs dist.parallelism=fsdp_gather (FSDP2 beside "
+            f"it; Muon's exchange takes its blocks), not {parallelism}"
+        )
+    if ranks is not None and ranks % (size * replicate):
+        raise ValueError(
+            f"dist.tensor_parallel={size} × dist.replicate={replicate} must divide the ranks, "
+            f"{ranks} here"
+        )

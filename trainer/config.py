@@ -21,7 +21,7 @@ from model.config import ModelConfig
 from optim.config import OptimConfig
 from optim.parallelism import DEFAULT as DEFAULT_PARALLELISM
 from optim.parallelism import NAMES as PARALLELISM_NAMES
-from optim.parallelism import check_replicate, replaced_message
+from optim.parallelism import check_replicate, check_tensor_parallel, replaced_message
 from stages import StageTable
 from stages.moved import refuse_keys, refuse_moved
 from trainer.config_across import check_across, check_finite
@@ -247,6 +247,10 @@ class DistConfig:
     """fsdp_*: R > 1 lays the ranks out as an (R, W/R) mesh, HSDP: each of R replica groups
     shards the model over its W/R ranks, and the groups average their gradients (as DDP
     does); Muon's exchange stays within a shard group. 1 = one group of every rank."""
+    tensor_parallel: int = 1
+    """fsdp_gather: T > 1 splits each block's heads and MLP hidden units over T neighbouring
+    ranks that read the same batch (model/tensor_parallel.py), and FSDP2 shards over the
+    W/(R·T) groups of them. 1 = none."""
 
     def validate(self, train: TrainConfig) -> None:
         """Raise ValueError naming the `dist.*` key that is wrong."""
@@ -258,7 +262,9 @@ class DistConfig:
         if self.timeout_s <= 0:
             raise ValueError(f"dist.timeout_s must be > 0, got {self.timeout_s}")
         # under torchrun (nproc 1) the ranks are known only once launched (shard_model)
-        check_replicate(self.replicate, self.parallelism, self.nproc if self.nproc > 1 else None)
+        ranks = self.nproc if self.nproc > 1 else None
+        check_replicate(self.replicate, self.parallelism, ranks)
+        check_tensor_parallel(self.tensor_parallel, self.replicate, self.parallelism, ranks)
         if self.backend == "nccl" and train.device == "cpu":
             raise ValueError("dist.backend=nccl needs train.device=cuda (or auto on a GPU)")
 

@@ -16,6 +16,8 @@ import math
 from dataclasses import fields, is_dataclass
 from typing import Any
 
+from model.config.tensor_parallel import check_tensor_parallel
+
 
 def check_finite(node: Any, prefix: str = "") -> None:
     """Every float of the dataclass tree `node`, alone or in a list or dict (a row of a list
@@ -77,6 +79,13 @@ def check_across(conf: Any) -> None:
     if conf.optim.tie_embed_head_until and not conf.model.embed.tied_init:
         raise ValueError(
             "optim.tie_embed_head_until needs model.embed.tied_init=true (E starts as W)"
+        )
+    tp = conf.dist.tensor_parallel
+    check_tensor_parallel(conf.model, tp)
+    if tp > 1 and conf.optim.muon.qk_clip:  # a head's maximum needs all of its rank's logits
+        raise ValueError(
+            f"dist.tensor_parallel={tp} splits the heads over ranks; optim.muon.qk_clip works "
+            "across all of them: turn it off or leave dist.tensor_parallel=1"
         )
     if conf.model.attention.impl == "flex" and conf.train.device == "cpu":
         raise ValueError(

@@ -76,7 +76,7 @@ def run(conf: Config, parts: Parts) -> float:
 def run_rank(conf: Config, parts: Parts) -> float:
     """This rank's share of the run (the whole run in a single process)."""
     rt = init_runtime(conf.train.device, conf.train.autocast)
-    conf.train.accumulation_steps(rt.world_size)  # fails before any work
+    conf.train.accumulation_steps(rt.world_size // conf.dist.tensor_parallel)  # before any work
     with cpu_threads(conf.train.threads, rt.device), process_group(rt, conf.dist) as group:
         conf = agree_on_config(conf, rt)
         return _run(conf, parts, rt, group)
@@ -88,13 +88,17 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
     saves = [CHECKPOINTS_DIR] if saving else []
     main_decides(lambda: check_writable(run_dir, *saves), rt)  # raises on every rank
     seed_everything(conf.seed)
-    accum_steps = t.accumulation_steps(rt.world_size)
+    # The ranks of a tensor-parallel group read the same batch: the data is split over the
+    # groups (neighbouring ranks, the mesh's last dim: trainer/launch/strategy.py)
+    tp = conf.dist.tensor_parallel
+    data_rank, data_world = rt.rank // tp, rt.world_size // tp
+    accum_steps = t.accumulation_steps(data_world)
     with local_main_first(rt):  # one rank per node builds the corpus cache
         loader, val_batches = parts.data(
             conf.data, batch_size=t.batch_size, seq_len=t.seq_len, val_tokens=t.val_tokens,
-            val_batch_size=t.val_rows(rt.world_size) * rt.world_size,
+            val_batch_size=t.val_rows(data_world) * data_world,
             val_seq_len=t.val_seq_len or t.seq_len, seed=conf.seed,
-            rank=rt.rank, world_size=rt.world_size, progress=rt.is_main,
+            rank=data_rank, world_size=data_world, progress=rt.is_main,
         )  # fmt: skip
     model = parts.model(conf.model).to(rt.device)
     if hasattr(model, "check_device"):  # kernels this device can't run, before any step
@@ -103,13 +107,13 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
     # minutes into the compile. A GPU rank checks its own device.
     if rt.device.type in ("cpu", "cuda"):
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", rt.world_size))
-        check = functools.partial(check_fits, conf, model, rt.world_size, ranks_here, rt.device)
+        check = functools.partial(check_fits, conf, model, data_world, ranks_here, rt.device)
         main_decides(check, rt)
     model.micro_steps = accum_steps  # the FP8 head undoes the loss / micro_steps (model/head.py)
     fsdp = PARALLELISMS[conf.dist.parallelism].fsdp
     if fsdp:  # before the optimizer: its state is sharded like the parameters
         dtype = resolve_param_dtype(conf.dist.fsdp_param_dtype, rt.device)
-        shard_model(model, rt, dtype, conf.dist.replicate)
+        shard_model(model, rt, dtype, conf.dist.replicate, tp)
     compiles = conf.model.compile or conf.optim.compile
     cache = use_compile_cache(t.compile_cache) if compiles else None  # before any compile
     optimizer = parts.optimizer(
@@ -148,7 +152,7 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
             fwd, optimizer, schedule, loader.next_batch, rt,
             t.seq_len, accum_steps=accum_steps, no_sync=no_sync,
             hook=Faults(t.fault, rt.rank, run_dir, model) if t.fault.enabled else None,
-            flops=model.count_flops if peak else None,  # no MFU to give: nothing to count
+            flops=count_flops(model, tp) if peak else None,  # no MFU: nothing to count
             summed_loss=conf.model.head.reduction == "sum",
             skip_nonfinite=t.on_nonfinite == "skip",
         )  # fmt: skip
@@ -158,6 +162,14 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
             reference=reference_curve(conf, sink),
         )  # fmt: skip
         return loop.run(start)
+
+
+def count_flops(model: nn.Module, tensor_parallel: int) -> Callable[..., Any]:
+    """A rank's share of its batch's training FLOPs: the ranks of a tensor-parallel group
+    share one batch's (the step sums the counts over every rank)."""
+    if tensor_parallel == 1:
+        return model.count_flops
+    return lambda *args, **kwargs: model.count_flops(*args, **kwargs) / tensor_parallel
 
 
 def reference_curve(conf: Config, sink: MetricsSink) -> Curve | None:

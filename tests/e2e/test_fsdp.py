@@ -122,6 +122,28 @@ def test_hsdp_on_four_ranks_gives_the_curve_and_resumes_on_two(
     assert_continues(two, hsdp, exact=False)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_tensor_parallel_on_four_ranks_gives_the_curve_and_resumes(
+    fsdp_two: Path, tmp_path: Path, corpus_cache: Path
+) -> None:
+    """dist.tensor_parallel=2 on 4 ranks: a 2 × 2 (shard, tp) mesh, each block's heads and
+    MLP split over a TP pair that reads one batch, FSDP2 over the pairs. Its curve is the
+    2-rank FSDP run's (the same data split in two; the row-parallel sums associate
+    otherwise); from its DCP checkpoint it resumes bit for bit on the same mesh, and on 2
+    ranks without tensor parallelism."""
+    TP = "dist.tensor_parallel=2"
+    tp = train_on_ranks(4, tmp_path, "tp", corpus_cache, FSDP, TP, *SAVE)
+    assert_same_curve(tp, curve(fsdp_two))
+    meta = files.validate(tmp_path / "tp" / files.CHECKPOINTS_DIR / files.step_dir_name(12))
+    assert meta["layout"] == "dcp" and meta["world_size"] == 4
+    resume = f"train.resume={_checkpoint(tmp_path / 'tp')}"
+    same = train_on_ranks(4, tmp_path, "tp_again", corpus_cache, FSDP, TP, resume)
+    assert_continues(same, tp, exact=True)
+    two = train_on_ranks(2, tmp_path, "tp_to_2", corpus_cache, FSDP, resume)
+    assert_continues(two, tp, exact=False)
+
+
 def test_fsdp_run_config_is_checked() -> None:
     from trainer.runtime import resolve_param_dtype
 
@@ -136,6 +158,33 @@ def test_fsdp_run_config_is_checked() -> None:
             r"dist\.replicate=2 must divide",
         ),
         ([FSDP, "dist.replicate=0"], r"dist\.replicate must be >= 1"),
+        (
+            ["dist.tensor_parallel=2"],
+            r"dist\.tensor_parallel=2 needs dist\.parallelism=fsdp_gather",
+        ),
+        ([FSDP, "dist.tensor_parallel=0"], r"dist\.tensor_parallel must be >= 1"),
+        (
+            [FSDP, "dist.tensor_parallel=2", "dist.replicate=2", "dist.nproc=2"],
+            r"dist\.tensor_parallel=2 × dist\.replicate=2 must divide the ranks, 2 here",
+        ),
+        ([FSDP, "dist.tensor_parallel=4"], r"must divide model\.n_head \(2\)"),
+        (
+            [FSDP, "dist.tensor_parallel=2", "model.attention.gate=true"],
+            r"model\.attention\.gate works across all of them",
+        ),
+        (
+            [FSDP, "dist.tensor_parallel=2", "model.attention.merged_qkv=true"],
+            r"model\.attention\.merged_qkv works across",
+        ),
+        (
+            [
+                FSDP,
+                "dist.tensor_parallel=2",
+                "model.attention.qk_norm=false",
+                "optim.muon.qk_clip=100",
+            ],
+            r"optim\.muon\.qk_clip works across",
+        ),
     ]:
         with pytest.raises(ValueError, match=message):
             to_config(compose_config([*RUN, *overrides, "run_dir=."]))

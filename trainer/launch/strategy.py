@@ -22,7 +22,7 @@ from contextlib import AbstractContextManager, contextmanager
 import torch
 from torch import nn
 
-from optim.parallelism import check_replicate
+from optim.parallelism import check_replicate, check_tensor_parallel
 from trainer.runtime import Runtime
 
 # What a module declares on its parameters: the optimizer role and Adam settings, the stack
@@ -31,29 +31,40 @@ DECLARED = ("role", "optim_settings", "stack_of", "active_share")
 
 
 def shard_model(
-    model: nn.Module, rt: Runtime, param_dtype: torch.dtype, replicate: int = 1
-) -> nn.Module:
+    model: nn.Module, rt: Runtime, param_dtype: torch.dtype, replicate: int = 1,
+    tensor_parallel: int = 1,
+) -> nn.Module:  # fmt: skip
     """Apply FSDP2 to `model` in place (its class becomes an FSDP subclass; names unchanged):
     each of `model.fsdp_units()` a unit, the rest the root unit.
 
     `replicate` (dist.replicate) > 1: an (R, W/R) mesh, each row of W/R ranks one copy of
-    the model (HSDP). Needs the default process group (a one-rank group for a single
-    process). What a module declared on a parameter (`DECLARED`: model/layers.py `declare`)
-    is carried over to the sharded parameter that replaces it, so the optimizer sees it as
-    unsharded.
+    the model (HSDP). `tensor_parallel` (dist.tensor_parallel) T > 1: a last mesh dim "tp"
+    of T neighbouring ranks, over which each block is split first (model/tensor_parallel.py);
+    FSDP2 then shards each piece over the other dims. Needs the default process group (a
+    one-rank group for a single process). What a module declared on a parameter
+    (`DECLARED`: model/layers.py `declare`) is carried over to the sharded parameter that
+    replaces it, so the optimizer sees it as unsharded.
     """
     # FSDP is imported here, when used: it takes ~0.5 s that a DDP run need not pay.
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    check_replicate(replicate, "fsdp_gather", rt.world_size)  # only the ranks are news here
-    if replicate > 1:  # HSDP: FSDP2 shards over "shard" and all-reduces over "replicate"
-        shape, names = (replicate, rt.world_size // replicate), ("replicate", "shard")
-        mesh = init_device_mesh(rt.device.type, shape, mesh_dim_names=names)
-    else:
-        mesh = init_device_mesh(rt.device.type, (rt.world_size,))
+    # only the ranks are news here
+    check_replicate(replicate, "fsdp_gather", rt.world_size)
+    check_tensor_parallel(tensor_parallel, replicate, "fsdp_gather", rt.world_size)
+    shard = rt.world_size // (replicate * tensor_parallel)
+    # HSDP: FSDP2 shards over "shard" and all-reduces over "replicate"; TP splits over "tp"
+    dims = [("replicate", replicate), ("shard", shard), ("tp", tensor_parallel)]
+    kept = [(name, n) for name, n in dims if n > 1 or name == "shard"]
+    names, shape = tuple(name for name, _ in kept), tuple(n for _, n in kept)
+    mesh = init_device_mesh(rt.device.type, shape, mesh_dim_names=names)
     declared = {n: {a: getattr(p, a) for a in DECLARED if hasattr(p, a)}
                 for n, p in model.named_parameters()}  # fmt: skip
+    if tensor_parallel > 1:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        parallelize_module(model, mesh["tp"], model.tp_plan())
+        mesh = mesh[tuple(n for n in names if n != "tp")]
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for unit in model.fsdp_units():  # the model declares its units; the rest is the root's
         fully_shard(unit, mesh=mesh, mp_policy=policy)

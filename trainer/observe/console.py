@@ -109,7 +109,8 @@ def describe_run(
     """The startup line: model, optimizer, ranks, precision and how a step's tokens split."""
     m, t = conf.model, conf.train
     n_params = sum(p.numel() for p in model.parameters())
-    micro = t.micro_batch(rt.world_size)
+    tp = conf.dist.tensor_parallel  # the ranks of a TP group share one batch
+    micro = t.micro_batch(rt.world_size // tp)
     precision = "bf16 autocast" if rt.autocast_dtype else "fp32"
     if m.numerics.dtype == "bf16":
         precision = f"bf16 model ({precision} for the rest)"
@@ -120,7 +121,11 @@ def describe_run(
         where += f" ({threads} thread{'s' if threads > 1 else ''}/rank)"
     if PARALLELISMS[conf.dist.parallelism].fsdp:
         dtype = resolve_param_dtype(conf.dist.fsdp_param_dtype, rt.device)
-        ranks += f" ({conf.dist.parallelism}, parameters in {str(dtype).removeprefix('torch.')})"
+        ranks += f" ({conf.dist.parallelism}, parameters in {str(dtype).removeprefix('torch.')}"
+        ranks += f", tensor parallel over {tp})" if tp > 1 else ")"
+    if tp > 1:
+        groups = rt.world_size // tp
+        count = f"{groups} group{'s' if groups > 1 else ''} of {tp} tensor-parallel ranks"
     return (
         (
             f"model {m.n_layer} layers, d {m.n_embd}, {m.n_head} heads: {n_params:,} "
