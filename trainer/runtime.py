@@ -24,6 +24,18 @@ class Runtime:
     local_rank: int
     device: torch.device
     autocast_dtype: torch.dtype | None  # None: plain fp32
+    # dist.tensor_parallel: the T neighbouring ranks of a group read one batch
+    tensor_parallel: int = 1
+
+    @property
+    def data_rank(self) -> int:
+        """Which share of the data this rank reads: its tensor-parallel group's."""
+        return self.rank // self.tensor_parallel
+
+    @property
+    def data_world(self) -> int:
+        """How many shares the data is split into: one per tensor-parallel group."""
+        return self.world_size // self.tensor_parallel
 
     @property
     def is_main(self) -> bool:

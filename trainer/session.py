@@ -10,6 +10,7 @@ what it needs from the model it asks the model (`fsdp_units`, `count_flops`,
 `plan_summary`).
 """
 
+import dataclasses
 import functools
 import logging
 import os
@@ -76,7 +77,8 @@ def run(conf: Config, parts: Parts) -> float:
 def run_rank(conf: Config, parts: Parts) -> float:
     """This rank's share of the run (the whole run in a single process)."""
     rt = init_runtime(conf.train.device, conf.train.autocast)
-    conf.train.accumulation_steps(rt.world_size // conf.dist.tensor_parallel)  # before any work
+    rt = dataclasses.replace(rt, tensor_parallel=conf.dist.tensor_parallel)
+    conf.train.accumulation_steps(rt.data_world)  # fails before any work
     with cpu_threads(conf.train.threads, rt.device), process_group(rt, conf.dist) as group:
         conf = agree_on_config(conf, rt)
         return _run(conf, parts, rt, group)
@@ -90,15 +92,14 @@ def _run(conf: Config, parts: Parts, rt: Runtime, group: ProcessGroup | None) ->
     seed_everything(conf.seed)
     # The ranks of a tensor-parallel group read the same batch: the data is split over the
     # groups (neighbouring ranks, the mesh's last dim: trainer/launch/strategy.py)
-    tp = conf.dist.tensor_parallel
-    data_rank, data_world = rt.rank // tp, rt.world_size // tp
+    tp, data_world = conf.dist.tensor_parallel, rt.data_world
     accum_steps = t.accumulation_steps(data_world)
     with local_main_first(rt):  # one rank per node builds the corpus cache
         loader, val_batches = parts.data(
             conf.data, batch_size=t.batch_size, seq_len=t.seq_len, val_tokens=t.val_tokens,
             val_batch_size=t.val_rows(data_world) * data_world,
             val_seq_len=t.val_seq_len or t.seq_len, seed=conf.seed,
-            rank=data_rank, world_size=data_world, progress=rt.is_main,
+            rank=rt.data_rank, world_size=data_world, progress=rt.is_main,
         )  # fmt: skip
     model = parts.model(conf.model).to(rt.device)
     if hasattr(model, "check_device"):  # kernels this device can't run, before any step

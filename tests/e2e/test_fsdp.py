@@ -144,6 +144,19 @@ def test_tensor_parallel_on_four_ranks_gives_the_curve_and_resumes(
     assert_continues(two, tp, exact=False)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_hsdp_beside_tensor_parallel_on_eight_ranks_gives_the_curve(
+    tmp_path: Path, corpus_cache: Path
+) -> None:
+    """dist.replicate=2 with dist.tensor_parallel=2 on 8 ranks: a 2 × 2 × 2 (replicate, shard,
+    tp) mesh, four groups of a TP pair reading one batch each. Its curve is the 4-rank FSDP
+    run's."""
+    fsdp = train_on_ranks(4, tmp_path, "fsdp4", corpus_cache, FSDP)
+    both = ["dist.replicate=2", "dist.tensor_parallel=2"]
+    assert_same_curve(train_on_ranks(8, tmp_path, "hsdp_tp", corpus_cache, FSDP, *both), fsdp)
+
+
 def test_fsdp_run_config_is_checked() -> None:
     from trainer.runtime import resolve_param_dtype
 

@@ -110,7 +110,7 @@ def describe_run(
     m, t = conf.model, conf.train
     n_params = sum(p.numel() for p in model.parameters())
     tp = conf.dist.tensor_parallel  # the ranks of a TP group share one batch
-    micro = t.micro_batch(rt.world_size // tp)
+    micro = t.micro_batch(rt.data_world)
     precision = "bf16 autocast" if rt.autocast_dtype else "fp32"
     if m.numerics.dtype == "bf16":
         precision = f"bf16 model ({precision} for the rest)"
@@ -124,7 +124,7 @@ def describe_run(
         ranks += f" ({conf.dist.parallelism}, parameters in {str(dtype).removeprefix('torch.')}"
         ranks += f", tensor parallel over {tp})" if tp > 1 else ")"
     if tp > 1:
-        groups = rt.world_size // tp
+        groups = rt.data_world
         count = f"{groups} group{'s' if groups > 1 else ''} of {tp} tensor-parallel ranks"
     return (
         (

@@ -128,7 +128,7 @@ class EvalProgress:
     ) -> "EvalProgress | None":
         """The reporter of the evaluation after `step`, with its batch count from the validation
         budget: rank 0's (None on the others)."""
-        rows = t.val_rows(rt.world_size) * rt.world_size
+        rows = t.val_rows(rt.data_world) * rt.data_world
         sequences = t.val_tokens // (t.val_seq_len or t.seq_len)
         return cls(sink, step, math.ceil(sequences / rows)) if rt.is_main else None
 
