@@ -1,13 +1,13 @@
 """Which `Strategy` runs Muon under each dist.parallelism (optim/parallelism.py), and what a
 setting needs of it: the one place a parallelism's name becomes Muon's exchange."""
 
-from collections.abc import Callable
+import functools
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
 
 from optim.config import MuonConfig
+from optim.muon.batches import ns_runs
 from optim.muon.sharded import ShardedOwners, ShardedTP
 from optim.muon.strategies import NewtonSchulz, OwnerOnly, Replicated, Strategy
 from optim.parallelism import MUON_EXCHANGES, PARALLELISMS
@@ -15,11 +15,10 @@ from optim.parallelism import MUON_EXCHANGES, PARALLELISMS
 
 def strategy_for(
     parallelism: str, group: dist.ProcessGroup | None, hp: MuonConfig, ns: NewtonSchulz,
-    ns_dtype: torch.dtype, runs: Callable[[dict[int, Tensor]], list[list[int]]] | None = None,
+    ns_dtype: torch.dtype,
 ) -> Strategy:  # fmt: skip
     """The strategy of `parallelism` over `group`'s ranks (one process: `Strategy` itself);
-    ValueError naming the setting where `hp` needs whole matrices the parallelism splits.
-    `runs`: `Muon.ns_runs`, which an overlapped round-robin exchange goes by."""
+    ValueError naming the setting where `hp` needs whole matrices the parallelism splits."""
     several = group is not None and dist.get_world_size(group) > 1
     exchange = PARALLELISMS[parallelism].muon
     sharded = PARALLELISMS[parallelism].fsdp
@@ -62,4 +61,5 @@ def strategy_for(
         )
     if exchange == "reduce_scatter":
         return OwnerOnly(ns, group)
+    runs = functools.partial(ns_runs, form=hp.ns_form)  # what an overlapped exchange goes by
     return Replicated(ns, group, exchange, ns_dtype, hp.exchange_overlap, runs)

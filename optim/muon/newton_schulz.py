@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from optim.config import NS_FORMS, MuonConfig
+from optim.muon.batches import RECORD_FORMS, batch_key
 from optim.muon.ns_schedule import polar_express_schedule
 
 Coefficients = tuple[float, float, float]
@@ -70,9 +71,9 @@ COEFFICIENT_SETS: dict[str, CoefficientSet] = {
 # X every GRAM_SEGMENT iterations; used where that costs fewer FLOPs (n ≥ GRAM_MIN_ASPECT·m:
 # a 768×3072 needs 33 % fewer), factored on the other shapes.
 # All four are equal in exact arithmetic; they round differently (scripts/bench/ns.py).
-# The records' forms, which `zeropower` and `orthogonalise` run on each matrix as the records'
-# scripts hand it over: in its own shape and memory layout (see `zeropower`).
-RECORD_FORMS = ("factored_unfused", "expanded")
+# The records' forms (RECORD_FORMS, optim/muon/batches.py), which `zeropower` and
+# `orthogonalise` run on each matrix as the records' scripts hand it over: in its own shape
+# and memory layout (see `zeropower`).
 # Without a restart, bf16 rounding in the Gram iteration is never corrected (X is not re-read)
 # and Polar Express's first, steep polynomial amplifies it: 5 steps on a random 768×768 reached
 # singular values up to 2.5. Rebuilding the Gram matrix from X after 3 iterations brings the
@@ -348,14 +349,6 @@ def orthogonalise(
             start += n
             out[i] = (y if as_given or not _is_tall(mats[i]) else y.mT).reshape(stacks[i].shape)
     return out  # type: ignore[return-value]  # every stack is in exactly one batch
-
-
-def batch_key(shape: Sequence[int], form: str) -> tuple[int, ...]:
-    """The batch of `orthogonalise` a matrix of `shape` (..., m, n) joins under `form`: its
-    (m, n), or with a tall one's transpose outside RECORD_FORMS. Matrices of different keys
-    never share a batched Newton–Schulz, so orthogonalising them in separate calls gives the
-    same bits as one call."""
-    return tuple(shape[-2:]) if form in RECORD_FORMS else tuple(sorted(shape[-2:]))
 
 
 def _is_tall(t: Tensor) -> bool:

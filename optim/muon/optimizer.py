@@ -50,7 +50,7 @@ from optim.config import MuonConfig
 from optim.muon.banked import BankedGroups
 from optim.muon.choose import strategy_for
 from optim.muon.master import new_mantissa
-from optim.muon.newton_schulz import batch_key, chosen_coefficients, orthogonalise
+from optim.muon.newton_schulz import chosen_coefficients, orthogonalise
 from optim.muon.normuon import head_rows, merge, moment_shape, pieces, stat_dim
 from optim.muon.stacks import check_stack
 from optim.muon.strategies import OwnerOnly, Strategy
@@ -103,7 +103,7 @@ class Muon(torch.optim.Optimizer):
             parallelism = "ddp_row_shards"
         self.parallelism = parallelism
         self.strategy = strategy_for(
-            parallelism, process_group, self.hp, self.newton_schulz, ns_dtype, self.ns_runs
+            parallelism, process_group, self.hp, self.newton_schulz, ns_dtype
         )
         hp = self.hp
         super().__init__(
@@ -208,29 +208,6 @@ class Muon(torch.optim.Optimizer):
         for k, i in enumerate(where):
             parts.setdefault(i, []).append(out[k])
         return {i: merge(ps, updates[i].shape) for i, ps in parts.items()}
-
-    def ns_runs(self, params: dict[int, Tensor]) -> list[list[int]]:
-        """A param group's matrices (index: parameter) cut into runs that share no batch of
-        `newton_schulz` (the pieces of a split stack keep theirs together), each run in index
-        order: a run's Newton–Schulz on its own gives the bits of one call over every matrix,
-        so an exchange can start as each run finishes (optim/muon/strategies.py)."""
-        run_of: dict[tuple[int, ...], int] = {}  # batch key -> the run that holds it
-        runs: list[list[int]] = []
-        for i, p in params.items():
-            parts = pieces(torch.empty(p.shape, device="meta"), head_rows(p))
-            keys = {batch_key(part.shape, self.hp.ns_form) for part in parts}
-            joined = sorted({run_of[k] for k in keys if k in run_of})
-            if not joined:
-                runs.append([])
-                joined = [len(runs) - 1]
-            target = joined[0]
-            for other in joined[1:]:  # this matrix joins two runs: they become one
-                runs[target] += runs[other]
-                runs[other] = []
-                run_of.update({k: target for k, r in run_of.items() if r == other})
-            runs[target].append(i)
-            run_of.update({k: target for k in keys})
-        return [sorted(run) for run in runs if run]
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:

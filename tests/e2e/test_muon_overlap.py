@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from optim.muon.batches import ns_runs
 from optim.muon.exchange import Pending, RoundRobin
 from optim.muon.optimizer import Muon
 from tests.dist_utils import run_ranks
@@ -74,20 +75,19 @@ def test_overlapped_record_d_is_bitwise_single_process(tmp_path: Path) -> None:
 
 
 def test_runs_never_split_a_batch() -> None:
-    """`Muon.ns_runs`, by hand: matrices of one shape class (a tall one with its transpose)
+    """`ns_runs`, by hand: matrices of one shape class (a tall one with its transpose)
     are one run; a split (4, d, d) stack's head-pair blocks (16 × 32, as a 16 × 32 matrix)
     and its whole W_v, W_o (32 × 32) tie their classes into one run."""
     shapes = [(32, 32), (128, 32), (16, 32), (32, 128), (4, 32, 32), (48, 80), (32, 16)]
     params = [torch.zeros(s, requires_grad=True) for s in shapes]
     params[4].stack_of = "q, k, v, o"  # type: ignore[attr-defined]
     params[4].muon_head_rows = 16  # type: ignore[attr-defined]
-    opt = Muon(params)
-    assert opt.ns_runs(dict(enumerate(params))) == [[0, 2, 4, 6], [1, 3], [5]]
+    group = dict(enumerate(params))
+    assert ns_runs(group, "factored") == [[0, 2, 4, 6], [1, 3], [5]]
     params[4].muon_head_rows = 0  # unsplit: the stack is four 32 × 32 matrices
-    assert opt.ns_runs(dict(enumerate(params))) == [[0, 4], [1, 3], [2, 6], [5]]
+    assert ns_runs(group, "factored") == [[0, 4], [1, 3], [2, 6], [5]]
     # A record form batches a tall matrix on its own, apart from its transpose.
-    record = Muon(params, ns_form="expanded")
-    assert record.ns_runs(dict(enumerate(params))) == [[0, 4], [1], [2], [3], [5], [6]]
+    assert ns_runs(group, "expanded") == [[0, 4], [1], [2], [3], [5], [6]]
 
 
 def test_overlap_is_refused_where_there_is_no_round_robin_exchange() -> None:
