@@ -101,47 +101,30 @@ def test_one_rank_fsdp_is_ddp_and_its_saves_resume_on_two(
         assert_continues(two, one, exact=False)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_hsdp_on_four_ranks_gives_the_curve_and_resumes_on_two(
-    fsdp_two: Path, tmp_path: Path, corpus_cache: Path
-) -> None:
-    """dist.replicate=2 on 4 ranks: a 2 × 2 (replicate, shard) mesh, HSDP. Its curve is the
-    2-rank FSDP run's (the same model, data and batch, its sums associated otherwise); from
-    its DCP checkpoint it resumes bit for bit on the same mesh, and on 2 ranks without
-    replicas."""
-    hsdp = train_on_ranks(4, tmp_path, "hsdp", corpus_cache, FSDP, "dist.replicate=2", *SAVE)
-    assert_same_curve(hsdp, curve(fsdp_two))
-    meta = files.validate(tmp_path / "hsdp" / files.CHECKPOINTS_DIR / files.step_dir_name(12))
-    assert meta["layout"] == "dcp" and meta["world_size"] == 4
-    resume = f"train.resume={_checkpoint(tmp_path / 'hsdp')}"
-    same = train_on_ranks(4, tmp_path, "hsdp_again", corpus_cache, FSDP, "dist.replicate=2",
-                          resume)  # fmt: skip
-    assert_continues(same, hsdp, exact=True)
-    two = train_on_ranks(2, tmp_path, "hsdp_to_2", corpus_cache, FSDP, resume)
-    assert_continues(two, hsdp, exact=False)
+# 4 ranks as 2 × 2: HSDP's (replicate, shard) mesh, or (shard, tp) with each block's heads and
+# MLP split over a TP pair that reads one batch (FSDP2 over the pairs)
+MESHES_OF_FOUR = {"hsdp": "dist.replicate=2", "tp": "dist.tensor_parallel=2"}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_tensor_parallel_on_four_ranks_gives_the_curve_and_resumes(
-    fsdp_two: Path, tmp_path: Path, corpus_cache: Path
+@pytest.mark.parametrize("name", list(MESHES_OF_FOUR))
+def test_a_2x2_mesh_gives_the_curve_and_resumes(
+    name: str, fsdp_two: Path, tmp_path: Path, corpus_cache: Path
 ) -> None:
-    """dist.tensor_parallel=2 on 4 ranks: a 2 × 2 (shard, tp) mesh, each block's heads and
-    MLP split over a TP pair that reads one batch, FSDP2 over the pairs. Its curve is the
-    2-rank FSDP run's (the same data split in two; the row-parallel sums associate
-    otherwise); from its DCP checkpoint it resumes bit for bit on the same mesh, and on 2
-    ranks without tensor parallelism."""
-    TP = "dist.tensor_parallel=2"
-    tp = train_on_ranks(4, tmp_path, "tp", corpus_cache, FSDP, TP, *SAVE)
-    assert_same_curve(tp, curve(fsdp_two))
-    meta = files.validate(tmp_path / "tp" / files.CHECKPOINTS_DIR / files.step_dir_name(12))
+    """A 2 × 2 mesh on 4 ranks gives the 2-rank FSDP run's curve (the same model, data and
+    batch, its sums associated otherwise); from its DCP checkpoint it resumes bit for bit on
+    the same mesh, and on 2 ranks of plain FSDP within TOL."""
+    layout = MESHES_OF_FOUR[name]
+    run = train_on_ranks(4, tmp_path, name, corpus_cache, FSDP, layout, *SAVE)
+    assert_same_curve(run, curve(fsdp_two))
+    meta = files.validate(tmp_path / name / files.CHECKPOINTS_DIR / files.step_dir_name(12))
     assert meta["layout"] == "dcp" and meta["world_size"] == 4
-    resume = f"train.resume={_checkpoint(tmp_path / 'tp')}"
-    same = train_on_ranks(4, tmp_path, "tp_again", corpus_cache, FSDP, TP, resume)
-    assert_continues(same, tp, exact=True)
-    two = train_on_ranks(2, tmp_path, "tp_to_2", corpus_cache, FSDP, resume)
-    assert_continues(two, tp, exact=False)
+    resume = f"train.resume={_checkpoint(tmp_path / name)}"
+    same = train_on_ranks(4, tmp_path, f"{name}_again", corpus_cache, FSDP, layout, resume)
+    assert_continues(same, run, exact=True)
+    two = train_on_ranks(2, tmp_path, f"{name}_to_2", corpus_cache, FSDP, resume)
+    assert_continues(two, run, exact=False)
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 from optim.muon.optimizer import Muon
 from tests.dist_utils import run_ranks
+from tests.e2e.test_sharded_muon import counted_gathers
 
 MESH = (2, 2)
 STEPS = 3
@@ -73,24 +74,14 @@ def _layouts_main(rank: int, world: int, out: str) -> None:
         for p, (_, place, _) in zip(whole, LAYOUTS, strict=True)
     ])  # fmt: skip
     opt = Muon(params, parallelism="fsdp_gather", **KW)
-    gathers, original = 0, DTensor.full_tensor
-
-    def counting(self: DTensor, *args: object, **kwargs: object) -> torch.Tensor:
-        nonlocal gathers
-        gathers += 1
-        return original(self, *args, **kwargs)
-
-    DTensor.full_tensor = counting  # type: ignore[method-assign]
-    try:
+    with counted_gathers() as gathers:
         for step in grads:
             for p, g in zip(params, step, strict=True):
                 p.grad = distribute_tensor(g, mesh, p.placements, src_data_rank=None)
             opt.step()
-    finally:
-        DTensor.full_tensor = original  # type: ignore[method-assign]
     pieces = [tuple(p.to_local().shape) for p in params]
     got = [p.detach().full_tensor() for p in params]
-    torch.save((got, gathers, pieces), Path(out) / f"rank{rank}.pt")
+    torch.save((got, gathers[0], pieces), Path(out) / f"rank{rank}.pt")
     dist.barrier()
 
 

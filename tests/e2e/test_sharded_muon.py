@@ -13,6 +13,8 @@ CPUs' kernels do not (Intel AMX tiles: 3.4e-4 apart here); there bf16 must agree
 as the gram form does, and fp32 stays bitwise.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -82,23 +84,29 @@ def _sharded(
         ]
     )
     opt = Muon(shards, lr=0.05, ns_dtype=dtype, parallelism=parallelism, **settings)
-    gathers = 0
-    original = DTensor.full_tensor
-
-    def counting(self: DTensor, *args: object, **kwargs: object) -> torch.Tensor:
-        nonlocal gathers
-        gathers += 1
-        return original(self, *args, **kwargs)
-
-    DTensor.full_tensor = counting  # type: ignore[method-assign]
-    try:
+    with counted_gathers() as gathers:
         for step in grads:
             for p, g in zip(shards, step, strict=True):
                 p.grad = distribute_tensor(g, mesh, [Shard(0)], src_data_rank=None)
             opt.step()
+    return [p.detach().full_tensor() for p in shards], gathers[0]
+
+
+@contextmanager
+def counted_gathers() -> Iterator[list[int]]:
+    """[how many whole parameters `DTensor.full_tensor` gathered inside the block]: a sharded
+    Muon step must gather none."""
+    gathers, original = [0], DTensor.full_tensor
+
+    def counting(self: DTensor, *args: object, **kwargs: object) -> torch.Tensor:
+        gathers[0] += 1
+        return original(self, *args, **kwargs)
+
+    DTensor.full_tensor = counting  # type: ignore[method-assign]
+    try:
+        yield gathers
     finally:
         DTensor.full_tensor = original  # type: ignore[method-assign]
-    return [p.detach().full_tensor() for p in shards], gathers
 
 
 def bf16_batches_are_invariant() -> bool:
