@@ -35,7 +35,9 @@ held through the backward; it is about 60% of the above.
 
 Measured (--measure): 2 gloo ranks on this CPU run one training step of the tiny default
 model and of 124M under each setup, then count the storage bytes this rank's tensors hold:
-parameter and gradient shards, optimizer state on the device, and offload's host mirrors.
+parameter and gradient shards (the gradients when backward ends, before the step, whose
+sharded Muon drops its own as it takes them), optimizer state on the device, and offload's
+host mirrors.
 On CPU fsdp gathers in fp32, which changes only the transient, not these numbers.
 
     python -m scripts.bench.memory                 # computed table, W=8
@@ -144,14 +146,17 @@ def measure_rank(cfg: ModelConfig, setup: str, tokens: int = 64) -> dict[str, in
     forward = model if fsdp else wrap_ddp(model, optimizer.self_reduced)
     idx = torch.randint(0, 50257, (1, tokens + 1), generator=torch.Generator().manual_seed(rank))
     forward(idx[:, :-1], idx[:, 1:]).backward()
-    optimizer.step()
     params = list(model.parameters())
+    # Read before the step: the gradients are all held once backward ends, and the sharded
+    # Muon drops its own during the step (optim.muon.free_grads)
+    grads = held_bytes(local(p.grad) for p in params if p.grad is not None)
+    optimizer.step()
     states = [v for opt in optimizer.parts for s in opt.state.values() for v in s.values()]
     states = [local(v) for v in states if isinstance(v, Tensor)]
     mirrors = optimizer.offload._mirrors.values() if optimizer.offload is not None else []
     out = {
         "params": held_bytes(local(p) for p in params),
-        "grads": held_bytes(local(p.grad) for p in params if p.grad is not None),
+        "grads": grads,
         "state": held_bytes(v for v in states if v.ndim > 0),
         "host": held_bytes(mirrors),
         "counters": held_bytes(v for v in states if v.ndim == 0),
