@@ -18,8 +18,8 @@ from optim.adam_table import describe_table, resolve_table
 from optim.combined import CombinedOptimizer
 from optim.config import OptimConfig
 from optim.groups import GroupSpec, base_lr, describe_groups, group_specs, partition_params
-from optim.muon.newton_schulz import resolve_ns_dtype
 from optim.muon.normuon import mark_head_pairs
+from optim.muon.ns_dtype import resolve_ns_dtype
 from optim.muon.optimizer import Muon
 from optim.muon.stacks import mark_stacks
 from optim.offload import StateOffload

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from optim.muon.newton_schulz import bf16_matmul_is_fast
+from optim.muon.ns_dtype import bf16_matmul_is_fast
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,8 @@ Two named coefficient sets, and any table of one's own (ns_coefficients=custom, 
   counts get the schedule the same recipe computes for them (optim/muon/ns_schedule.py).
 """
 
-import functools
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -82,14 +79,6 @@ GRAM_SEGMENT = 3
 # 2 segments cost 8m²n + 28m³ against factored's 20m²n + 10m³ for 5 steps: fewer from n = 1.5m.
 GRAM_MIN_ASPECT = 1.5
 
-# `optim.muon.ns_dtype`: the precision Newton–Schulz runs in. auto = bf16 where bf16 matmuls
-# are fast (CUDA, CPUs with native bf16), fp32 elsewhere.
-NS_DTYPE_OF: dict[str, torch.dtype | None] = {
-    "auto": None,
-    "bf16": torch.bfloat16,
-    "fp32": torch.float32,
-}
-
 
 def ns_flops(shape: Sequence[int], steps: int, form: str = "factored") -> int:
     """FLOPs of `steps` Newton–Schulz iterations on one matrix (m ≤ n), in the arrangement
@@ -147,53 +136,6 @@ def ns_coefficients(name: Chosen, steps: int) -> list[Coefficients]:
     if name == "polar_express" and steps != len(iterations):
         return list(polar_express_schedule(steps))
     return [iterations[min(i, len(iterations) - 1)] for i in range(steps)]
-
-
-# The CPU flags of native bf16 matmul instructions (Linux /proc/cpuinfo names)
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-# oneDNN's ISA levels below its bf16 kernels (`ONEDNN_MAX_CPU_ISA` values): held to one of
-# these, oneDNN emulates bf16 whatever the CPU has
-BELOW_BF16_ISAS = (
-    "SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
-)  # fmt: skip
-
-
-def bf16_matmul_is_fast(device: torch.device) -> bool:
-    """Whether `device` has native bf16 matmuls: always on CUDA; on a CPU, AVX-512 BF16 or
-    AMX instructions that oneDNN is allowed to use (`ONEDNN_MAX_CPU_ISA` can hold it below
-    them). Without them oneDNN emulates bf16, 5-90x slower than fp32 (docs/cpu-kinds.md).
-    torch's own check (`_is_mkldnn_bf16_supported`) also says yes on AVX-512 CPUs without
-    BF16, where bf16 is emulated, so this reads the CPU's flags."""
-    if device.type == "cuda":
-        return True
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return False
-    flags = cpu_flags()
-    if flags is not None and not any(f in flags for f in BF16_FLAGS):
-        return False
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "ALL"))
-    return cap.strip().upper() not in BELOW_BF16_ISAS
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str] | None:
-    """This CPU's feature flags from /proc/cpuinfo; None where there is none (not Linux)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    line = next((x for x in text.splitlines() if x.startswith("flags")), None)
-    return frozenset(line.split(":", 1)[1].split()) if line else None
-
-
-def resolve_ns_dtype(setting: str, device: torch.device) -> torch.dtype:
-    """`optim.muon.ns_dtype` as a dtype for `device`."""
-    if setting not in NS_DTYPE_OF:
-        raise ValueError(f"ns_dtype must be one of {sorted(NS_DTYPE_OF)}, got {setting!r}")
-    dtype = NS_DTYPE_OF[setting]
-    if dtype is None:
-        return torch.bfloat16 if bf16_matmul_is_fast(device) else torch.float32
-    return dtype
 
 
 def check_form(form: str) -> str:

@@ -67,7 +67,7 @@ def probe() -> dict:
     import torch
 
     from model.fp8 import emulated_scaled_mm
-    from optim.muon.newton_schulz import resolve_ns_dtype
+    from optim.muon.ns_dtype import resolve_ns_dtype
     from trainer.runtime import resolve_autocast
 
     cpu = torch.device("cpu")

@@ -46,7 +46,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from optim.muon.exchange import EXCHANGES, PARALLELISM_OF
-from optim.muon.newton_schulz import resolve_ns_dtype
+from optim.muon.ns_dtype import resolve_ns_dtype
 from optim.muon.optimizer import Muon
 from scripts.bench.muon_step import SHAPE_SETS
 from trainer.launch.dist import free_port

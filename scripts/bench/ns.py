@@ -40,11 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 from optim.muon.newton_schulz import (
     COEFFICIENT_SETS,
     NS_FORMS,
-    bf16_matmul_is_fast,
     ns_coefficients,
     ns_flops,
     zeropower,
 )
+from optim.muon.ns_dtype import bf16_matmul_is_fast
 from scripts.bench.ns_accuracy import Probes
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from optim.muon.newton_schulz import bf16_matmul_is_fast
+from optim.muon.ns_dtype import bf16_matmul_is_fast
 from scripts.bench import ns as bench_ns
 
 COLUMNS = {"ms", "vs_torch", "gflop", "tflops", "peak_pct", "sv_min", "sv_max", "orth", "polar"}

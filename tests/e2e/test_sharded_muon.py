@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from optim.muon.exchange_plan import ExchangePlan
-from optim.muon.newton_schulz import cpu_flags
+from optim.muon.ns_dtype import cpu_flags
 from optim.muon.optimizer import Muon
 from optim.row_shards import local, row_counts, row_range
 from tests.dist_utils import run_ranks

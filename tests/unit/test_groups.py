@@ -6,7 +6,7 @@ from torch import nn
 
 from optim import Muon, build_optimizer, partition_params
 from optim.config import OptimConfig
-from optim.muon.newton_schulz import resolve_ns_dtype
+from optim.muon.ns_dtype import resolve_ns_dtype
 
 
 class StandInGPT(nn.Module):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig, attention
-from model.attention import offset_keys
 from model.config import AttentionConfig, update
+from model.heads import offset_keys
 from model.rotary import Rotary, static_spans
 
 D, T = 16, 12  # head dim (D/4 = 4 rotating pairs), positions

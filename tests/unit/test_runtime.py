@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from optim.muon.newton_schulz import bf16_matmul_is_fast
+from optim.muon.ns_dtype import bf16_matmul_is_fast
 from trainer.runtime import bf16_slowdown
 
 # The CPU's bf16 decides dtypes or tolerances here: CI reruns this file emulated.
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.cpu_bf16
 REPO = Path(__file__).resolve().parents[2]
 PROBE = (
     "import torch; from trainer.runtime import bf16_slowdown as f; "
-    "from optim.muon.newton_schulz import bf16_matmul_is_fast as n; "
+    "from optim.muon.ns_dtype import bf16_matmul_is_fast as n; "
     "print(f(torch.device('cpu')), n(torch.device('cpu')))"
 )
 
@@ -45,7 +45,7 @@ def test_avx512_without_bf16_is_not_native() -> None:
 
 
 def test_native_bf16_follows_the_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    import optim.muon.newton_schulz as ns
+    import optim.muon.ns_dtype as ns
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(ns.torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)

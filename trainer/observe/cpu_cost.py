@@ -13,7 +13,7 @@ docs/cpu-kinds.md has the table.
 
 import torch
 
-from optim.muon.newton_schulz import bf16_matmul_is_fast
+from optim.muon.ns_dtype import bf16_matmul_is_fast
 from trainer.config import Config
 from trainer.runtime import Runtime, bf16_slowdown
 
