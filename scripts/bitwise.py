@@ -1,9 +1,12 @@
-"""Do two commits compute the same thing? Train the default run, records A–D and M at toy size,
-on 1 and 2 ranks, in this tree and in another commit's, and compare the final checkpoints
+"""Do two commits compute the same thing? Train the default run and every record preset at toy
+size, on 1 and 2 ranks, in this tree and in another commit's, and compare the final checkpoints
 bit for bit (every parameter, buffer and optimizer tensor) and the logged losses.
 
-    python scripts/bitwise.py --against ff14338                  # every case, 1 and 2 ranks
-    python scripts/bitwise.py --against HEAD~1 --cases D --ranks 1
+    python scripts/bitwise.py --against 9f9de07                  # every case, 1 and 2 ranks
+    python scripts/bitwise.py --against HEAD~1 --cases record_2026_07_17 --ranks 1
+
+This tree runs each case with `size=toy`; the other commit runs the same config spelled out
+key by key, so it needs this tree's key names (a key renamed since would be refused there).
 
 A refactor that renames a checkpoint key is compared through the loader's own upgrade
 (`trainer/checkpoint/upgrade.py`): the other commit's checkpoint is read as a resume reads
@@ -29,80 +32,85 @@ COMMON = [
     "train.checkpoint_every=0", "train.checkpoint_at_end=true", "train.val_tokens=2048",
     "dist.timeout_s=120",
 ]  # fmt: skip
-SMALL = ["model.n_layer=4", "model.n_head=2", "model.n_embd=64", "train.batch_size=2",
-         "train.micro_batch_size=1"]  # fmt: skip
-# Each case: the overrides of the other commit and of this tree (the same unless a key was
-# renamed in between; then this tree's spelling goes in `now`).
-# fmt: off
-CASES: dict[str, dict[str, list[str]]] = {
-    "default": {"base": ["train.steps=4", "train.val_every=4", "train.seq_len=128"]},
-    "A": {
-        "base": ["experiment=record_2024_11_06", *SMALL, "train.seq_len=256", "train.steps=4",
-                 "train.val_every=4"],
-    },
-    "B": {
-        "base": ["experiment=record_2025_01_26", *SMALL, "train.seq_len=512", "train.steps=4",
-                 "train.val_every=4"],
-    },
-    "C": {
-        "base": ["experiment=record_2025_11_29", *SMALL, "model.residual.skips=[[1,2]]",
-                 "model.residual.backout_layer=2",
-                 "model.attention.window_block=16", "train.seq_len=512",
-                 "train.stages.rows.0.seq_len=128", "train.stages.rows.1.seq_len=256",
-                 "train.stages.rows.2.seq_len=512", "train.steps=6",
-                 "train.extension_steps=2", "optim.muon.momentum_warmup_steps=3",
-                 "optim.muon.momentum_cooldown_steps=2", "train.val_every=8"],
-    },
-    "D": {
-        "base": ["experiment=record_2026_07_17", "model.n_embd=48", "model.n_head=6",
-                 "model.bigram.rows=256", "model.bigram.dim=8",
-                 "model.residual.mudd_hidden=4", "model.attention.window_block=16",
-                 "train.seq_len=256", "train.stages.rows.0={seq_len:64,max_piece_len:32}",
-                 "train.stages.rows.1={seq_len:128,max_piece_len:64}",
-                 "train.stages.rows.2={seq_len:256,max_piece_len:64}",
-                 "train.batch_size=2", "train.micro_batch_size=1", "train.steps=8",
-                 "train.extension_steps=1",
-                 "train.val_every=9", "data.max_piece_len=64", "optim.tie_embed_head_until=5",
-                 "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2"],
-    },
-    # record M's toy of tests/e2e/test_records.py: 8 of its 16 layers, its twelve stages one
-    # step each, the head tied until step 3
-    "M": {
-        "base": ["experiment=record_medium_2025_12_31", "model.n_layer=8",
-                 "model.residual.skips=[[3,4],[2,5],[1,5]]", "model.residual.backout_layer=5",
-                 "model.n_embd=64", "model.n_head=4", "model.attention.window_block=8",
-                 "train.seq_len=128",
-                 *(f"train.stages.rows.{i}.seq_len={32 * min(i + 1, 4)}" for i in range(12)),
-                 "train.batch_size=2", "train.micro_batch_size=1", "train.steps=12",
-                 "train.extension_steps=0", "train.val_every=6", "optim.tie_embed_head_until=3",
-                 "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2"],
-    },
-}
-# fmt: on
+# Each case: a preset at its toy size (`size=toy`, conf/size/), fewer steps where its toy's
+# would add nothing; the other commit runs the same config spelled out key by key
+# (`spelled_out`), so a commit from before the size overlays compares too.
+CASES: dict[str, list[str]] = {
+    "default": ["size=toy", "train.steps=4", "train.val_every=4", "train.seq_len=128"],
+    "record_2024_11_06": ["experiment=record_2024_11_06", "size=toy", "train.steps=4",
+                          "train.val_every=4"],
+    "record_2025_01_26": ["experiment=record_2025_01_26", "size=toy", "train.steps=4",
+                          "train.val_every=4"],
+    "record_2025_11_29": ["experiment=record_2025_11_29", "size=toy"],
+    "record_2026_07_17": ["experiment=record_2026_07_17", "size=toy"],
+    "record_medium_2025_12_31": ["experiment=record_medium_2025_12_31", "size=toy"],
+}  # fmt: skip
+SIZE_GROUPS = ("size", "preset_size")
 
 
-def respelled(base: list[str], changes: dict[str, list[str]]) -> list[str]:
-    """`base` with each override whose key is in `changes` replaced by that list."""
-    out = []
-    for word in base:
-        out += changes.get(word.split("=")[0], [word])
-    return out
+def spelled_out(overrides: list[str]) -> list[str]:
+    """`overrides` without the size: its groups and every key it changes, as this tree composes
+    them (the groups it selects, then `key=value` for each value that differs)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf, open_dict
+
+    from trainer.config import register_configs, to_config
+
+    def composed(words: list[str]) -> tuple[dict, dict]:
+        """The groups chosen, and the config as the trainer reads it (stage columns applied,
+        interpolations resolved: what the other commit must be given)."""
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=[*words, "run_dir=."],
+                          return_hydra_config=True)  # fmt: skip
+        choices = dict(cfg.hydra.runtime.choices)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        return choices, OmegaConf.to_container(OmegaConf.structured(to_config(cfg)))
+
+    register_configs()
+    plain = [w for w in overrides if w.split("=")[0] not in SIZE_GROUPS]
+    choices, sized = composed(overrides)
+    before, _ = composed(plain)
+    groups = [f"{g}={c}" for g, c in choices.items()
+              if g.split("@")[0] not in SIZE_GROUPS and c != before.get(g)]  # fmt: skip
+    _, full = composed([*plain, *groups])
+    return [*plain, *groups, *_differences(full, sized, "")]
 
 
-# case -> this tree's overrides where they differ from base's (the spelling at ff14338): the
-# one gated skip's layers became a pair of the list model.residual.skips
-# fmt: off
-NOW: dict[str, list[str]] = {
-    "C": respelled(CASES["C"]["base"], {
-        "model.residual.skip_from": ["model.residual.skips=[[1,2]]"],
-        "model.residual.skip_to": []}),
-}
-# fmt: on
+def _differences(full, sized, key: str) -> list[str]:
+    if isinstance(full, dict) and isinstance(sized, dict):
+        gone = [f"~{key}.{k}".replace("~.", "~") for k in full.keys() - sized.keys()]
+        return gone + [
+            word
+            for k, v in sized.items()
+            for word in (_differences(full[k], v, f"{key}.{k}".lstrip("."))
+                         if k in full else [f"+{key}.{k}={_value(v)}".replace("+.", "+")])
+        ]  # fmt: skip
+    if isinstance(full, list) and isinstance(sized, list) and len(full) == len(sized):
+        return [
+            w
+            for i, (a, b) in enumerate(zip(full, sized, strict=True))
+            for w in _differences(a, b, f"{key}.{i}")
+        ]
+    return [] if full == sized else [f"{key}={_value(sized)}"]
+
+
+def _value(v) -> str:
+    """A value in Hydra's override grammar."""
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ",".join(_value(x) for x in v) + "]"
+    if v is None or isinstance(v, bool):
+        return {None: "null", True: "true", False: "false"}[v]
+    if isinstance(v, int | float):
+        return repr(v)
+    return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def overrides(case: str, side: str, ranks: int) -> list[str]:
-    own = NOW.get(case, CASES[case]["base"]) if side == "now" else CASES[case]["base"]
-    return [*COMMON, *own, f"dist.nproc={ranks}"]
+    own = [*COMMON, *CASES[case]]
+    return [*(own if side == "now" else spelled_out(own)), f"dist.nproc={ranks}"]
 
 
 def run(tree: Path, case: str, side: str, ranks: int, out: Path) -> Path:

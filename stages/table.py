@@ -20,7 +20,10 @@ Torch-free and importing nothing of the project: every package may import it.
 
 import itertools
 import math
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 MUST_MATCH = {"resume": "must_match"}  # how a checkpoint treats the key (trainer/config.py)
 OPERATIONAL = {"resume": "operational"}
@@ -98,6 +101,27 @@ class StageTable:
     x > edge i on, instead of at the stage boundaries (record C: [0.33, 0.66], the peaks at
     700 and 1,400 of 2,120, before the batch at 707 and 1,414); one fewer than the rows.
     [] = the plateaus switch with the stages (record D)."""
+    columns: dict[str, list[Any]] = field(default_factory=dict)
+    """Whole columns by name, each replacing that column's value in every row, in order: how a
+    size overlay (conf/size/) shortens a preset's stages without restating its rows (a YAML
+    list merges whole, so `rows` in an overlay would drop the columns it does not name); e.g.
+    {seq_len: [64, 128, 256]}. Applied when the table is built, after which it is {}."""
+
+    def __post_init__(self) -> None:
+        for name, values in self.columns.items():
+            if name not in COLUMNS:
+                raise ValueError(
+                    f"{KEY}.columns.{name} is not a column of the stage table "
+                    f"(have: {', '.join(COLUMNS)})"
+                )
+            if len(values) != len(self.rows):
+                raise ValueError(
+                    f"{KEY}.columns.{name} has {len(values)} values for the {len(self.rows)} "
+                    f"rows of {KEY}.rows: one per row"
+                )
+            for row, value in zip(self.rows, values, strict=True):
+                setattr(row, name, value)
+        self.columns = {}
 
     def index(self, step: int, scheduled_steps: int) -> int:
         """The stage of `step` (`stage_index` over the rows)."""
@@ -155,6 +179,25 @@ class StageTable:
             )
         if not all(a < b for a, b in itertools.pairwise([0.0, *edges, 1.0])):
             raise ValueError(f"{KEY}.peak_edges must rise strictly inside (0, 1), got {edges}")
+
+
+ROW_KEY = re.compile(r"train\.stages\.rows(?:\.\d+(?:\.(\w+))?)?")
+
+
+def refuse_rows_under_columns(overrides: list[str], columns: Mapping[str, list]) -> None:
+    """Raise ValueError for a command-line override of the rows that `train.stages.columns`
+    (a size overlay's) would overwrite when the table is built: the override would be lost."""
+    for word in overrides if columns else ():
+        key = word.split("=")[0].lstrip("+~")
+        match = ROW_KEY.fullmatch(key)
+        if match and (match.group(1) is None or match.group(1) in columns):
+            name = match.group(1) or next(iter(columns))
+            raise ValueError(
+                f"{key}: {KEY}.columns sets the column(s) {', '.join(columns)} of every row "
+                f"after the rows are read (a size overlay's: {dict(columns)}), so this override "
+                f"would be lost; set the column instead: '{KEY}.columns.{name}=[...]', one value "
+                "per row"
+            )
 
 
 def _validate_row(row: Stage, key: str) -> None:

@@ -7,22 +7,19 @@ import subprocess
 import time
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from model.config import ModelConfig
 from stages import Stage, StageTable
-from trainer.config import register_configs
+from trainer.cli.overrides import compose_config as compose_run_config
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
+# Record #89's preset at toy size (`size=toy`) for a model built in the test process: document
+# pieces, token windows long and short, paired layers, YaRN, key offset, XSA, the FP8 head and
+# MLP (its 11 layers at d 48, windows of 16-token blocks).
+RECORD_89_TOY = ["experiment=record_2026_07_17", "size=toy", "run_dir=."]
 # A run that finishes in seconds on a 2-core CPU: 2 layers, d 64, 2 x 64 tokens per step.
-# Record #89's preset at toy size for a model built in the test process: document pieces,
-# token windows long and short, paired layers, YaRN, key offset, XSA, the FP8 head and MLP
-# (its 11 layers at d 48, windows of 16-token blocks).
-RECORD_89_TOY = ["experiment=record_2026_07_17", "model.n_embd=48", "model.n_head=6",
-                 "model.bigram.rows=256", "model.bigram.dim=8", "model.residual.mudd_hidden=4",
-                 "model.attention.window_block=16", "run_dir=."]  # fmt: skip
 TINY = [
     "model.n_layer=2",
     "model.n_head=2",
@@ -41,9 +38,7 @@ TINY = [
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
     """Compose `conf/config.yaml` exactly as `python train.py <overrides>` would."""
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides or []))
+    return compose_run_config(list(overrides or []), CONF_DIR)
 
 
 def staged(cfg: ModelConfig, windows: list[int], **table: object) -> ModelConfig:

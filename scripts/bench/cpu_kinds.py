@@ -14,7 +14,7 @@ kind runs in a process of its own (the variables are read at startup) and report
   a CPU) and the bf16 matmul, as ratios to the emulation;
 - whether a bf16 and an fp32 matmul (256 × 768 · 768 × 3,072) give the same bits on 1 and 2
   threads: where they do not, only runs with the same thread count compare bit for bit;
-- with --toys, the seconds of the toy commands for records #21 and #46 (docs/speedruns.md).
+- with --toys, the seconds of each record preset at toy size (`size=toy`, docs/speedruns.md).
 """
 
 import argparse
@@ -31,25 +31,14 @@ KINDS = {
     "AVX-512, no bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "ATEN_CPU_CAPABILITY": "avx512"},
     "AVX2 only": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
 }
-# The toy commands of docs/speedruns.md; tests/unit/test_readme.py checks they are
+# The toy commands of docs/speedruns.md (each preset at `size=toy`); tests/unit/test_readme.py
+# checks the page shows them
 TOYS = {
-    "record #21 toy (s)": (
-        "experiment=record_2025_01_26 data=sample model.n_layer=4 model.n_head=2 "
-        "model.n_embd=64 train.seq_len=512 train.batch_size=2 train.steps=3 train.val_every=3 "
-        "train.val_tokens=4096 model.compile=false train.checkpoint_at_end=false"
-    ),
-    "record #46 toy (s)": (
-        "experiment=record_2025_11_29 data=sample model.n_layer=4 model.n_head=2 "
-        "model.n_embd=64 'model.residual.skips=[[1,2]]' "
-        "model.residual.backout_layer=2 "
-        "model.attention.window_block=16 train.seq_len=512 train.stages.rows.0.seq_len=128 "
-        "train.stages.rows.1.seq_len=256 train.stages.rows.2.seq_len=512 "
-        "train.batch_size=2 train.steps=8 train.extension_steps=2 "
-        "optim.muon.momentum_warmup_steps=3 optim.muon.momentum_cooldown_steps=2 "
-        "train.val_every=4 train.val_tokens=4096 model.compile=false "
-        "train.checkpoint_at_end=false"
-    ),
-}
+    f"record {number} toy (s)": f"experiment={name} size=toy"
+    for number, name in (("#9", "record_2024_11_06"), ("#21", "record_2025_01_26"),
+                         ("#46", "record_2025_11_29"), ("#89", "record_2026_07_17"),
+                         ("M", "record_medium_2025_12_31"))
+}  # fmt: skip
 
 
 def best_seconds(fn, repeats: int = 5) -> float:

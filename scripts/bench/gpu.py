@@ -66,8 +66,6 @@ from scripts.bench.presets import (  # noqa: F401  (re-exported: the benchmarks'
     GPUS,
     PRESETS,
     RECORD_STEP_MS,
-    TOY,
-    TOY_EXTRA,
     compose,
     hydra_config,
 )
@@ -299,7 +297,7 @@ def main() -> None:
         print(COLUMNS + "\n" + "|---" * COLUMNS.count(" | ") + "|---|", flush=True)
     for name in presets:
         reset_compile_state()
-        conf = compose(name, args.device, args.toy, args.set)
+        conf = compose(name, args.device, "toy" if args.toy else "full", args.set)
         b = build(conf, args.world)
         peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(b.rt.device)
         warmup = args.warmup or (1 if args.toy else 2)

@@ -27,7 +27,7 @@ from scripts.bench.cpu_kinds import TOYS  # noqa: E402
 
 COMMANDS = {
     "smoke": ["experiment=smoke"],
-    "toy": shlex.split(TOYS["record #21 toy (s)"]),  # record #21 at toy size (docs/speedruns.md)
+    "toy": shlex.split(TOYS["record #21 toy (s)"]),  # record #21 at toy size (size=toy)
 }
 
 

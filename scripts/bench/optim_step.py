@@ -133,7 +133,7 @@ def main() -> None:
     args = p.parse_args()
     if args.world < 1:
         p.error(f"--world takes a count of 1 or more ranks, got {args.world}")
-    conf = compose(args.experiment, args.device, args.toy, args.set)
+    conf = compose(args.experiment, args.device, "toy" if args.toy else "full", args.set)
     rt = init_runtime(args.device, "none")
     out = bench(conf, rt, args.steps, args.warmup, args.world, args.backend)
     print(table(args.experiment, "toy" if args.toy else "real", args.world, out))

@@ -52,9 +52,8 @@ HEAD_STEPS = 10
 # breaks and recompiles at toy size: tests/e2e/test_static_compile.py)
 TOY_SETS = ["model.compile=false", "optim.compile_backend=eager"]
 # The strategy runs: GPT-2 small on random tokens, eager (the comparison, not the compile)
-STRATEGY_RUN = ["experiment=synthetic_throughput", "model.compile=false", "train.steps=12"]
-STRATEGY_TOY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=64", "train.seq_len=64",
-                "train.batch_size=2", "train.steps=4", "train.val_tokens=128"]  # fmt: skip
+STRATEGY_RUN = ["experiment=synthetic_throughput", "model.compile=false"]
+STRATEGY_STEPS = ["train.steps=12"]  # at toy size (`size=toy`): the toy's 4
 STRATEGIES = {
     "ddp": [],
     "fsdp": ["dist.parallelism=fsdp_gather"],
@@ -79,17 +78,7 @@ REAL_RUN = [
     "optim.tie_embed_head_until=61", "optim.muon.momentum_warmup_steps=20",
     "optim.muon.momentum_cooldown_steps=3",
 ]  # fmt: skip
-REAL_TOY = [  # its own 11-layer table at width 48 (6 heads of 8), stages of 64 / 128 / 256
-    f"experiment={NEWEST}", "data=sample", "model.n_embd=48", "model.bigram.rows=256",
-    "model.bigram.dim=8", "model.residual.mudd_hidden=8", "model.attention.window_block=16",
-    "model.compile=false", "train.seq_len=256", "train.stages.rows.0={seq_len:64,max_piece_len:32}",
-    "train.stages.rows.1={seq_len:128,max_piece_len:128}",
-    "train.stages.rows.2={seq_len:256,max_piece_len:128}",
-    "train.batch_size=2", "train.steps=8", "train.extension_steps=2", "data.max_piece_len=128",
-    "optim.tie_embed_head_until=5",
-    "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2",
-    "train.val_every=4", "train.val_tokens=1024",
-]  # fmt: skip
+REAL_TOY = [f"experiment={NEWEST}", "size=toy"]  # its 11 layers at width 48: 6 + 2 steps
 # What the real run must show on held-out text (nats): the validation loss falls by at least
 # VAL_DROP from its first evaluation, and ends at most GAP above the training loss (the mean of
 # the last tenth of the steps). A run that memorises repeated batches drives the training loss
@@ -111,7 +100,10 @@ def preset(
     compiled last. The result names the overrides beside the rows."""
     reset_compile_state()
     stages = stages or STAGES.get(name)
-    b = build(compose(name, device, toy, [*(TOY_SETS if toy else []), *sets]), WORLDS.get(name))
+    b = build(
+        compose(name, device, "toy" if toy else "full", [*(TOY_SETS if toy else []), *sets]),
+        WORLDS.get(name),
+    )
     where = None
     if partial is not None and name in PROFILED:
         where = partial.parent / f"profile_{name}.txt"
@@ -132,7 +124,7 @@ def optimizer(device: str, toy: bool) -> dict[str, Any]:
     and Adam steps, on one GPU and as rank 0 of 8."""
     from scripts.bench.optim_step import bench
 
-    conf = compose(NEWEST, device, toy, TOY_SETS if toy else [])
+    conf = compose(NEWEST, device, "toy" if toy else "full", TOY_SETS if toy else [])
     rt = init_runtime(device, "none")
     rows = []
     for world in TOY_WORLDS if toy else OPTIMIZER_WORLDS:
@@ -159,7 +151,9 @@ def strategies(device: str, toy: bool, data_dir: Path) -> dict[str, Any]:
     rows, base = [], None
     for label, overrides in STRATEGIES.items():
         records = _train(
-            [*STRATEGY_RUN, *(STRATEGY_TOY if toy else []), *overrides], device, data_dir
+            [*STRATEGY_RUN, *(["size=toy"] if toy else STRATEGY_STEPS), *overrides],
+            device,
+            data_dir,
         )
         steps = [r for r in records if r.get("step", 0) > UNTIMED and "step_ms" in r]
         ms = statistics.median(r["step_ms"] for r in steps)

@@ -15,10 +15,11 @@ would raise at its first step, is raised here, with the same traceback.
 Exit 0: every graph compiled; the line printed says how many kernels, graphs and graph breaks.
 The step's numbers are meaningless (kernels do not run) and nothing is timed.
 
---full: the preset at its real size (default: the GPU toy, below). Both compile in about the
-same time, which is inductor's own (~2 to 5 min per graph on a laptop-class CPU core). The toy
-is the shape that FlexAttention and the FP8 products accept at toy size: heads of 16 (their
-minimum), windows of 128-token blocks, sequences of whole blocks.
+--full: the preset at its real size (default: its GPU toy, `size=gpu_toy`: conf/size/gpu_toy.yaml
+and conf/preset_size/gpu_toy/). Both compile in about the same time, which is inductor's own
+(~2 to 5 min per graph on a laptop-class CPU core). Record #89's toy is the shape that
+FlexAttention and the FP8 products accept at toy size: heads of 16 (their minimum), windows of
+128-token blocks, sequences of whole blocks.
 """
 
 import argparse
@@ -31,15 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 
 from scripts.gpu_dryrun import fake_gpu
 
+REPO = Path(__file__).resolve().parents[2]
+
 log = logging.getLogger("gpu_dryrun")
-# Per preset, on top of gpu.py's toy: the smallest shapes a GPU's kernels take.
-GPU_TOY = {
-    "record_2026_07_17": [
-        "model.n_embd=96", "model.attention.window_block=128", "train.seq_len=3072",
-        "train.stages.rows.0.seq_len=1024", "train.stages.rows.1.seq_len=2048",
-        "train.stages.rows.2.seq_len=3072", "train.val_seq_len=4096",
-    ],
-}  # fmt: skip
 
 
 def parse_args() -> argparse.Namespace:
@@ -78,11 +73,9 @@ def check_triton() -> None:
 
 def main() -> int:
     args = parse_args()
-    if args.experiment not in GPU_TOY and not args.full:
-        raise SystemExit(
-            f"gpu_dryrun: no GPU toy size for {args.experiment!r} (have: {', '.join(GPU_TOY)});"
-            " pass --full, or --set the shapes"
-        )
+    presets = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
+    if args.experiment not in presets:
+        raise SystemExit(f"gpu_dryrun: no preset {args.experiment!r} (have: {', '.join(presets)})")
     if args.json is not None and not args.ledger:
         raise SystemExit("gpu_dryrun: --json writes the ledger's launches; add --ledger")
     if args.stages != "all" and not (args.stages.isdigit() and int(args.stages) >= 1):
@@ -101,13 +94,12 @@ def main() -> int:
     from scripts.bench import gpu
     from trainer.launch.compile import CompileCounts
 
-    toy = not args.full
-    sets = [*(GPU_TOY[args.experiment] if toy else []), *args.set]
+    size = "full" if args.full else "gpu_toy"
     if args.optimizer:
-        return optimizer(args, gpu.compose(args.experiment, "cuda", toy, sets))
+        return optimizer(args, gpu.compose(args.experiment, "cuda", size, args.set))
     if args.ledger:
-        return ledger(args, gpu, gpu.compose(args.experiment, "cuda", toy, sets))
-    b = gpu.build(gpu.compose(args.experiment, "cuda", toy, sets))
+        return ledger(args, gpu, gpu.compose(args.experiment, "cuda", size, args.set))
+    b = gpu.build(gpu.compose(args.experiment, "cuda", size, args.set))
     steps = gpu.window_steps(b)
     if args.stages != "all":
         steps = steps[: int(args.stages)]

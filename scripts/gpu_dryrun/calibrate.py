@@ -63,7 +63,7 @@ from scripts.bench import gpu
 from scripts.gpu_dryrun.ledger import load_shim
 from scripts.gpu_dryrun.measure import preset_ledgers
 preset, stages, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-conf = gpu.compose(preset, "cuda", False, [])
+conf = gpu.compose(preset, "cuda", "full", [])
 steps = preset_ledgers(gpu, conf, 1, stages, load_shim())
 with open(out, "w") as f:
     json.dump([s.to_json() for s in steps], f)

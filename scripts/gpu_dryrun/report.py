@@ -97,7 +97,7 @@ def main() -> int:
     import argparse
 
     from scripts.bench.presets import RECORD_STEP_MS, compose
-    from scripts.gpu_dryrun.__main__ import GPU_TOY, record_step_ms
+    from scripts.gpu_dryrun.__main__ import record_step_ms
     from scripts.gpu_dryrun.calibrate import constants
 
     p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
@@ -110,8 +110,9 @@ def main() -> int:
         print(f"record log {meta['record_log']}, rank 0 of {meta['world']}:")
         print(ledger_table(steps, constants(), lambda step: None))
         return 0
-    toy = [] if meta["full"] else GPU_TOY.get(meta["experiment"], [])
-    conf = compose(meta["experiment"], "cuda", not meta["full"], [*toy, *meta.get("set", [])])
+    conf = compose(
+        meta["experiment"], "cuda", "full" if meta["full"] else "gpu_toy", meta.get("set", [])
+    )
     ms = RECORD_STEP_MS.get(meta["experiment"])
     size = "full" if meta["full"] else "GPU toy"
     print(f"{meta['experiment']} ({size}), rank 0 of {meta['world']}:")

@@ -64,7 +64,7 @@ def test_the_real_runs_check_fails_a_run_that_memorises(corpus_cache: Path) -> N
     """The same toy on pieces of at most 8 tokens: the 96 training documents serve 3 steps,
     then repeat. The training loss falls far below the held-out loss, and the check, which
     the toy on its own pieces passes (above), fails."""
-    pieces = ("data.max_piece_len=8", *(f"train.stages.rows.{i}.max_piece_len=8" for i in range(3)))
+    pieces = ("data.max_piece_len=8", "train.stages.columns.max_piece_len=[8,8,8]")
     row = real_run("cpu", True, corpus_cache, pieces)["rows"][0]
     assert (row["passes"], row["first_wrap"]) == (6, 4)
     assert row["finite"] and not row["ok"] and row["gap"] > row["gap_allowed"], row

@@ -14,30 +14,10 @@ from train import train
 from trainer.launch.signals import Stopped
 
 REPO = Path(__file__).resolve().parents[2]
-TOY = [
-    "model.n_layer=4", "model.n_head=2", "model.n_embd=64", "model.compile=false",
-    "data=sample", "train.seq_len=512", "train.batch_size=2", "train.micro_batch_size=1",
-    "train.steps=8", "train.val_every=4", "train.val_tokens=1024", "train.device=cpu",
-    "train.checkpoint_every=0", "train.checkpoint_at_end=false", "dist.timeout_s=60",
-]  # fmt: skip
+# Each preset at its toy size (`size=toy`: conf/size/toy.yaml, conf/preset_size/toy/), with
+# what a test adds: the CPU, no periodic saves, a timeout for the ranks
+TOY = ["size=toy", "train.device=cpu", "train.checkpoint_every=0", "dist.timeout_s=60"]
 RECORDS = ["record_2024_11_06", "record_2025_01_26"]  # the 2025-11 record: its own test below
-# The 2025-11 record at 4 layers, as docs/speedruns.md's toy command: record layers 0, 4, 7,
-# 11 (skip 4 -> 7 is 1 -> 2, backout of record layer 8 from the nearest, 7 = 2), three
-# stages of 128 / 256 / 512 tokens over 6 scheduled steps and 2 extension steps, windows in
-# blocks of 16.
-TOY_C = [
-    "model.residual.skips=[[1,2]]", "model.residual.backout_layer=2",
-    "model.attention.window_block=16", "train.stages.rows.0.seq_len=128",
-    "train.stages.rows.1.seq_len=256", "train.stages.rows.2.seq_len=512", "train.extension_steps=2",
-    "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2",
-]  # fmt: skip
-# Record A has no windows to exercise: half the length halves its bf16 head, which dominates a
-# toy step where bf16 is emulated (an AVX2-only CPU). Both run 6 steps (CI's time): the
-# windows still grow, the resume after step 5 still has a step to take.
-SHORTER = {
-    "record_2024_11_06": ["train.seq_len=256", "train.steps=6"],
-    "record_2025_01_26": ["train.steps=6"],
-}
 
 
 def curve(run_dir: Path) -> list[tuple]:
@@ -59,7 +39,7 @@ def straight(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
              corpus_cache: Path) -> tuple[str, list[tuple]]:  # fmt: skip
     """Each preset's uninterrupted one-rank curve, the reference of both tests below."""
     record, one = request.param, tmp_path_factory.mktemp(request.param) / "one"
-    run(one, corpus_cache, f"experiment={record}", *SHORTER[record])
+    run(one, corpus_cache, f"experiment={record}")
     return record, curve(one)
 
 
@@ -70,7 +50,7 @@ def test_record_preset_same_curve_on_one_and_two_ranks(
 ) -> None:
     record, a = straight
     two = tmp_path / "two"
-    overrides = [f"experiment={record}", *SHORTER[record]]
+    overrides = [f"experiment={record}"]
     run_torchrun_ranks(_rank_job, 2, str(two), overrides, str(corpus_cache))
     b = curve(two)
     assert [r[0] for r in a] == [r[0] for r in b] == list(range(7))
@@ -89,7 +69,7 @@ def test_record_preset_resumes_exactly(
     """Stopped after step 5 and resumed: every loss of the uninterrupted run, bit for bit
     (the window schedule, the FP8 head and the bf16 tables included)."""
     record, want = straight
-    saving = [f"experiment={record}", *SHORTER[record], "train.checkpoint_at_end=true"]
+    saving = [f"experiment={record}", "train.checkpoint_at_end=true"]
     resumed = tmp_path / "resumed"
     with pytest.raises(Stopped):
         run(resumed, corpus_cache, *saving, "train.fault.signal_at_step=5")
@@ -105,7 +85,7 @@ def test_record_c_toy_resumes_from_an_even_step(tmp_path: Path, corpus_cache: Pa
     holds until update 5, bit for bit. Two ranks through the same phases, packed pieces and
     odd-step Adam: record D's test below; each rank's NorMuon against one process's:
     tests/e2e/test_dist_muon.py."""
-    preset = ["experiment=record_2025_11_29", *TOY_C]
+    preset = ["experiment=record_2025_11_29"]
     run(tmp_path / "one", corpus_cache, *preset)
     want = curve(tmp_path / "one")
     assert [r[0] for r in want] == list(range(9)) and want[-1][2] < want[0][2] - 0.3
@@ -119,14 +99,9 @@ def test_record_c_toy_resumes_from_an_even_step(tmp_path: Path, corpus_cache: Pa
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_pages_toy_command_runs_as_written(tmp_path: Path) -> None:
-    """`python train.py experiment=record_2025_01_26` at toy size, exactly as the pages show it,
-    offline on the sample corpus (data=sample), saving nothing."""
-    cmd = [
-        sys.executable, "train.py", "experiment=record_2025_01_26", "data=sample",
-        "model.n_layer=4", "model.n_head=2", "model.n_embd=64", "train.seq_len=512",
-        "train.batch_size=2", "train.steps=3", "train.val_every=3", "train.val_tokens=4096",
-        "model.compile=false", "train.checkpoint_at_end=false",
-    ]  # fmt: skip
+    """`python train.py experiment=record_2025_01_26 size=toy`, exactly as the pages show it:
+    offline on the sample corpus, its 6 steps, saving nothing."""
+    cmd = [sys.executable, "train.py", "experiment=record_2025_01_26", "size=toy"]
     for page in ("README.md", "docs/speedruns.md"):
         assert " ".join(cmd[1:]) in (REPO / page).read_text(), page
     run_dir = tmp_path / "run"
@@ -134,7 +109,7 @@ def test_the_pages_toy_command_runs_as_written(tmp_path: Path) -> None:
                          text=True, timeout=350)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     steps = [r[0] for r in curve(run_dir)]
-    assert steps == [0, 1, 2, 3]
+    assert steps == list(range(7))
     assert not (run_dir / "checkpoints").exists()
     log = (run_dir / "train.log").read_text()
     assert (
@@ -165,34 +140,20 @@ def test_gpu_benchmark_runs_at_toy_size_on_cpu() -> None:
     # one row per batch phase, its length, window and the record's time
     phases = [(r["window (blocks, long/short)"], r["tokens/step/GPU"], r["record ms/step"])
               for r in rows]  # fmt: skip
-    assert phases == [("3/1", "64", "33.90"), ("7/3", "128", "60.10"), ("11/5", "256", "88.10")]
+    assert phases == [("3/1", "128", "33.90"), ("7/3", "256", "60.10"), ("11/5", "512", "88.10")]
     for r in rows:
         assert int(r["graphs"]) >= 1, r  # the counters see the compile
         assert (r["graph breaks"], r["recompiles"]) == ("0", "0"), r
 
 
-# Record D (experiment=record_2026_07_17) at toy width with its own 11-layer table: 6 heads of
-# 8, three stages of 64 / 128 / 256 tokens over 6 scheduled steps and 2 extension steps, pieces
-# capped at 32 then 128 tokens, the head tied until step 5 (stage 3's first odd step, as the
-# record's 921), the FP8 down projection's delayed weight scale from step 3 (bootstrap 2).
-TOY_D = [
-    *(x for x in TOY if not x.startswith(("model.n_", "train.seq_len="))),
-    "model.n_embd=48", "model.bigram.rows=256", "model.bigram.dim=8",
-    "model.residual.mudd_hidden=8", "model.attention.window_block=16",
-    "model.mlp.fp8_bootstrap=2", "train.seq_len=256",
-    "train.stages.rows.0={seq_len:64,max_piece_len:32}",
-    "train.stages.rows.1={seq_len:128,max_piece_len:128}",
-    "train.stages.rows.2={seq_len:256,max_piece_len:128}",
-    "train.extension_steps=2", "data.max_piece_len=128",
-    "optim.tie_embed_head_until=5", "optim.muon.momentum_warmup_steps=3",
-    "optim.muon.momentum_cooldown_steps=2",
-]  # fmt: skip
+# Record #89 at its toy size (conf/preset_size/toy/record_2026_07_17.yaml: its 11 layers at
+# width 48, three stages over 6 scheduled steps and 2 extension steps, the head tied until step
+# 5), the FP8 down projection's delayed weight scale from step 3 (bootstrap 2).
+TOY_D = ["model.mlp.fp8_bootstrap=2"]
 
 
 def run_d(run_dir: Path, cache: Path, *overrides: str) -> float:
-    cfg = compose_config(["experiment=record_2026_07_17", *TOY_D, *overrides,
-                          f"run_dir={run_dir}", f"data.cache_dir={cache}"])  # fmt: skip
-    return train(cfg)
+    return run(run_dir, cache, "experiment=record_2026_07_17", *TOY_D, *overrides)
 
 
 def _rank_job_d(rank: int, world: int, run_dir: str, overrides: list[str], cache: str) -> None:
@@ -234,28 +195,10 @@ def test_record_d_toy_same_curve_on_two_ranks_and_resumes_around_the_split(
     assert curve(sharded) == two
 
 
-# Record M (experiment=record_medium_2025_12_31) at toy size: its 16-layer table resampled to 8
-# layers (record layers 0 2 4 6 9 11 13 15: the skips 6 -> 9, 4 -> 10, 2 -> 11 from the nearest,
-# 3 -> 4, 2 -> 5, 1 -> 5, the backout of layer 11 from 5), 4 heads of 16, windows in blocks of
-# 8, its twelve stages one step each (per-rank sequences of 32 / 64 / 96 / 128 tokens, then
-# 128; no extension steps, CI's time), the head tied until step 3 (stage 2's first odd step, as
-# the record's 785). README.md's toy keeps the 16 layers and the extension.
-TOY_M = [
-    *(x for x in TOY if not x.startswith(("model.n_", "train.seq_len=", "train.steps="))),
-    "model.n_layer=8", "model.residual.skips=[[3,4],[2,5],[1,5]]",
-    "model.residual.backout_layer=5",
-    "model.n_embd=64", "model.n_head=4", "model.attention.window_block=8", "train.seq_len=128",
-    *(f"train.stages.rows.{i}.seq_len={32 * min(i + 1, 4)}" for i in range(12)),
-    "train.steps=12", "train.extension_steps=0", "train.val_every=6",
-    "optim.tie_embed_head_until=3", "optim.muon.momentum_warmup_steps=3",
-    "optim.muon.momentum_cooldown_steps=2",
-]  # fmt: skip
-
-
+# Record M at its toy size (conf/preset_size/toy/record_medium_2025_12_31.yaml: its table at 8
+# layers, its twelve stages one step each, no extension steps, the head tied until step 3).
 def run_m(run_dir: Path, cache: Path, *overrides: str) -> float:
-    cfg = compose_config(["experiment=record_medium_2025_12_31", *TOY_M, *overrides,
-                          f"run_dir={run_dir}", f"data.cache_dir={cache}"])  # fmt: skip
-    return train(cfg)
+    return run(run_dir, cache, "experiment=record_medium_2025_12_31", *overrides)
 
 
 def _rank_job_m(rank: int, world: int, run_dir: str, overrides: list[str], cache: str) -> None:

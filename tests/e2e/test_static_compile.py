@@ -23,11 +23,7 @@ from trainer.launch.compile import CompileCounts, compile_model, reset_compile_s
 from trainer.runtime import init_runtime
 from trainer.schedule import Schedule
 
-TOY = [
-    "model.n_layer=4", "model.n_head=2", "model.n_embd=64", "model.compile=false",
-    "model.head.loss=plain", "train.seq_len=512",
-    "train.batch_size=2", "train.micro_batch_size=1", "train.val_seq_len=1024", "run_dir=.",
-]  # fmt: skip
+TOY = ["size=toy", "model.head.loss=plain", "run_dir=."]  # each preset's toy (conf/size/)
 
 
 class Recorder:
@@ -69,12 +65,7 @@ def test_one_static_training_graph_without_breaks_or_recompiles(record: str, imp
     """impl=flex is the CUDA path: block masks built in the graph, FlexAttention. It has no
     backward on a CPU, so its training-mode forwards run without gradients here; sdpa (the
     dense masks) and record A's causal attention run whole steps."""
-    # Record A has no windows: half the lengths halve its bf16 head, which is emulated (slow)
-    # on an AVX2-only CPU; the shapes are as static at any length.
-    shorter = ["train.seq_len=256", "train.val_seq_len=512"]
     overrides = [f"experiment={record}", *TOY, f"model.attention.impl={impl}"]
-    if record == "record_2024_11_06":
-        overrides += shorter
     conf = to_config(compose_config(overrides))
     t = conf.train
     rt = init_runtime("cpu", t.autocast)
@@ -90,7 +81,7 @@ def test_one_static_training_graph_without_breaks_or_recompiles(record: str, imp
     # Step 0's validation first, at its own (longer) length, in eval mode.
     model.eval()
     with torch.no_grad(), rt.autocast():
-        compiled(*batch(t.val_seq_len, 1, 300, 0), **_tensors(window(0)))
+        compiled(*batch(t.val_seq_len or t.seq_len, 1, 300, 0), **_tensors(window(0)))
     model.train()
     step = _forward_only if impl == "flex" else forward_backward
     step(compiled, batch(t.seq_len, 2, 200, 1), rt, 2, None, _tensors(window(0)))

@@ -176,7 +176,7 @@ def test_the_h100s_e5m2_error_is_raised_and_the_fix_compiles(tmp_path: Path, old
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (["--experiment", "record_2024_11_04"], "no GPU toy size for 'record_2024_11_04'"),
+        (["--experiment", "record_2024_11_04"], "no preset 'record_2024_11_04' (have: "),
         (["--stages", "0"], "--stages takes a count of 1 or more, or 'all'; got '0'"),
         (["--json", "ledger.json"], "--json writes the ledger's launches; add --ledger"),
     ],

@@ -215,7 +215,7 @@ TOY_RUNS = [
     (shown, args)
     for page, shown, args in TRAIN
     if page == "README.md"
-    and "data=sample" in args
+    and "size=toy" in args
     and any(a.startswith("experiment=record") for a in args)
 ]
 

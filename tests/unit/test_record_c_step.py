@@ -17,14 +17,9 @@ from tests.unit.test_normuon import polar_express
 from trainer.config import to_config
 from trainer.schedule import Schedule
 
-TOY_C = [
-    "experiment=record_2025_11_29", "run_dir=.", "model.compile=false", "model.n_layer=4",
-    "model.n_head=2", "model.n_embd=32", "model.residual.skips=[[1,2]]",
-    "model.residual.backout_layer=2", "model.attention.window_block=16", "train.seq_len=512",
-    "train.stages.rows.0.seq_len=128", "train.stages.rows.1.seq_len=256",
-    "train.stages.rows.2.seq_len=512", "train.steps=8", "train.extension_steps=2",
-    "optim.muon.momentum_warmup_steps=3", "optim.muon.momentum_cooldown_steps=2",
-]  # fmt: skip
+# Record #46's toy (`size=toy`: 4 layers, three stages over 6 scheduled steps and 2 extension
+# steps) at d 32
+TOY_C = ["experiment=record_2025_11_29", "size=toy", "run_dir=.", "model.n_embd=32"]
 LR_MUON, BETA2, DECAY, EPS_NS = 0.023, 0.95, 1.2, 1e-6
 ADAM = {"embed": 0.6, "head": 0.008, "scalar": 0.04}
 B1, B2, EPS = 0.65, 0.95, 1e-8

@@ -122,12 +122,13 @@ def test_several_rows_are_separate_segments(stand_in: None) -> None:
 
 def test_the_stage_table_sizes_the_kernel_step() -> None:
     """Training steps take the stage's max_pieces and max_piece_len, the windows of the
-    stage in whole tokens and its YaRN stage (record #89: 63 / 95 / 127 pieces)."""
+    stage in whole tokens and its YaRN stage (record #89: 63 / 95 / 127 pieces; its toy caps
+    pieces at 32, 128 and 128 tokens)."""
     cfg = toy("varlen").cfg
     steps = [cfg.stages.start(k, 1390) for k in range(3)] + [1389]
     got = [cfg.step_args(s, 1390)["kernel_step"] for s in steps]
     assert [k.row_segments for k in got] == [63, 95, 127, 127]
-    assert [k.max_len for k in got] == [896, 2048, 2048, 2048]
+    assert [k.max_len for k in got] == [32, 128, 128, 128]  # the toy's caps (size=toy)
     floats = [cfg.step_args(s, 1390) for s in steps]
     assert [k.long for k in got] == [int(a["window_tokens"]) for a in floats]
     assert [k.short for k in got] == [int(a["short_window_tokens"]) for a in floats]

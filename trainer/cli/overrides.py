@@ -148,15 +148,27 @@ def compose_run(overrides: list[str], conf_dir: Path) -> DictConfig:
         raise ValueError(_composition_error(e, root, conf_dir, overrides)) from e
 
 
+def compose_config(overrides: list[str], conf_dir: Path) -> DictConfig:
+    """The config `python train.py <overrides>` runs, without its `hydra` node: how the tools
+    and the tests compose a run (Hydra's errors as Hydra raises them)."""
+    cfg = _compose(overrides, conf_dir)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
 def _compose(overrides: list[str], conf_dir: Path) -> DictConfig:
     from hydra import compose, initialize_config_dir
 
+    from stages.table import refuse_rows_under_columns
     from trainer.config import register_configs
 
     register_configs()  # the schema Hydra checks the YAML against (idempotent)
     # On exit Hydra's global state is as before, as hydra.main needs it.
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    refuse_rows_under_columns(overrides, cfg.train.stages.columns)
+    return cfg
 
 
 def _composition_error(e: Exception, root: DictConfig, conf_dir: Path, overrides: list[str]) -> str:
