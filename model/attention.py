@@ -172,13 +172,18 @@ class CausalSelfAttention(nn.Module, ABC):
         # QK-norm bounds the attention logits, which lets the records run higher LRs stably.
         if self.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
-        q, k, v = self.heads.arrange(q, k, v, rotary, ctx.yarn_stage)
         mask, scale = ctx.mask(self.mask_key), ctx.attn_scale
+        if ctx.kv is None:
+            q, k, v = self.heads.arrange(q, k, v, rotary, ctx.yarn_stage)
+            own_v = v
+        else:  # generation: the new tokens after the cached ones (model/kv_cache.py)
+            q, k, own_v = self.heads.arrange(q, k, v, rotary, ctx.yarn_stage, ctx.kv.start)
+            (k, v), mask = ctx.kv.extend(self.layer, k, own_v), ctx.kv.mask
         if self._fold is not None and self.training:  # evaluation is no part of a step
             self._fold(q, k, mask, scale)
         y = self.heads.restore(attend(q, k, v, mask, scale))  # (B, H, T, D)
         if self.xsa:  # the layer's row of the model's α (model/xsa.py)
-            y = xsa(y, v, ctx.xsa.alphas[self.layer])
+            y = xsa(y, own_v, ctx.xsa.alphas[self.layer])
         if self.gate is not None:  # σ(u[:k]·G[h]ᵀ) per position and head: (B, T, H)
             g = torch.sigmoid(self.gate(x[..., : self.gate_channels]))
             y = y * g.transpose(1, 2)[..., None]

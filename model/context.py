@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
+from model.kv_cache import KVCache
 from model.masks import Mask
 from model.scalars import Scalars
 
@@ -36,6 +37,7 @@ class Context:
     mudd: nn.Module | None = None  # model/mudd.py MUDD
     micro_steps: int = 1
     v1: Tensor | None = field(default=None)
+    kv: KVCache | None = None  # generation's keys and values so far (model/kv_cache.py)
 
     def mask(self, key: str | None) -> Mask | None:
         """The mask of window kind `key` (model/masks.py), None where attention is causal."""

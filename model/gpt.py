@@ -27,13 +27,14 @@ from model.block import Block
 from model.config import ModelConfig
 from model.config.kernel_step import KernelStep
 from model.context import Context
-from model.embedding import smear, value_lookups, value_tables
+from model.embedding import smear, value_tables
 from model.flops import StepFlops
+from model.forward_context import build_context
 from model.head import head_logits
 from model.init import initialise
+from model.kv_cache import KVCache
 from model.layers import linear, rms_norm
 from model.loss import model_loss
-from model.masks import build_masks
 from model.mlp_fp8 import delayed_states, fp8_rank_state, load_fp8_rank_state
 from model.mudd import MUDD, mudd_out
 from model.plan import describe_plan, layer_plan, mask_kinds
@@ -41,10 +42,10 @@ from model.record_loss import record_head_loss
 from model.residual import Skips, SublayerScales, X0Injection, X0Lambdas
 from model.rotary import Rotary
 from model.scalars import Scalars
-from model.steps import StepInputs, step_inputs
+from model.steps import step_inputs
 from model.tensor_parallel import plan as tensor_parallel_plan
 from model.values import ValueGates
-from model.varlen import Segments, varlen_masks, varlen_support
+from model.varlen import varlen_support
 from model.xsa import XSA
 from model.yarn import yarn_table
 
@@ -120,31 +121,6 @@ class GPT(nn.Module):
         device = next(self.parameters()).device
         for state in delayed_states(self.blocks).values():
             state.reset(k, device)
-
-    def _varlen(
-        self, idx: Tensor, step: KernelStep | None
-    ) -> tuple[dict[str | None, Segments], float | None]:
-        """model.attention.impl=varlen: the masks as segments and the scale as a Python float
-        (YaRN's of the stage, else the config's; None: the kernel's 1/√D). Training takes the
-        step's segments a row and longest segment, evaluation max_segments and whole rows."""
-        att = self.cfg.attention
-        if step is None:
-            raise ValueError(
-                "model.attention.impl=varlen: the forward needs kernel_step (ModelConfig.step_args "
-                "gives it)"
-            )
-        B, T = idx.shape
-        row_segments, max_len = step.row_segments, step.max_len
-        if not self.training:
-            row_segments, max_len = att.max_segments, 0
-        windows = {None: -1, "long": step.long, "short": step.short}
-        masks = varlen_masks(
-            idx, att.document_mask, self._mask_kinds[0], self._mask_kinds[1], windows,
-            B * row_segments, min(max_len or T, T),
-        )  # fmt: skip
-        if self.yarn_scale_list is not None:
-            return masks, self.yarn_scale_list[step.yarn_stage]
-        return masks, att.scale or None
 
     def check_device(self, device: torch.device) -> None:
         """Raise ValueError, naming the key, where this model's kernels cannot run on
@@ -236,9 +212,13 @@ class GPT(nn.Module):
         yarn_stage: Tensor | None = None,
         mtp_weights: Tensor | None = None,
         kernel_step: KernelStep | None = None,
+        cache: KVCache | None = None,
+        last: bool = False,
     ) -> Tensor:
         """Logits (B, T, vocab) when `targets` is None, else the cross-entropy loss (the mean,
-        or in training with model.head.reduction=sum the sum over tokens).
+        or in training with model.head.reduction=sum the sum over tokens). `last`: the logits
+        of the last position only (B, 1, vocab). `cache`: generation's keys and values so far;
+        `idx` is then the tokens after them (model/kv_cache.py).
 
         The step arguments (model/steps.py): `window_tokens`, the long sliding window, in
         tokens; `short_window_tokens`, the short one (token windows only; block windows halve
@@ -251,7 +231,11 @@ class GPT(nn.Module):
             self.cfg.attention, self.yarn_scales, window_tokens, short_window_tokens, yarn_stage
         )
         x, x0, bigram = self._embed(idx)
-        x = self._layers(x, x0, self._context(idx, x0, step, bigram, kernel_step))
+        ctx = build_context(self, idx, x0, step, bigram, kernel_step, cache)
+        x = self._layers(x, x0, ctx)
+        if cache is not None:
+            cache.end(idx.size(1))
+        x = x[:, -1:] if last and targets is None else x
         return self._head(x, targets, mtp_weights if self.cfg.head.mtp else None)
 
     def _embed(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -301,42 +285,3 @@ class GPT(nn.Module):
             self.lm_head, rms_norm(x), cfg.head.fp8, self.micro_steps, cfg.numerics.fp8_scales
         )
         return model_loss(logits, targets, cfg.head, self.training, mtp_weights)
-
-    def _context(
-        self,
-        idx: Tensor,
-        x0: Tensor,
-        step: StepInputs,
-        bigram: Tensor | None,
-        kernel_step: KernelStep | None = None,
-    ) -> Context:
-        """What every layer of this forward shares, computed once."""
-        att, res = self.cfg.attention, self.cfg.residual
-        if att.impl == "varlen":
-            masks, scale = self._varlen(idx, kernel_step)
-        else:
-            masks = build_masks(
-                idx, att.document_mask, self._mask_kinds[0], step.window, att.window_block,
-                impl=att.impl, token_window=att.window_granularity == "token",
-                short_window=step.short, paired=self._mask_kinds[1],
-            )  # fmt: skip
-            # YaRN's scale of the stage, else the config's (None: SDPA's own 1/√D)
-            scale = step.attn_scale if step.attn_scale is not None else att.scale or None
-        return Context(
-            x0=x0 if res.x0_shortcut or res.x0_after_attention or res.mudd else None,
-            x02=None if self.embed2 is None else rms_norm(self.embed2(idx)),
-            value_embeds=value_lookups(self.value_embeds, idx),
-            masks=masks,
-            scalars=self.scalars,
-            yarn_stage=step.yarn_stage,
-            attn_scale=scale,
-            bigram_term=bigram,
-            bigram=self.bigram,
-            sublayer_scales=self.sublayer_scales,
-            x0_injection=self.x0_injection,
-            x0_lambdas=self.x0_lambdas,
-            xsa=self.xsa,
-            value_gates=self.value_gates,
-            mudd=self.mudd,
-            micro_steps=self.micro_steps,
-        )

@@ -19,9 +19,14 @@ class Heads:
         self.offset = offset
 
     def arrange(
-        self, q: Tensor, k: Tensor, v: Tensor, rotary: Rotary, stage: Tensor | None
+        self, q: Tensor, k: Tensor, v: Tensor, rotary: Rotary, stage: Tensor | None, start: int = 0
     ) -> tuple[Tensor, Tensor, Tensor]:
-        q, k = rotary(q, stage), rotary(k, stage)
+        """`start`: the position of the first token (a KV cache's, model/kv_cache.py)."""
+        pos = None
+        if start:  # the same products t·ω as the rotary's own positions 0 … T−1
+            t = torch.arange(start, start + q.size(1), device=q.device, dtype=torch.float32)
+            pos = t[:, None].expand(-1, q.size(2))
+        q, k = rotary(q, stage, pos), rotary(k, stage, pos)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         return q, offset_keys(k, self.offset) if self.offset else k, v
 

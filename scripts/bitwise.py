@@ -86,7 +86,9 @@ def _differences(full, sized, key: str) -> list[str]:
             for word in (_differences(full[k], v, f"{key}.{k}".lstrip("."))
                          if k in full else [f"+{key}.{k}={_value(v)}".replace("+.", "+")])
         ]  # fmt: skip
-    if isinstance(full, list) and isinstance(sized, list) and len(full) == len(sized):
+    rows = all(isinstance(x, dict) for x in [*full, *sized]) if isinstance(full, list) else False
+    # a list of rows by index (train.stages.rows.0.seq_len); any other list whole
+    if rows and isinstance(sized, list) and len(full) == len(sized):
         return [
             w
             for i, (a, b) in enumerate(zip(full, sized, strict=True))

@@ -20,13 +20,21 @@ train.seq_len tokens, the length the model was trained on. The model's step-depe
 arguments (a sliding window) are those of the final evaluation, from the run's schedule
 (trainer/schedule.py). Samples print to stdout, each followed by a `---` line.
 
-bf16 autocast on CUDA, fp32 on CPU. Not supported: a KV cache (each token reruns the whole
-cropped context: simple, and quick enough for these model sizes), batched or multi-GPU
-generation, stopping early at <|endoftext|> (it prints as text), torch.compile.
+Each forward computes the logits of its last position only, and reads only the new token: the
+keys and values of the others are kept in a KV cache (model/kv_cache.py) until the context is
+full, after which each token reruns the cropped context, as --no-kv-cache does throughout. A
+model whose parts read a neighbour's token or key, or a window (record presets: their windows,
+paired heads, key offset, smear, bigram hash), reruns the context for every token, and says so.
+The time per sample and its tokens/s go to stderr (`python scripts/bench/sampling.py`: the
+cache against the whole-context rerun, same run).
+
+bf16 autocast on CUDA, fp32 on CPU. Not supported: batched or multi-GPU generation, stopping
+early at <|endoftext|> (it prints as text), torch.compile.
 """
 
 import argparse
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -38,6 +46,7 @@ from torch import Tensor
 
 from data.tokenizer import GPT2_VOCAB_SIZE, encode_document, gpt2_encoding
 from model import GPT, ModelConfig
+from model.kv_cache import KVCache, blockers
 from optim.config import OptimConfig
 from stages import StageTable
 from trainer.checkpoint import files
@@ -149,18 +158,30 @@ def generate(
     generator: torch.Generator,
     context: int,
     model_args: dict[str, Tensor],
+    cached: bool = False,
 ) -> Tensor:
-    """`idx` (B, T) extended by `max_new_tokens` sampled tokens."""
+    """`idx` (B, T) extended by `max_new_tokens` sampled tokens. `cached` (where the model
+    allows it: model/kv_cache.py `blockers`): each forward reads only the new token, beside a
+    KV cache of the others, until the context is full; from then on, as without it, each token
+    reruns the last `context` tokens."""
     cuda = idx.device.type == "cuda"
+    cache, pending = None, idx  # the tokens the next forward reads
     for _ in range(max_new_tokens):
+        if cached and (cache is None or cache.length + pending.size(1) > context):
+            cache = KVCache(context, model.cfg.attention.document_mask)
+            pending = idx[:, -context:]
         with torch.autocast(idx.device.type, dtype=torch.bfloat16, enabled=cuda):
-            logits = model(idx[:, -context:], **model_args)[:, -1, :GPT2_VOCAB_SIZE]
-        logits = logits.float() / temperature
+            if cache is None:
+                logits = model(idx[:, -context:], last=True, **model_args)
+            else:
+                logits = model(pending, cache=cache, last=True, **model_args)
+        logits = logits[:, -1, :GPT2_VOCAB_SIZE].float() / temperature
         if top_k:
             kth = torch.topk(logits, min(top_k, GPT2_VOCAB_SIZE)).values[:, -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
-        idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
+        pending = torch.multinomial(probs, 1, generator=generator)
+        idx = torch.cat([idx, pending], dim=1)
     return idx
 
 
@@ -196,6 +217,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-samples", type=int, default=1, help="samples to print (1)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda when available, else cpu")  # fmt: skip
+    p.add_argument("--no-kv-cache", action="store_true",
+                   help="rerun the whole context for every token")  # fmt: skip
     args = p.parse_args(argv)
     if args.max_new_tokens < 0 or args.top_k < 0 or args.num_samples < 1:
         p.error("--max-new-tokens and --top-k must be >= 0, --num-samples >= 1")
@@ -220,12 +243,21 @@ def main(argv: list[str] | None = None) -> None:
     prompt = torch.tensor([encode_document(args.prompt)], device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     model_args = forward_args(model, config, device)
+    cached = not args.no_kv_cache and not (off := blockers(model.cfg))
+    if not args.no_kv_cache and off:
+        print(f"no KV cache for this model ({', '.join(off)}): each token reruns the context",
+              file=sys.stderr)  # fmt: skip
     enc = gpt2_encoding()
     for _ in range(args.num_samples):
+        t0 = time.perf_counter()
         out = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k,
-                       generator, context, model_args)  # fmt: skip
+                       generator, context, model_args, cached)  # fmt: skip
+        took = time.perf_counter() - t0
         print(enc.decode(out[0, 1:].tolist()))  # the prompt and its continuation, sans EOT
         print(SEPARATOR, flush=True)
+        rate = args.max_new_tokens / max(took, 1e-9)
+        print(f"{args.max_new_tokens} tokens in {took:.2f} s ({rate:.1f} tokens/s)",
+              file=sys.stderr)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from model import GPT, ModelConfig
 from model.config import update
+from model.forward_context import build_context
 from model.mudd import coefficients
 from model.steps import step_inputs
 from optim.partition import param_roles
@@ -162,7 +163,7 @@ def test_the_bigram_term_enters_the_mudd_layer_with_m11() -> None:
     x, c7 = (torch.randn(2, 8, H * D, generator=gen, dtype=torch.float64) for _ in range(2))
     b = torch.randn(2, 8, 5, generator=gen, dtype=torch.float64)
     step = step_inputs(CFG.attention, None, None, None, None)
-    ctx = model._context(idx, x, step, None)  # x0 = c₀ = x here
+    ctx = build_context(model, idx, x, step, None)  # x0 = c₀ = x here
     ctx.bigram_term = b
     got = model.blocks[4](x, model.rotary, ctx, c7)
     P, ve = dict(model.named_parameters()), model.value_embeds["1"](idx)
