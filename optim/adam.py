@@ -53,13 +53,12 @@ import torch
 from torch import Tensor
 
 from optim.adam_shards import AdamShards, grad_or_zeros
+from optim.adam_state import MOMENT_DTYPES, gathered, restore_saved
 from optim.adam_table import Row
 from optim.adam_update import TensorSettings, compiled, host_values
 from optim.config import AdamWConfig
 from optim.shards import Comm, Sum
 from optim.tied import TiedEmbedHead
-
-MOMENT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # "param": the parameter's
 
 
 class Adam(torch.optim.Optimizer):
@@ -111,74 +110,14 @@ class Adam(torch.optim.Optimizer):
                 self._state(p)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """torch casts loaded state to the parameter's dtype; the moments and the counters
-        are taken again from the saved values in their own dtypes (fp32 moments of a bf16
-        parameter would otherwise lose their low bits)."""
+        """torch casts loaded state to the parameter's dtype; the moments, the counters and
+        the pair's partial sums are taken again from the saved values (optim/adam_state.py)."""
         super().load_state_dict(state_dict)
-        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        params = [p for g in self.param_groups for p in g["params"]]
-        for i, p in zip(ids, params, strict=True):
-            saved, state = state_dict["state"].get(i, {}), self.state.get(p, {})
-            moments = MOMENT_DTYPES.get(self.hp.state_dtype, p.dtype)
-            for key, dtype in (("exp_avg", moments), ("exp_avg_sq", moments),
-                               ("pending", torch.float32), ("step", torch.float32)):  # fmt: skip
-                if key in saved and key in state:
-                    state[key] = saved[key].to(state[key].device, dtype, copy=True)
-            if "grad_sum" in saved and "grad_sum" in state:
-                state["grad_sum"] = self._loaded_sum(p, saved["grad_sum"])
-            if self.shards is not None:  # this rank's rows of the whole saved state
-                for key, value in state.items():
-                    if key != "grad_sum" or not self.local_sums:
-                        state[key] = self.shards.mine(p, value)
-
-    def _loaded_sum(self, p: Tensor, saved: Tensor) -> Tensor:
-        """A saved partial sum of a pair as this run keeps it. Saved stacked (a sharded run's
-        ranks' own sums, `state_dict`) or whole (a sum of averaged gradients). Kept by rank
-        (local_sums): the same number of ranks take their own; otherwise rank 0 takes what
-        the saved sums average to times this run's world and the others zeros, so that the
-        update's average over ranks is the saved one. Kept averaged: the average."""
-        saved = saved.to(p.device, p.dtype)
-        ranks = saved.shape[0] if saved.ndim == p.ndim + 1 else 0
-        if (saved.shape[1:] if ranks else saved.shape) != p.shape:
-            raise ValueError(
-                f"Adam's saved gradient sum {tuple(saved.shape)} fits neither the parameter "
-                f"{tuple(p.shape)} nor a stack of its ranks' sums: the checkpoint is another "
-                "model's (train.resume)"
-            )
-        if not self.local_sums:
-            return saved.sum(0).div_(ranks) if ranks else saved.clone()
-        assert self.shards is not None  # local_sums implies sharded
-        world, rank = self.shards.world, self.shards.comm.rank
-        if ranks == world:
-            return saved[rank].clone()
-        if rank:
-            return torch.zeros_like(p)
-        mean = saved.sum(0).div_(ranks) if ranks else saved
-        return mean.mul(world)
+        restore_saved(self, state_dict)
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's state dict; sharded, every tensor's state is gathered whole from the
-        ranks that hold its rows (a collective: every rank must call it)."""
-        sd = super().state_dict()
-        if self.shards is None:
-            return sd
-        ids = [i for g in sd["param_groups"] for i in g["params"]]
-        params = [p for g in self.param_groups for p in g["params"]]
-        for i, p in zip(ids, params, strict=True):
-            # torch packs the live state dicts: the whole tensors go into a copy, or the
-            # run would go on with them in place of its rows
-            state = dict(sd["state"].get(i, {}))
-            for key, value in state.items():
-                if key == "grad_sum" and self.local_sums:
-                    # every rank's own sum inside a pair; between pairs none is kept (the
-                    # last period's first gradient stays in the buffer, unread)
-                    inside = int(state["pending"]) > 0
-                    state[key] = self.shards.stacked(value) if inside else torch.zeros_like(value)
-                else:
-                    state[key] = self.shards.whole(p, value)
-            if state:
-                sd["state"][i] = state
-        return sd
+        """torch's state dict; sharded, gathered whole (a collective: optim/adam_state.py)."""
+        return gathered(self, super().state_dict())
 
     def _state(self, p: Tensor) -> dict[str, Tensor]:
         """`p`'s state, created on first use shaped like what this rank updates of `p`."""
