@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 from model import GPT
 from optim import CombinedOptimizer, build_optimizer
 from optim.shards import LocalView
-from scripts.bench.gpu import compose
 from scripts.bench.head import timed
+from scripts.bench.presets import compose
 from trainer.config import Config
 from trainer.runtime import Runtime, init_runtime
 from trainer.schedule import Schedule
