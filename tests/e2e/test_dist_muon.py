@@ -195,12 +195,12 @@ def test_unknown_parallelism_is_rejected() -> None:
         Muon([torch.zeros(4, 4, requires_grad=True)], parallelism="carrier_pigeon")
 
 
-RECORD_D = {**NORMUON, "normuon_beta2": 0.9, "normuon_axis": "shape", "weight_decay": 1.2,
+RECORD_2026_07_17 = {**NORMUON, "normuon_beta2": 0.9, "normuon_axis": "shape", "weight_decay": 1.2,
             "normuon_form": "fp32_mean_squares", "qk_split": "head_pairs",
             "master_weights": "fp32_truncated"}  # fmt: skip
 
 
-def train_record_d(
+def train_record_2026_07_17(
     group: dist.ProcessGroup | None = None, **settings: object
 ) -> tuple[list[torch.Tensor], Muon]:
     """Record D's NorMuon on bf16 matrices: two (4, d, d) stacks split into head pairs (16
@@ -212,7 +212,7 @@ def train_record_d(
         p.muon_head_rows = 16  # type: ignore[attr-defined]
         p.stack_of = "q, k, v, o"  # type: ignore[attr-defined]  # as the model declares it
     params[2].lr_mul = 2.0  # type: ignore[attr-defined]
-    kw = {**KW, **RECORD_D, **settings}
+    kw = {**KW, **RECORD_2026_07_17, **settings}
     opt = Muon(params, ns_dtype=torch.bfloat16, process_group=group, parallelism="ddp_all_gather",
                **kw)  # fmt: skip
     for _ in range(STEPS):
@@ -222,17 +222,17 @@ def train_record_d(
     return [p.detach() for p in params], opt
 
 
-def _record_d_main(rank: int, world: int, out: str) -> None:
-    params, opt = train_record_d(dist.group.WORLD)
+def _record_2026_07_17_main(rank: int, world: int, out: str) -> None:
+    params, opt = train_record_2026_07_17(dist.group.WORLD)
     torch.save({"params": params, "opt": opt.state_dict()}, Path(out) / f"rank{rank}.pt")
 
 
 @pytest.mark.timeout(180)
-def test_record_d_normuon_on_two_ranks_is_bitwise_single_process(tmp_path: Path) -> None:
+def test_record_2026_07_17_normuon_on_two_ranks_is_bitwise_single_process(tmp_path: Path) -> None:
     """Head-pair blocks, per-row statistics and the fp32 master (its mantissa buffers) under
     the all_gather exchange: every rank's weights and state equal one process's."""
-    run_ranks(_record_d_main, WORLD, str(tmp_path))
-    reference, ref_opt = train_record_d()
+    run_ranks(_record_2026_07_17_main, WORLD, str(tmp_path))
+    reference, ref_opt = train_record_2026_07_17()
     assert_ranks_are(tmp_path, reference, ref_opt, None)
 
 

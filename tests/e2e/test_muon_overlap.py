@@ -13,7 +13,7 @@ from optim.muon.batches import ns_runs
 from optim.muon.exchange import Pending, RoundRobin
 from optim.muon.optimizer import Muon
 from tests.dist_utils import run_ranks
-from tests.e2e.test_dist_muon import SHAPES, WORLD, assert_ranks_are, train, train_record_d
+from tests.e2e.test_dist_muon import SHAPES, WORLD, assert_ranks_are, train, train_record_2026_07_17
 
 
 def _record(events: list[str]) -> tuple:
@@ -60,17 +60,17 @@ def test_overlapped_exchange_is_bitwise_single_process(
         assert torch.load(tmp_path / f"rank{rank}.pt")["events"] == per_step * 3, rank
 
 
-def _record_d_main(rank: int, world: int, out: str) -> None:
-    params, opt = train_record_d(dist.group.WORLD, exchange_overlap="async")
+def _record_2026_07_17_main(rank: int, world: int, out: str) -> None:
+    params, opt = train_record_2026_07_17(dist.group.WORLD, exchange_overlap="async")
     torch.save({"params": params, "opt": opt.state_dict()}, Path(out) / f"rank{rank}.pt")
 
 
 @pytest.mark.timeout(180)
-def test_overlapped_record_d_is_bitwise_single_process(tmp_path: Path) -> None:
+def test_overlapped_record_2026_07_17_is_bitwise_single_process(tmp_path: Path) -> None:
     """Split stacks (head-pair blocks beside whole W_v, W_o), NorMuon and the fp32 master,
     the exchange run by run: weights and every state buffer equal one process's."""
-    run_ranks(_record_d_main, WORLD, str(tmp_path))
-    reference, ref_opt = train_record_d()
+    run_ranks(_record_2026_07_17_main, WORLD, str(tmp_path))
+    reference, ref_opt = train_record_2026_07_17()
     assert_ranks_are(tmp_path, reference, ref_opt, None)
 
 

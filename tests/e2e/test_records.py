@@ -79,7 +79,9 @@ def test_record_preset_resumes_exactly(
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
-def test_record_c_toy_resumes_from_an_even_step(tmp_path: Path, corpus_cache: Path) -> None:
+def test_record_2025_11_29_toy_resumes_from_an_even_step(
+    tmp_path: Path, corpus_cache: Path
+) -> None:
     """The 2025-11 record at toy size through its three batch phases (one uninterrupted run,
     the reference): a resume from the save after update 4, an even step whose gradient Adam
     holds until update 5, bit for bit. Two ranks through the same phases, packed pieces and
@@ -162,7 +164,7 @@ def _rank_job_d(rank: int, world: int, run_dir: str, overrides: list[str], cache
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
-def test_record_d_toy_same_curve_on_two_ranks_and_resumes_around_the_split(
+def test_record_2026_07_17_toy_same_curve_on_two_ranks_and_resumes_around_the_split(
     tmp_path: Path, corpus_cache: Path
 ) -> None:
     """Record D at toy size through its three stages (one uninterrupted run, the reference): the
@@ -207,7 +209,7 @@ def _rank_job_m(rank: int, world: int, run_dir: str, overrides: list[str], cache
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
-def test_record_m_toy_same_curve_on_two_ranks_and_resumes_around_the_split(
+def test_record_medium_2025_12_31_toy_same_curve_on_two_ranks_and_resumes_around_the_split(
     tmp_path: Path, corpus_cache: Path
 ) -> None:
     """Record M at toy size through its twelve stages, its four batch sizes and the split (one

@@ -88,7 +88,7 @@ def test_mlp_only_layers_add_no_flops() -> None:
     assert matmul_params(meta_gpt(full)) - matmul_params(meta_gpt(fewer)) == 2 * 4 * d * d
 
 
-def test_record_b_mfu_is_plausible_at_its_step_time() -> None:
+def test_record_2025_01_26_mfu_is_plausible_at_its_step_time() -> None:
     """One rank's packed 49,152-token sequence, documents ~1000 tokens long, at the record's
     100 ms per step on an H100, at the first, middle and last windows of its schedule."""
     conf = preset("record_2025_01_26")
@@ -103,7 +103,7 @@ def test_record_b_mfu_is_plausible_at_its_step_time() -> None:
         assert 0.10 < mfu(flops, 0.100, H100) < 0.60, (step, flops)
 
 
-def test_record_a_mfu_is_plausible_at_its_step_time() -> None:
+def test_record_2024_11_06_mfu_is_plausible_at_its_step_time() -> None:
     """One rank's 64 x 1024 tokens at the record's logged 154.78 ms per step on an H100."""
     conf = preset("record_2024_11_06")
     idx = torch.zeros(64, conf.train.seq_len, dtype=torch.long)

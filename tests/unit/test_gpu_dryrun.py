@@ -64,7 +64,7 @@ LOSS = """
 from model.config import HeadConfig
 from model.head import fp8_product
 from model.record_loss import RecordHeadLoss, record_head_loss, record_loss_rows
-from tests.unit.test_record_d_head import RECORD_D
+from tests.unit.test_record_2026_07_17_head import RECORD_2026_07_17
 from trainer.launch.compile import compile_model
 
 def old_forward(ctx, x, w, shifted, weights, cfg, scales, micro_steps, chunk):
@@ -82,7 +82,7 @@ def old_forward(ctx, x, w, shifted, weights, cfg, scales, micro_steps, chunk):
 
 if OLD:
     RecordHeadLoss.forward = staticmethod(old_forward)
-cfg = HeadConfig(**{**RECORD_D.__dict__, "loss": "sigmoid_e5m2_grad", "mtp": True})
+cfg = HeadConfig(**{**RECORD_2026_07_17.__dict__, "loss": "sigmoid_e5m2_grad", "mtp": True})
 head = torch.nn.Linear(64, 256, bias=False).to(torch.bfloat16).to("cuda")
 x = torch.randn(2, 96, 64).to(torch.bfloat16).to("cuda").requires_grad_()
 y = torch.randint(0, 256, (2, 96)).to("cuda")

@@ -25,10 +25,10 @@ from optim import partition_params
 pytestmark = pytest.mark.cpu_bf16
 
 BASE = ModelConfig(n_layer=4, n_head=2, n_embd=32)
-RECORD_A = update(BASE, {"init_std": 1 / math.sqrt(3), "attention.rope_bf16": True,
+RECORD_2024_11_06 = update(BASE, {"init_std": 1 / math.sqrt(3), "attention.rope_bf16": True,
                          "attention.value_residual": "learned",
                          "residual.x0_shortcut": True})  # fmt: skip
-RECORD_B = update(BASE, {
+RECORD_2025_01_26 = update(BASE, {
     "embed.rows": 50257, "init_std": 0.5, "attention.rope": "half_truncated",
     "attention.merged_qkv": True, "attention.scale": 0.12, "residual.x0_shortcut": True,
     "residual.unet": True, "embed.value_embeds": "012......012",
@@ -161,9 +161,9 @@ def tokens(B: int = 2, T: int = 40, seed: int = 1) -> torch.Tensor:
 
 
 CASES = {
-    "record A options": RECORD_A,
+    "record A options": RECORD_2024_11_06,
     "value residual, fixed": update(BASE, {"attention.value_residual": "fixed"}),
-    "record B options": RECORD_B,
+    "record B options": RECORD_2025_01_26,
     "document mask, no window": update(BASE, {"attention.document_mask": True}),
     "window, no document mask": update(
         BASE, {"attention.window": "LS", "attention.window_block": 4, "attention.window_tokens": 8}
@@ -246,7 +246,7 @@ def test_window_schedule_is_the_records_table() -> None:
 
 
 def test_layer_plan_is_the_records_table_and_scales_down() -> None:
-    full = replace(RECORD_B, n_layer=12)
+    full = replace(RECORD_2025_01_26, n_layer=12)
     plan = layer_plan(full)
     assert [s.attention for s in plan] == [i != 7 for i in range(12)]
     assert [s.window for s in plan if s.attention] == ["long", "short", "short", "short", "long",
@@ -255,17 +255,17 @@ def test_layer_plan_is_the_records_table_and_scales_down() -> None:
     assert [s.value_embed for s in plan] == [0, 1, 2, None, None, None, None, None, None, 0, 1, 2]
     assert [s.skip_from for s in plan] == [None] * 6 + [5, 4, 3, 2, 1, 0]
     assert resample("LSSSLSSLSSSL", 4) == "LLLL"  # record layers 0, 4, 7, 11
-    small = layer_plan(RECORD_B)
+    small = layer_plan(RECORD_2025_01_26)
     assert [(s.attention, s.value_embed, s.skip_from) for s in small] == [
         (True, 0, None), (True, None, None), (False, None, 1), (True, 2, 0)]  # fmt: skip
-    assert layer_plan(replace(RECORD_B, n_layer=1))[0].attention
+    assert layer_plan(replace(RECORD_2025_01_26, n_layer=1))[0].attention
 
 
 def test_records_parameter_counts_and_groups() -> None:
     """docs/records.md's counts: 162,201,636 (A, 36 scalars) and 275,598,388 (B, 52 scalars)."""
-    a = replace(RECORD_A, n_layer=12, n_head=6, n_embd=768)
+    a = replace(RECORD_2024_11_06, n_layer=12, n_head=6, n_embd=768)
     b = update(
-        RECORD_B,
+        RECORD_2025_01_26,
         {
             "n_layer": 12,
             "n_head": 6,

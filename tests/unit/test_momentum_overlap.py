@@ -38,7 +38,7 @@ def test_momentum_warmup_wins_where_they_overlap() -> None:
     assert got != pytest.approx([cooldown_on_top(s, 8, 6, 4) for s in range(8)], abs=1e-6)
 
 
-def test_record_c_toy_momentum_is_unchanged() -> None:
+def test_record_2025_11_29_toy_momentum_is_unchanged() -> None:
     """Record C's toy (8 steps, warmup 3, cooldown 2) has no overlap: bit for bit the values
     of the code before the fix (the cooldown applied to every step), so its curve is
     unchanged."""

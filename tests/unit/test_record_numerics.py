@@ -50,7 +50,7 @@ def _tables(rotary: Rotary, T: int, D: int) -> tuple[torch.Tensor, torch.Tensor]
     return y[0, :, 0, : D // 2], -y[0, :, 0, D // 2 :]
 
 
-def test_reciprocal_rope_frequencies_and_bf16_tables_are_record_a():
+def test_reciprocal_rope_frequencies_and_bf16_tables_are_record_2024_11_06():
     d, T = 128, 1024
     record = 1 / 10000 ** (torch.arange(0, d, 2).float() / d)
     ours = Rotary(d, 10000.0, "full", bf16=True, reciprocal=True)
@@ -71,7 +71,7 @@ def test_reciprocal_rope_frequencies_and_bf16_tables_are_record_a():
     assert not (torch.equal(default_cos, cos) and torch.equal(default_sin, sin))
 
 
-def test_record_a_rotation_in_bf16():
+def test_record_2024_11_06_rotation_in_bf16():
     """Record A rotates bf16 q/k with the bf16 tables: y1 = x1·cos + x2·sin,
     y2 = x1·(−sin) + x2·cos, every product and sum rounded to bf16."""
     d, T = 128, 256
@@ -85,7 +85,7 @@ def test_record_a_rotation_in_bf16():
     assert torch.equal(ours, record)
 
 
-def test_half_truncated_rope_is_record_b_as_it_is():
+def test_half_truncated_rope_is_record_2025_01_26_as_it_is():
     """Record B's frequencies (1/1024)^linspace(0, 1, d/4), then d/4 zeros, its fp32 tables
     from an einsum of positions and frequencies, and its fp32 rotation of bf16 q/k: the
     "half_truncated" mode already computes all of it the same way (no option needed)."""
@@ -105,7 +105,7 @@ def test_half_truncated_rope_is_record_b_as_it_is():
 # --- Newton–Schulz ------------------------------------------------------------------------
 
 
-def record_a_zeropower(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+def record_2024_11_06_zeropower(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
     """Record A's Newton–Schulz of one 2-D matrix, in its order: normalise, then transpose a
     tall matrix (a view), then P = A·X, X = a·X + b·P + c·A @ P (Python: (c·A)·P)."""
     a, b, c = A_COEFFS
@@ -122,7 +122,7 @@ def record_a_zeropower(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> to
     return X
 
 
-def record_b_zeropower(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+def record_2025_01_26_zeropower(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
     """Record B's, batched over leading dimensions: transpose a tall stack (a view), each
     matrix divided by its own norm, then B = b·A + c·A @ A (Python: (c·A)·A), X = a·X + B·X."""
     a, b, c = A_COEFFS
@@ -149,35 +149,35 @@ def test_one_iteration_of_each_record_form():
         X = X / (X.norm() + 1e-7)
         A = X @ X.T
         B = A @ X
-        record_a = a * X + b * B + c * A @ B
-        assert torch.equal(quintic_step(X, A, a, b, c, "expanded"), record_a)
+        record_2024_11_06 = a * X + b * B + c * A @ B
+        assert torch.equal(quintic_step(X, A, a, b, c, "expanded"), record_2024_11_06)
         # a 3-stack, like the merged QKV weight
         Xs = _randn(3, *shape, seed=seed + 10).bfloat16()
         Xs = Xs / (Xs.norm(dim=(-2, -1), keepdim=True) + 1e-7)
         As = Xs @ Xs.mT
         Bs = b * As + c * As @ As
-        record_b = a * Xs + Bs @ Xs
-        assert torch.equal(quintic_step(Xs, As, a, b, c, "factored_unfused"), record_b)
+        record_2025_01_26 = a * Xs + Bs @ Xs
+        assert torch.equal(quintic_step(Xs, As, a, b, c, "factored_unfused"), record_2025_01_26)
         factored = quintic_step(Xs, As, a, b, c, "factored")
-        assert not torch.equal(factored, record_b)
+        assert not torch.equal(factored, record_2025_01_26)
 
 
-def test_expanded_zeropower_is_record_a():
+def test_expanded_zeropower_is_record_2024_11_06():
     """5 steps in bf16, incl. the normalisation and the transpose rule; 1536×384 is tall like
     record A's W_fc, large enough that its column-major view rounds unlike a contiguous copy
     on a CPU."""
     for shape, seed in (((256, 256), 4), ((64, 256), 5), ((256, 64), 6), ((1536, 384), 7)):
         G = _randn(*shape, seed=seed)
-        record = record_a_zeropower(G)
+        record = record_2024_11_06_zeropower(G)
         assert torch.equal(zeropower(G, CLASSIC5, 1e-7, form="expanded"), record), shape
         assert not torch.equal(zeropower(G, CLASSIC5, 1e-7, form="factored"), record), shape
 
 
-def test_factored_unfused_zeropower_is_record_b():
+def test_factored_unfused_zeropower_is_record_2025_01_26():
     """Batched over a 3-stack (each slice by its own norm), and a tall W_fc-like matrix."""
     for shape, seed in (((3, 256, 256), 8), ((3, 64, 256), 9), ((1536, 384), 10)):
         G = _randn(*shape, seed=seed)
-        record = record_b_zeropower(G)
+        record = record_2025_01_26_zeropower(G)
         assert torch.equal(zeropower(G, CLASSIC5, 1e-7, form="factored_unfused"), record), shape
         assert not torch.equal(zeropower(G, CLASSIC5, 1e-7, form="factored"), record), shape
 
@@ -199,12 +199,14 @@ def test_orthogonalise_batches_record_forms_as_the_records_run_them():
         4: _randn(256, 256, seed=16),
         5: _randn(1536, 256, seed=17),  # a lone tall one, passed as itself
     }
-    for form, record in (("expanded", None), ("factored_unfused", record_b_zeropower)):
+    for form, record in (("expanded", None), ("factored_unfused", record_2025_01_26_zeropower)):
         assert form in RECORD_FORMS
         out = orthogonalise(list(updates.values()), "classic", 5, 1e-7, torch.bfloat16, form)
         for i, u in updates.items():
             if record is None:  # record A: one 2-D matrix at a time
-                want = torch.stack([record_a_zeropower(m) for m in u.reshape(-1, *u.shape[-2:])])
+                want = torch.stack(
+                    [record_2024_11_06_zeropower(m) for m in u.reshape(-1, *u.shape[-2:])]
+                )
                 want = want.reshape(u.shape)
             else:
                 want = record(u)
@@ -214,7 +216,7 @@ def test_orthogonalise_batches_record_forms_as_the_records_run_them():
 # --- softcap ------------------------------------------------------------------------------
 
 
-def test_sigmoid_softcap_divides_by_7_5_as_record_b():
+def test_sigmoid_softcap_divides_by_7_5_as_record_2025_01_26():
     z = _randn(512, 1024, seed=18) * 20
     record = 30 * torch.sigmoid(z / 7.5)
     assert torch.equal(softcap(z, 30.0, "sigmoid"), record)
@@ -228,27 +230,30 @@ def test_sigmoid_softcap_divides_by_7_5_as_record_b():
 # --- LR schedule --------------------------------------------------------------------------
 
 
-def record_b_lr(step: int, steps: int, frac: float, floor: float) -> float:
+def record_2025_01_26_lr(step: int, steps: int, frac: float, floor: float) -> float:
     t = 1 - step / steps
     w = min(t / frac, 1.0)
     return w * 1.0 + (1 - w) * floor
 
 
-def test_fraction_cooldown_is_record_b_at_every_step():
+def test_fraction_cooldown_is_record_2025_01_26_at_every_step():
     for steps in (1770, 100, 37):
         got = [lr_multiplier(s, steps, 0, 0.4, 0.1, cooldown_form="fraction") for s in range(steps)]
-        assert got == [record_b_lr(s, steps, 0.4, 0.1) for s in range(steps)], steps
+        assert got == [record_2025_01_26_lr(s, steps, 0.4, 0.1) for s in range(steps)], steps
     # Where 0.4 · S is not whole, the steps form starts its line at a rounded step: it differs
     # by far more than rounding (at S = 1770 and 100 by rounding only).
     steps_form = [lr_multiplier(s, 37, 0, 0.4, 0.1) for s in range(37)]
-    diff = max(abs(x - record_b_lr(s, 37, 0.4, 0.1)) for s, x in enumerate(steps_form))
+    diff = max(abs(x - record_2025_01_26_lr(s, 37, 0.4, 0.1)) for s, x in enumerate(steps_form))
     assert diff > 1e-3
     assert any(
-        lr_multiplier(s, 100, 0, 0.4, 0.1) != record_b_lr(s, 100, 0.4, 0.1) for s in range(100)
+        lr_multiplier(s, 100, 0, 0.4, 0.1) != record_2025_01_26_lr(s, 100, 0.4, 0.1)
+        for s in range(100)
     )
     # Warmup comes first, as in the steps form; after it, the record's expression.
     assert lr_multiplier(4, 100, 10, 0.4, 0.1, "fraction") == 0.5
-    assert lr_multiplier(80, 100, 10, 0.4, 0.1, "fraction") == record_b_lr(80, 100, 0.4, 0.1)
+    assert lr_multiplier(80, 100, 10, 0.4, 0.1, "fraction") == record_2025_01_26_lr(
+        80, 100, 0.4, 0.1
+    )
 
 
 def test_cooldown_form_is_checked():
@@ -260,10 +265,10 @@ def test_cooldown_form_is_checked():
     # No cooldown at all: 1 throughout, as in the steps form.
     assert {lr_multiplier(s, 10, 0, 0.0, 0.1, "fraction") for s in range(10)} == {1.0}
     fraction = OptimConfig(schedule=ScheduleConfig(0, 0.4, 0.1, cooldown_form="fraction"))
-    assert optim_values(fraction, 1769, 1770).lr_mult == record_b_lr(1769, 1770, 0.4, 0.1)
+    assert optim_values(fraction, 1769, 1770).lr_mult == record_2025_01_26_lr(1769, 1770, 0.4, 0.1)
 
 
-def test_steps_cooldown_is_record_a_at_every_step():
+def test_steps_cooldown_is_record_2024_11_06_at_every_step():
     """Record A: 1 until step 2286, then (3200 − s)/914 with an integer 914."""
     got = [lr_multiplier(s, 3200, 0, 0.2856, 0.0) for s in range(3200)]
     assert got == [1.0 if s < 2286 else (3200 - s) / 914 for s in range(3200)]

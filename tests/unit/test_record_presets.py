@@ -24,7 +24,7 @@ def resolved(name: str):
     return to_config(compose_config([f"experiment={name}", "run_dir=."]))
 
 
-def test_record_a_preset_is_records_md() -> None:
+def test_record_2024_11_06_preset_is_records_md() -> None:
     """docs/records.md, record A (2024-11-06, #9): A.1, A.3, A.4, A.5."""
     c = resolved("record_2024_11_06")
     m, t, mu, a, s = c.model, c.train, c.optim.muon, c.optim.adamw, c.optim.schedule
@@ -62,7 +62,7 @@ def test_record_a_preset_is_records_md() -> None:
     )
 
 
-def test_record_b_preset_is_records_md() -> None:
+def test_record_2025_01_26_preset_is_records_md() -> None:
     """docs/records.md, record B (2025-01-26, #21): B.1, B.3, B.4, B.5."""
     c = resolved("record_2025_01_26")
     m, t, mu, a, s = c.model, c.train, c.optim.muon, c.optim.adamw, c.optim.schedule

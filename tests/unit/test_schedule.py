@@ -73,7 +73,7 @@ def test_muon_momentum_warmup():
 # The two records' schedules, at their boundaries, against the values docs/records.md gives by hand.
 
 
-def test_record_a_lr_schedule_at_its_boundaries():
+def test_record_2024_11_06_lr_schedule_at_its_boundaries():
     """No warmup; 1 until s = 2285; then (3200 - s) / 914 from s = 2286; the last update 1/914."""
     s = Schedules(3200, ScheduleConfig(0, 0.2856, 0.0))
     assert s.at(0).lr_mult == 1.0  # first step
@@ -83,7 +83,7 @@ def test_record_a_lr_schedule_at_its_boundaries():
     assert s.at(3199).lr_mult == pytest.approx(1 / 914)  # last step
 
 
-def test_record_b_lr_schedule_at_its_boundaries():
+def test_record_2025_01_26_lr_schedule_at_its_boundaries():
     """Floor 0.1 over the last 40 %: f = 0.1 + 0.9 (1770 - s) / 708 for s >= 1062."""
     s = Schedules(1770, ScheduleConfig(0, 0.4, 0.1))
     assert s.at(0).lr_mult == 1.0

@@ -38,7 +38,7 @@ def rows(**changes: list) -> list[dict]:
     return [dict(zip(columns, values, strict=True)) for values in per_row]
 
 
-RECORD_C = {
+RECORD_2025_11_29 = {
     "model": {"attention": ATTENTION},
     "optim": {
         "muon": {"lr": 0.023, "momentum": 0.95, "momentum_warmup_start": 0.85,
@@ -62,14 +62,14 @@ def stages(**changes: object) -> dict:
     return {"train": {"stages": changes}}
 
 
-def record_c(**changes: dict) -> Config:
+def record_2025_11_29(**changes: dict) -> Config:
     """Record C's config, validated, with `changes` ({group: {key: value}}) merged in."""
-    return to_config(OmegaConf.to_container(OmegaConf.merge(RECORD_C, changes)))
+    return to_config(OmegaConf.to_container(OmegaConf.merge(RECORD_2025_11_29, changes)))
 
 
 @pytest.fixture(scope="module")
 def run() -> tuple[Config, Schedule, list[float]]:
-    c = record_c()
+    c = record_2025_11_29()
     head_dim = c.model.n_embd // c.model.n_head
     freqs = Rotary(head_dim, mode="half_truncated").inv_freq
     scales = yarn_table(
@@ -249,7 +249,7 @@ def test_yarn_table_steps_are_cumulative_and_keep_equal_windows() -> None:
 # --- off by default: record B's preset is today's, bit for bit ------------------------------
 
 
-def test_defaults_leave_record_b_bitwise() -> None:
+def test_defaults_leave_record_2025_01_26_bitwise() -> None:
     # model.compile=false only skips the compile-backend check (no schedule reads it).
     c = to_config(
         compose_config(["experiment=record_2025_01_26", "run_dir=.", "model.compile=false"])
@@ -327,13 +327,14 @@ def test_extension_steps_hold_the_floor_and_the_final_window() -> None:
 )
 def test_bad_values_name_their_key(changes: dict, key: str) -> None:
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-        record_c(**changes)
+        record_2025_11_29(**changes)
 
 
 def test_overlapping_warmup_and_cooldown_are_allowed_and_steps_must_agree() -> None:
-    # An overlapping warmup and cooldown is allowed: the warmup wins (test_record_d_schedule.py)
+    # An overlapping warmup and cooldown is allowed: the warmup wins
+    # (test_record_2026_07_17_schedule.py)
     MuonConfig(momentum_cooldown_steps=20, momentum_warmup_steps=10).validate(25)
     with pytest.raises(ValueError, match=r"train\.extension_steps"):
         TrainConfig(steps=10, extension_steps=10, val_tokens=256).validate()
     with pytest.raises(ValueError, match="total_steps"):
-        Schedule(10, record_c().optim, ModelConfig(), record_c().train)
+        Schedule(10, record_2025_11_29().optim, ModelConfig(), record_2025_11_29().train)

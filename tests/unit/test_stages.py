@@ -45,7 +45,7 @@ def test_the_rule_is_the_written_one_and_its_starts_are_its_boundaries() -> None
         stage_index(-1, 10, 3)
 
 
-def test_record_cs_boundaries() -> None:
+def test_record_2025_11_29_boundaries() -> None:
     """C.4: 2,120 scheduled steps; stage 1 from 707, stage 2 from 1,414, the extension (2,120
     … 2,159) in the last; the LR plateaus by their own edges after x = 0.33 and 0.66 (700,
     1,400); the extension steps' window 13 is YaRN stage 3."""
@@ -62,7 +62,7 @@ def test_record_cs_boundaries() -> None:
     assert stages == [0, 1, 2, 2, 3] and table.long_windows == [3, 7, 11, 13]
 
 
-def test_record_ds_boundaries_and_its_mtp_bits() -> None:
+def test_record_2026_07_17_boundaries_and_its_mtp_bits() -> None:
     """D.4: 1,380 scheduled steps, stages from 460 and 920, every column switching there;
     the MTP weights as model/mtp_schedule.py writes them, w·(1 − (3x − i)) at x = s/1,380."""
     d = to_config(compose_config(D))

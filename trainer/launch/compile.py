@@ -14,7 +14,7 @@ record D's loss before its e5m2 gradient, the FP8 scales to bf16), and the eager
 the float64 reference tests check, rounds there. `emulate_precision_casts` keeps those casts,
 so the compiled step computes the roundings the model writes (a conversion per cast; on a CPU,
 record D's head and loss then give eager's gradients bit for bit, against three quarters of
-them differing without it: tests/unit/test_record_d_head.py).
+them differing without it: tests/unit/test_record_2026_07_17_head.py).
 
 A second run of the same preset starts fast when the first run's kernels are still on disk:
 `use_compile_cache` keeps inductor's caches (FX graphs, AOTAutograd, autotuning, Triton

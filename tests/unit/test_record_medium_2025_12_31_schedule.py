@@ -44,7 +44,7 @@ M4 = {  # as printed: strings carry the table's digits
 FINAL = (11, 27, "0.131778")  # the validation after step 4,739: short / long, s_attn
 
 
-def record_m(*overrides: str) -> Config:
+def record_medium_2025_12_31(*overrides: str) -> Config:
     preset = ["experiment=record_medium_2025_12_31", "model.compile=false", "run_dir=."]
     return to_config(compose_config([*preset, *overrides]))
 
@@ -94,7 +94,7 @@ def matches(got: dict[int, tuple]) -> list[str]:
 
 
 def test_every_row_of_m4_is_the_presets() -> None:
-    cfg = record_m()
+    cfg = record_medium_2025_12_31()
     assert (cfg.train.steps, cfg.train.extension_steps) == (4740, 40)
     assert matches(rows(cfg)) == []
 
@@ -108,7 +108,7 @@ def test_every_row_of_m4_is_the_presets() -> None:
     ],
 )
 def test_misreadings_fail_the_table(misreading: list[str]) -> None:
-    assert matches(rows(record_m(*misreading)))
+    assert matches(rows(record_medium_2025_12_31(*misreading)))
 
 
 def test_the_batches_and_pieces_by_stage() -> None:
@@ -116,7 +116,7 @@ def test_the_batches_and_pieces_by_stage() -> None:
     first step of each of the first four twelfths (392, 784, 1,175), pieces capped at 4,096
     and at most 127 / 127 / 255 / 255 per rank sequence (its cu_seqlens of 128 / 128 / 256 /
     256), 2,176,974,848 training tokens in all; validation on 262,144-token sequences."""
-    cfg = record_m()
+    cfg = record_medium_2025_12_31()
     sched = Schedule.for_run(cfg.train, cfg.optim, cfg.model, cfg.data)
     seq = [sched.at(s).seq_len for s in range(cfg.train.steps)]
     switches = [s for s in range(1, len(seq)) if seq[s] != seq[s - 1]]

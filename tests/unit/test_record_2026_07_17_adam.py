@@ -21,12 +21,12 @@ from optim.config import AdamRow, AdamWConfig, OptimConfig
 from optim.groups import partition_params
 from optim.schedule import OptimValues
 from tests.helpers import dotted, staged
-from tests.unit.test_record_d_model import PRESET
+from tests.unit.test_record_2026_07_17_model import PRESET
 
 CPU = torch.device("cpu")
 BASE, LAMBDA, EPS = 0.008, 0.005, 1e-10
 # Record D's Adam as its preset would write it (the report's snippet).
-RECORD_D = """
+RECORD_2026_07_17 = """
 roles:
   "blocks.*.attn.gate.weight": scalar
   smear_gate.weight: scalar
@@ -61,7 +61,7 @@ BIGRAM = {"embed": {"lr_mul": 75, "beta1": 0.75, "beta2": 0.95, "wd_mul": 5},
           "lambdas": {"lr_mul": 1, "beta1": 0.9, "beta2": 0.95, "wd_mul": 0}}  # fmt: skip
 
 
-def optim_config(text: str = RECORD_D, **adamw: object) -> OptimConfig:
+def optim_config(text: str = RECORD_2026_07_17, **adamw: object) -> OptimConfig:
     cfg = OmegaConf.merge(OmegaConf.structured(OptimConfig), OmegaConf.create(text))
     cfg = OmegaConf.to_object(cfg)
     for key, value in adamw.items():
@@ -218,7 +218,7 @@ def test_fp32_moments_of_a_bf16_parameter_resume_exactly() -> None:
 
 
 @pytest.fixture(scope="module")
-def record_d() -> nn.Module:
+def record_2026_07_17() -> nn.Module:
     """Record D's model at toy width, on the meta device (names and shapes only)."""
     toy = {"n_embd": 96, "compile": False, "bigram.rows": 97, "bigram.dim": 8,
            "bigram.signs": 16, "residual.mudd_hidden": 8}  # fmt: skip
@@ -233,11 +233,11 @@ MUON = {"attn.qkvo", "mlp.fc.weight", "mlp.proj.weight"}
 GATES = {f"blocks.{i}.attn.gate.weight" for i in (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)}
 
 
-def test_routing_puts_record_ds_gates_on_adam(record_d: nn.Module) -> None:
+def test_routing_puts_record_2026_07_17_gates_on_adam(record_2026_07_17: nn.Module) -> None:
     """By shape today the 2-D gates are Muon's; routed, Muon keeps Q/K/V/O and the MLP only."""
-    plain = {n for n, _ in partition_params(record_d, "muon_adamw")["muon"]}
+    plain = {n for n, _ in partition_params(record_2026_07_17, "muon_adamw")["muon"]}
     assert GATES | {"smear_gate.weight", "skips.token_gate.weight"} <= plain
-    groups = partition_params(record_d, "muon_adamw", optim_config().roles)
+    groups = partition_params(record_2026_07_17, "muon_adamw", optim_config().roles)
     assert all(n.split(".", 2)[-1] in MUON for n, _ in groups["muon"])
     assert GATES | {"smear_gate.weight", "skips.token_gate.weight"} <= {
         n for n, _ in groups["scalar"]
@@ -259,9 +259,11 @@ D3 = {
 }  # fmt: skip
 
 
-def test_every_adam_tensor_of_record_d_takes_its_d3_row(record_d: nn.Module) -> None:
+def test_every_adam_tensor_of_record_2026_07_17_takes_its_d3_row(
+    record_2026_07_17: nn.Module,
+) -> None:
     cfg = optim_config()
-    groups = partition_params(record_d, "muon_adamw", cfg.roles)
+    groups = partition_params(record_2026_07_17, "muon_adamw", cfg.roles)
     adam = [x for k in ("embed", "head", "scalar") for x in groups[k]]
     assert {n for n, _ in adam} == set(D3)
     rows = resolve_table(adam, groups["muon"], cfg)
@@ -269,7 +271,7 @@ def test_every_adam_tensor_of_record_d_takes_its_d3_row(record_d: nn.Module) -> 
     for name, (lr, betas, wd_mul) in D3.items():
         row = rows[name]
         assert (BASE * row.lr_mul, row.betas, row.wd_mul) == (pytest.approx(lr), betas, wd_mul)
-    opt = build_optimizer(record_d, cfg, device=CPU)
+    opt = build_optimizer(record_2026_07_17, cfg, device=CPU)
     assert "Adam table" in opt.groups_table and "cautious" in opt.summary
 
 
@@ -327,12 +329,12 @@ def test_off_changes_nothing() -> None:
     assert torch.equal(*out)
 
 
-def test_the_preset_holds_record_ds_adam() -> None:
-    """experiment=record_2026_07_17 sets every key of RECORD_D above (D.3's Adam)."""
+def test_the_preset_holds_record_2026_07_17_adam() -> None:
+    """experiment=record_2026_07_17 sets every key of RECORD_2026_07_17 above (D.3's Adam)."""
     from tests.helpers import compose_config  # here: Hydra's composition for this test only
 
     got = OmegaConf.to_container(compose_config(["experiment=record_2026_07_17"]).optim)
-    want = OmegaConf.to_container(OmegaConf.create(RECORD_D))
+    want = OmegaConf.to_container(OmegaConf.create(RECORD_2026_07_17))
     for key in ("roles", "adamw"):
         for name, value in want[key].items():
             assert got[key][name] == value, (key, name)
@@ -340,16 +342,18 @@ def test_the_preset_holds_record_ds_adam() -> None:
     assert OmegaConf.to_container(bigram) == BIGRAM
 
 
-def test_a_parts_own_settings_are_its_row_and_only_there(record_d: nn.Module) -> None:
+def test_a_parts_own_settings_are_its_row_and_only_there(record_2026_07_17: nn.Module) -> None:
     """The bigram part's parameters carry their D.3 rows (model.bigram.optim); a table
     pattern or an optim.lr_mul pattern that also names them is an error, as is a Muon
     parameter that declares Adam settings. Settings left at the group's own are no row."""
     cfg = optim_config()
-    groups = partition_params(record_d, "muon_adamw", cfg.roles)
+    groups = partition_params(record_2026_07_17, "muon_adamw", cfg.roles)
     adam = [x for k in ("embed", "head", "scalar") for x in groups[k]]
     rows = resolve_table(adam, groups["muon"], cfg)
     assert rows["bigram.embed.weight"].pattern == "bigram.embed.weight (its own)"
-    twice = optim_config(RECORD_D.replace("  table:\n", "  table:\n    bigram.lambdas: {}\n"))
+    twice = optim_config(
+        RECORD_2026_07_17.replace("  table:\n", "  table:\n    bigram.lambdas: {}\n")
+    )
     with pytest.raises(ValueError, match=r"table\['bigram.lambdas'\] matches 'bigram.lambdas', "
                        r"whose part declares its own Adam settings"):  # fmt: skip
         resolve_table(adam, groups["muon"], twice)

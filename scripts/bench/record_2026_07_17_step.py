@@ -3,8 +3,8 @@ the preset as it runs (`model=record_2026_07`: bf16, the FP8 MLP with delayed sc
 head, the record's loss form, multi-token prediction) against the same model with its FP8
 and its loss form off (bf16 matmuls, the autograd loss), measured in the same run.
 
-    python scripts/bench/record_d_step.py                  # d 96, 11 layers, 2 × 256 tokens
-    python scripts/bench/record_d_step.py --width 192 --tokens 1024 --threads 1
+    python scripts/bench/record_2026_07_17_step.py       # d 96, 11 layers, 2 × 256 tokens
+    python scripts/bench/record_2026_07_17_step.py --width 192 --tokens 1024 --threads 1
 
 The FP8 products run through the CPU emulation (model/fp8.py), so the ratio is what the FP8
 parts cost here over plain bf16. Each time is the median of --repeats steps after a warm-up.

@@ -22,7 +22,7 @@ from tests.helpers import staged
 
 EOT = 50256
 BASE = ModelConfig(n_layer=4, n_head=2, n_embd=32)
-RECORD_C = update(
+RECORD_2025_11_29 = update(
     staged(
         ModelConfig(n_layer=12, n_head=6, n_embd=768, init_std=0.5),
         [3, 7, 11],
@@ -60,7 +60,7 @@ RECORD_C = update(
 )
 # At 4 layers (record layers 0, 4, 7, 11): 4 -> 7 is 1 -> 2, and record layer 8 is nearest 7.
 TOY = update(
-    RECORD_C,
+    RECORD_2025_11_29,
     {
         "n_layer": 4,
         "n_head": 2,
@@ -319,6 +319,6 @@ def test_forward_and_gradients_match_the_formulas(name: str) -> None:
 
 def test_the_record_at_4_layers_is_its_layers_0_4_7_11() -> None:
     assert layer_plan(TOY) == layer_plan(TOY_4)
-    plan = [(s.attention, s.mlp, s.window, s.value_embed) for s in layer_plan(RECORD_C)]
+    plan = [(s.attention, s.mlp, s.window, s.value_embed) for s in layer_plan(RECORD_2025_11_29)]
     assert plan[:3] == [(False, False, "short", None), (True, True, "short", 1),
                         (True, True, "short", 2)]  # fmt: skip

@@ -1,11 +1,11 @@
 """Record D's whole model (docs/records.md D.1, D.2) against the float64 reference that follows the
-record's description alone (tests/record_d_reference.py, which imports nothing of the project): the
-record's 11-layer table and the same table resampled to 8 layers, at a toy width (6 heads of 16),
-every parameter random so that every mechanism matters. Logits to 1e-9, and every parameter's
-gradient of the multi-token loss (its autograd form) to 1e-7. The reference's misreadings (no x0
-quirk, adjacent head pairs, record C's rotary pairing) are far outside those tolerances. The FP8
-MLP, the FP8 head and the record's loss form are roundings, tested against their formulas with
-explicit casts (test_record_d_fp8_mlp.py, _mtp.py)."""
+record's description alone (tests/record_2026_07_17_reference.py, which imports nothing of the
+project): the record's 11-layer table and the same table resampled to 8 layers, at a toy width (6
+heads of 16), every parameter random so that every mechanism matters. Logits to 1e-9, and every
+parameter's gradient of the multi-token loss (its autograd form) to 1e-7. The reference's
+misreadings (no x0 quirk, adjacent head pairs, record C's rotary pairing) are far outside those
+tolerances. The FP8 MLP, the FP8 head and the record's loss form are roundings, tested against their
+formulas with explicit casts (test_record_2026_07_17_fp8_mlp.py, _mtp.py)."""
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from model import GPT, ModelConfig
 from model.config import update
 from model.mlp_fp8 import delayed_states
-from tests import record_d_reference as ref
+from tests import record_2026_07_17_reference as ref
 from tests.helpers import CONF_DIR, dotted, staged
 from trainer.checkpoint.upgrade import rename_key
 
@@ -37,7 +37,7 @@ TOY = {
     "head.loss": "plain", "head.loss_dtype": "fp32", "numerics.dtype": "fp32",
     "numerics.bf16_matrices": False,
 }  # fmt: skip
-RECORD_D = dotted(OmegaConf.to_container(OmegaConf.load(PRESET))) | TOY
+RECORD_2026_07_17 = dotted(OmegaConf.to_container(OmegaConf.load(PRESET))) | TOY
 
 # The 11-layer table resampled to 8 layers (model/plan.py: record layers 0 1 3 4 6 7 9 10), with
 # the layer indices the resampled table puts the skip and c₇ at.
@@ -52,7 +52,7 @@ SHAPES = {
 
 
 def config(n_layer: int) -> ModelConfig:
-    changes = RECORD_D if n_layer == 11 else {**RECORD_D, **EIGHT}
+    changes = RECORD_2026_07_17 if n_layer == 11 else {**RECORD_2026_07_17, **EIGHT}
     return staged(update(ModelConfig(), changes), [1])  # windows by stage; the forward's rule
 
 

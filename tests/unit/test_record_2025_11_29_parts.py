@@ -1,6 +1,6 @@
 """The 2025-11 record's model (docs/records.md, record C: C.1, C.2): its parameter count,
 initial values, losses, YaRN table, token-window FLOPs and config checks. (The forward pass
-against the record's formulas: test_record_c_model.py.)"""
+against the record's formulas: test_record_2025_11_29_model.py.)"""
 
 import math
 
@@ -14,16 +14,23 @@ from model.flops import training_flops
 from model.head import FP8Matmul
 from model.loss import model_loss
 from optim.partition import param_roles
-from tests.unit.test_record_c_model import BASE, EOT, RECORD_C, TOKENS, TOY, tokens
+from tests.unit.test_record_2025_11_29_model import (
+    BASE,
+    EOT,
+    RECORD_2025_11_29,
+    TOKENS,
+    TOY,
+    tokens,
+)
 
 # The CPU's bf16 decides dtypes or tolerances here: CI reruns this file emulated.
 pytestmark = pytest.mark.cpu_bf16
 
 
-def test_record_c_parameters() -> None:
+def test_record_2025_11_29_parameters() -> None:
     """C.1: 268,665,628 parameters in 49 tensors, their shapes, dtypes and optimizer roles."""
     with torch.device("meta"):
-        model = GPT(RECORD_C)
+        model = GPT(RECORD_2025_11_29)
     named = dict(model.named_parameters())
     assert sum(p.numel() for p in named.values()) == 268_665_628 and len(named) == 49
     roles = {r: [n for n, _ in ps] for r, ps in param_roles(model).items()}
@@ -43,7 +50,7 @@ def test_record_c_parameters() -> None:
     assert not any(n.startswith(("blocks.0.", "blocks.7.attn")) for n in named)
 
 
-def test_record_c_initial_values() -> None:
+def test_record_2025_11_29_initial_values() -> None:
     torch.manual_seed(0)
     model = GPT(update(TOY, {"numerics.dtype": "bf16", "head.bf16": True}))
     n, bound = 4, math.sqrt(3) * 0.5 / math.sqrt(32)
@@ -131,6 +138,6 @@ def test_token_window_flops_worked_by_hand() -> None:
     {"head.bf16": True}, {"attention.window_granularity": "token"}, {"attention.yarn": True},
     {"numerics.packed_scalars": True, "residual.unet": True},
 ])  # fmt: skip
-def test_bad_record_c_options_name_the_key(change: dict) -> None:
+def test_bad_record_2025_11_29_options_name_the_key(change: dict) -> None:
     with pytest.raises(ValueError, match=rf"model\.{next(iter(change))}"):
         update(BASE, change).validate()

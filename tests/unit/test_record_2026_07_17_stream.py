@@ -48,7 +48,7 @@ def test_the_skip_gate_is_per_token() -> None:
     assert (ins[2] - without_two).abs().max() > 1e-3
 
 
-def test_a_closed_token_gate_is_record_cs_skip() -> None:
+def test_a_closed_token_gate_is_record_2025_11_29_skip() -> None:
     """g = 0 (its initial value): σ(w)·2·σ(0) = σ(w), bit for bit the one-weight skip."""
     on = update(BASE, {"residual.skips": [[0, 2]],
                        "residual.skip_per_token": True})  # fmt: skip

@@ -1,6 +1,6 @@
 """Record D's schedules and batches (docs/records.md D.4, D.5, D.10 item 9), through
 the objects a run calls (`Schedule.for_run`, `yarn_table`, `PieceLoader`), from record D's keys:
-RECORD_D below, the schedule, stage table and data part the experiment preset takes.
+RECORD_2026_07_17 below, the schedule, stage table and data part the experiment preset takes.
 
 The expected numbers are D.4's table of boundary steps, to its printed digits, and references
 written here in float64 from D.4's formulas (no project module inside them). Negative controls:
@@ -43,7 +43,7 @@ def rows(**changes: list) -> list[dict]:
     return [dict(zip(columns, values, strict=True)) for values in per_row]
 
 
-RECORD_D = {
+RECORD_2026_07_17 = {
     "train": {"steps": 1390, "extension_steps": 10, "batch_size": 8, "micro_batch_size": 1,
               "seq_len": 49152, "val_seq_len": 262144,
               "stages": {"rows": rows(), "window_after": 13, "window_final_eval": 20,
@@ -59,17 +59,17 @@ RECORD_D = {
 }  # fmt: skip
 
 
-def record_d(**changes: dict) -> Config:
-    """The preset, experiment=record_2026_07_17 (which the first test holds to RECORD_D),
+def record_2026_07_17(**changes: dict) -> Config:
+    """The preset, experiment=record_2026_07_17 (which the first test holds to RECORD_2026_07_17),
     validated, with `changes` merged in."""
     preset = compose_config(["experiment=record_2026_07_17", "model.compile=false", "run_dir=."])
     return to_config(OmegaConf.merge(preset, changes))
 
 
-def test_the_preset_holds_record_ds_schedule_and_batches() -> None:
-    """Every key of RECORD_D (D.4, D.5) is the preset's value."""
+def test_the_preset_holds_record_2026_07_17_schedule_and_batches() -> None:
+    """Every key of RECORD_2026_07_17 (D.4, D.5) is the preset's value."""
     preset = compose_config(["experiment=record_2026_07_17"])
-    resolved = {key: OmegaConf.to_container(preset[key], resolve=True) for key in RECORD_D}
+    resolved = {key: OmegaConf.to_container(preset[key], resolve=True) for key in RECORD_2026_07_17}
 
     def walk(want: dict, got: dict, path: str) -> None:
         for key, value in want.items():
@@ -78,12 +78,12 @@ def test_the_preset_holds_record_ds_schedule_and_batches() -> None:
             else:
                 assert got[key] == value, f"{path}{key}: {got[key]!r} != {value!r}"
 
-    walk(RECORD_D, resolved, "")
+    walk(RECORD_2026_07_17, resolved, "")
 
 
 @pytest.fixture(scope="module")
 def run() -> tuple[Config, Schedule, list[float]]:
-    c = record_d()
+    c = record_2026_07_17()
     att = c.model.attention
     freqs = Rotary(c.model.head_dim, mode=att.rope).inv_freq
     scales = yarn_table(freqs, att.long_windows, att.window_block, att.scale).attn_scales
@@ -183,7 +183,7 @@ def test_final_validation_row(run) -> None:
     ],
 )
 def test_misreadings_fail_the_table(misreading: dict) -> None:
-    c = record_d(**misreading)
+    c = record_2026_07_17(**misreading)
     sched = Schedule.for_run(c.train, c.optim, c.model, c.data)
     scales = [0.1, 0.116946, 0.127518, 0.131778]
     assert any(row(c, sched, scales, s)[:3] != TABLE[s][:3] for s in TABLE)
@@ -322,7 +322,7 @@ STREAM = {"align": "stream", "max_piece_len": 0}
 )
 def test_bad_values_name_their_key(changes: dict, key: str) -> None:
     with pytest.raises(ValueError, match=key):
-        record_d(**changes)
+        record_2026_07_17(**changes)
 
 
 def test_stage_keys_default_off() -> None:

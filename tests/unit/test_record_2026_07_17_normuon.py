@@ -23,7 +23,7 @@ from optim.muon.update import host_values, step_matrix
 from tests.unit.test_normuon import polar_express
 
 D, ROWS, LR, MU, BETA2, DECAY = 96, 32, 0.023, 0.95, 0.9, 1.2  # head_dim 16: pairs of 32 rows
-RECORD_D = dict(
+RECORD_2026_07_17 = dict(
     lr=LR, momentum=MU, ns_coefficients="polar_express", eps=1e-6, normuon_beta2=BETA2,
     normuon_axis="shape", normuon_form="fp32_mean_squares", qk_split="head_pairs",
     weight_decay=DECAY, weight_decay_form="cautious", lr_scale="original",
@@ -96,7 +96,11 @@ def close(a: dict, b: dict, atol: float) -> bool:
 
 def test_one_and_two_steps_are_the_formula_and_misreadings_are_not() -> None:
     weights, grads, params = draw()
-    got = run(params, grads, Muon(params.values(), MuonConfig(**RECORD_D), ns_dtype=torch.float64))
+    got = run(
+        params,
+        grads,
+        Muon(params.values(), MuonConfig(**RECORD_2026_07_17), ns_dtype=torch.float64),
+    )
     want = reference(weights, grads)
     for step in (0, 1):
         assert close(got[step], want[step], 1e-12), step
@@ -111,7 +115,7 @@ def test_one_and_two_steps_are_the_formula_and_misreadings_are_not() -> None:
         assert not close(got[1], wrong[1], 1e-6), name
 
 
-def test_the_record_d_normalisation_takes_both_norms_from_r() -> None:
+def test_the_record_2026_07_17_normalisation_takes_both_norms_from_r() -> None:
     """The record's fused form equals the plain formula (here in float64); in bf16, ρ is
     rounded to bf16 and Ô = O·ρ is bf16."""
     spread = torch.linspace(0.1, 2, D, dtype=torch.float64)
@@ -142,13 +146,13 @@ def test_the_master_is_exact_and_the_weight_its_truncation() -> None:
     state_dict round trip as fp32."""
     _, grads, params = draw(torch.bfloat16, steps=2)
     start = {n: p.detach().double() for n, p in params.items()}
-    hp = MuonConfig(**RECORD_D, master_weights="fp32_truncated")
+    hp = MuonConfig(**RECORD_2026_07_17, master_weights="fp32_truncated")
     opt = Muon(params.values(), hp, ns_dtype=torch.float32)
     run(params, grads, opt)
     rounded = [{n: g.to(torch.bfloat16) for n, g in step.items()} for step in grads]
     want = reference(start, rounded)[-1]
     plain = dict(draw(torch.bfloat16, steps=2)[2])
-    got_plain = run(plain, grads, Muon(plain.values(), MuonConfig(**RECORD_D),
+    got_plain = run(plain, grads, Muon(plain.values(), MuonConfig(**RECORD_2026_07_17),
                                        ns_dtype=torch.float32))[-1]  # fmt: skip
     masters = {}
     for n, p in params.items():
@@ -176,7 +180,7 @@ def test_the_master_step_decays_where_the_update_is_zero() -> None:
     o = torch.tensor([[0.0, 0.0, -1.0, 2.0]], dtype=torch.float64)
     group = {"lr": LR, "weight_decay": DECAY}
     weight, mantissa = w.to(torch.bfloat16), torch.zeros(w.shape, dtype=torch.int16)  # exact
-    hp = MuonConfig(**{**RECORD_D, "normuon_beta2": 0.0})  # the step after NorMuon
+    hp = MuonConfig(**{**RECORD_2026_07_17, "normuon_beta2": 0.0})  # the step after NorMuon
     step_matrix(weight, o, group, hp, lr_mul=4.0, mantissa=mantissa)
     master = master_of(weight, mantissa).double()
     m = 4.0
@@ -186,7 +190,7 @@ def test_the_master_step_decays_where_the_update_is_zero() -> None:
     assert not torch.allclose(master, strict, rtol=1e-4, atol=0)
 
 
-def test_record_c_fixes() -> None:
+def test_record_2025_11_29_fixes() -> None:
     """(b) the gates' decay coefficient is bf16(1.2·η), not bf16(1.2·bf16(η)); (a) O stays in
     bf16 through the normalisation (each step rounded), where the fp32 form does not round."""
     bf16 = torch.bfloat16
@@ -228,7 +232,7 @@ def test_refusals_name_their_key(monkeypatch: pytest.MonkeyPatch) -> None:
         Muon([p], hp, process_group=object(), parallelism="ddp_owners")  # type: ignore[arg-type]
 
 
-def test_record_ds_model_at_toy_size_takes_it() -> None:
+def test_record_2026_07_17_model_at_toy_size_takes_it() -> None:
     """Record D's model (d = 96, 6 heads of 16) with its NorMuon keys through build_optimizer:
     W_q, W_k in blocks of 32 rows (per-column statistics: wide), W_v, W_o and both MLP
     matrices per row; every weight bf16, the truncation of its master."""
@@ -237,7 +241,7 @@ def test_record_ds_model_at_toy_size_takes_it() -> None:
     from tests.helpers import compose_config
     from trainer.config import to_config
 
-    keys = {**RECORD_D, "master_weights": "fp32_truncated"}
+    keys = {**RECORD_2026_07_17, "master_weights": "fp32_truncated"}
     cfg = to_config(compose_config([
         "model=record_2026_07", "run_dir=.", "model.n_embd=96", "model.bigram.rows=97",
         "train.stages.rows=[{window:3,mtp_weights:[1.0]}]",
@@ -264,7 +268,7 @@ def test_record_ds_model_at_toy_size_takes_it() -> None:
         assert p.dtype == torch.bfloat16 and (master.abs() >= p.float().abs()).all()
 
 
-def test_record_c_keeps_o_in_bf16_through_the_decay_term() -> None:
+def test_record_2025_11_29_keeps_o_in_bf16_through_the_decay_term() -> None:
     """(a) O ← bf16(O + λη·M⊙W): with η = 1 and bf16-valued fp32 weights the final
     subtraction is exact, so the weight shows the rounded sum; the fp32 form does not round."""
     gen = torch.Generator().manual_seed(3)

@@ -1,15 +1,15 @@
-"""Record M's whole model (docs/records.md M.1, M.2) against the float64 reference that follows
-the record's description alone (tests/record_m_reference.py, which imports nothing of the
-project): the record's 16-layer table and the same table resampled to 8 layers (with two skips
-ending at one layer), at a toy width (4 heads of 16), every parameter random so that every
-mechanism matters. Logits to 1e-9, every parameter's gradient of the multi-token loss to 1e-7,
-the evaluation loss to 1e-11. Four misreadings of the reference (record D's key-offset
-channels, record D's value-gate input, the skips' sources reversed, no x02) move the logits by
-far more than that. The tie: while it holds, the table is the head's copy (the optimizer keeps
-it so, optim/tied.py), and the model is then the record's forward that reads the head's rows,
-whatever the record's own unused E holds; the two tables' gradients sum to the record's one
-tensor's. The bf16 roundings are the preset's, tested by its training step below and by their
-formulas elsewhere (test_loss.py, test_record_m_optim.py)."""
+"""Record M's whole model (docs/records.md M.1, M.2) against the float64 reference that follows the
+record's description alone (tests/record_medium_2025_12_31_reference.py, which imports nothing of
+the project): the record's 16-layer table and the same table resampled to 8 layers (with two skips
+ending at one layer), at a toy width (4 heads of 16), every parameter random so that every mechanism
+matters. Logits to 1e-9, every parameter's gradient of the multi-token loss to 1e-7, the evaluation
+loss to 1e-11. Four misreadings of the reference (record D's key-offset channels, record D's
+value-gate input, the skips' sources reversed, no x02) move the logits by far more than that. The
+tie: while it holds, the table is the head's copy (the optimizer keeps it so, optim/tied.py), and
+the model is then the record's forward that reads the head's rows, whatever the record's own unused
+E holds; the two tables' gradients sum to the record's one tensor's. The bf16 roundings are the
+preset's, tested by its training step below and by their formulas elsewhere (test_loss.py,
+test_record_medium_2025_12_31_optim.py)."""
 
 import pytest
 import torch
@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from model import GPT, ModelConfig
 from model.config import update
-from tests import record_m_reference as ref
+from tests import record_medium_2025_12_31_reference as ref
 from tests.helpers import CONF_DIR, dotted, staged
 
 H, D, BOS, T = 4, 16, 50256, 24
@@ -35,7 +35,7 @@ TOY = {
     "attention.scale": SCALE, "attention.yarn": False, "head.bf16": False,
     "head.loss_dtype": "fp32", "numerics.dtype": "fp32",
 }  # fmt: skip
-RECORD_M = dotted(OmegaConf.to_container(OmegaConf.load(PRESET))) | TOY
+RECORD_MEDIUM_2025_12_31 = dotted(OmegaConf.to_container(OmegaConf.load(PRESET))) | TOY
 # The 16-layer table resampled to 8 layers (model/plan.py: record layers 0 2 4 6 9 11 13 15):
 # windows LSLSSLSL, tables 024..024; the skips chosen so that two end at one layer.
 EIGHT = {"n_layer": 8, "residual.skips": [[3, 4], [2, 5], [1, 5]], "residual.backout_layer": 5}
@@ -47,7 +47,7 @@ SHAPES = {
 
 
 def config(n_layer: int) -> ModelConfig:
-    changes = RECORD_M if n_layer == 16 else {**RECORD_M, **EIGHT}
+    changes = RECORD_MEDIUM_2025_12_31 if n_layer == 16 else {**RECORD_MEDIUM_2025_12_31, **EIGHT}
     return staged(update(ModelConfig(), changes), [1])  # windows by stage; the forward's rule
 
 

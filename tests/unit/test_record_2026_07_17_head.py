@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from model.config import HeadConfig
 from model.loss import model_loss, softcap
 
-RECORD_D = HeadConfig(softcap=23.0, softcap_form="sigmoid", softcap_shift=5.0,
+RECORD_2026_07_17 = HeadConfig(softcap=23.0, softcap_form="sigmoid", softcap_shift=5.0,
                       softcap_divisor=7.5, loss="auto")  # fmt: skip
 
 
@@ -33,7 +33,7 @@ def test_the_loss_and_its_gradient_are_the_formulas() -> None:
     with s the capped logits and u = (z + 5)/7.5, in float64."""
     z = logits(torch.float64).requires_grad_()
     y = torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(1))
-    loss = model_loss(z, y, RECORD_D, True)
+    loss = model_loss(z, y, RECORD_2026_07_17, True)
     u = (z.detach() + 5) / 7.5
     s = 23 * torch.sigmoid(u)
     want = torch.logsumexp(s, -1) - s.gather(-1, y[..., None]).squeeze(-1)
@@ -47,21 +47,21 @@ def test_the_loss_and_its_gradient_are_the_formulas() -> None:
 def test_evaluation_returns_the_capped_logits() -> None:
     z = logits()
     torch.testing.assert_close(
-        model_loss(z, None, RECORD_D, False), 23 * torch.sigmoid((z + 5) / 7.5)
+        model_loss(z, None, RECORD_2026_07_17, False), 23 * torch.sigmoid((z + 5) / 7.5)
     )
 
 
 def test_the_shifted_sigmoid_refuses_what_cannot_compute_it() -> None:
     with pytest.raises(ValueError, match=r"model\.head\.loss=fused"):
-        HeadConfig(**{**RECORD_D.__dict__, "loss": "fused"}).validate()
+        HeadConfig(**{**RECORD_2026_07_17.__dict__, "loss": "fused"}).validate()
     with pytest.raises(ValueError, match=r"softcap_form=sigmoid"):
         HeadConfig(softcap_shift=5.0).validate()  # the tanh form has no shift
     with pytest.raises(ValueError, match=r"model\.head\.softcap_divisor must be >= 0"):
         HeadConfig(softcap_form="sigmoid", softcap_divisor=-1.0).validate()
-    RECORD_D.validate()
+    RECORD_2026_07_17.validate()
     # The 2025-01 form written with its own τ = c/4 is still the fused tanh's
     assert HeadConfig(softcap_form="sigmoid", softcap_divisor=7.5).tanh_expressible
-    assert not RECORD_D.tanh_expressible
+    assert not RECORD_2026_07_17.tanh_expressible
 
 
 def test_the_record_loss_compiles_with_inductor_in_row_chunks() -> None:
@@ -74,7 +74,7 @@ def test_the_record_loss_compiles_with_inductor_in_row_chunks() -> None:
     from model.record_loss import record_head_loss
     from trainer.launch.compile import compile_model
 
-    cfg = HeadConfig(**{**RECORD_D.__dict__, "loss": "sigmoid_e5m2_grad", "mtp": True})
+    cfg = HeadConfig(**{**RECORD_2026_07_17.__dict__, "loss": "sigmoid_e5m2_grad", "mtp": True})
     gen = torch.Generator().manual_seed(0)
     head = torch.nn.Linear(32, 64, bias=False).to(torch.bfloat16)
     with torch.no_grad():

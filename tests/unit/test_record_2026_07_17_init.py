@@ -18,32 +18,41 @@ D_KEYS = {
 }  # fmt: skip
 
 
-def record_d(**changes: object) -> ModelConfig:
+def record_2026_07_17(**changes: object) -> ModelConfig:
     return update(ModelConfig(n_layer=3, n_head=2, n_embd=32), {**D_KEYS, **changes})
 
 
 def test_the_scalar_vector_is_the_records_table() -> None:
     """D.1: 2ℓ, 2ℓ+1 = (λ⁰, λ¹) from (0.5, 1); 2n = λ_smear 0; 2n+1 = w_skip −1.5; then ones
     to the multiple (11 layers: 24 entries, no padding)."""
-    model = GPT(update(record_d(), {"n_layer": 11}))
+    model = GPT(update(record_2026_07_17(), {"n_layer": 11}))
     v = model.scalars.packed.detach()
     assert v.shape == (24,) and v.dtype == torch.float32
     assert v[0:22:2].eq(0.5).all() and v[1:22:2].eq(1.0).all()
     assert v[22] == 0.0 and v[23] == -1.5
-    assert GPT(record_d()).scalars.packed.tolist() == [0.5, 1, 0.5, 1, 0.5, 1, 0, -1.5]
-    assert GPT(record_d(n_layer=4)).scalars.packed.tolist()[8:] == [0, -1.5, 1, 1, 1, 1, 1, 1]
+    assert GPT(record_2026_07_17()).scalars.packed.tolist() == [0.5, 1, 0.5, 1, 0.5, 1, 0, -1.5]
+    assert GPT(record_2026_07_17(n_layer=4)).scalars.packed.tolist()[8:] == [
+        0,
+        -1.5,
+        1,
+        1,
+        1,
+        1,
+        1,
+        1,
+    ]
 
 
 def test_the_lambdas_multiply_the_weights_in_float64() -> None:
     """q, k, v = u·(λ⁰·W_qkv)ᵀ and out = y·(λ¹·W_o)ᵀ: the same as the model without λ whose
     weights are the scaled ones; and λ's gradient is that of the scale."""
     torch.manual_seed(0)
-    on = GPT(record_d()).double()
+    on = GPT(record_2026_07_17()).double()
     with torch.no_grad():
         on.scalars.packed[0:6] = torch.tensor([0.3, 1.7, -0.8, 0.6, 1.2, 2.1])
     off = GPT(
         update(
-            record_d(),
+            record_2026_07_17(),
             {"attention.weight_lambdas": False, "numerics.scalars_layout": "mixes"},
         )
     ).double()
@@ -134,7 +143,7 @@ def test_the_records_inits_at_its_width() -> None:
 )
 def test_bad_settings_name_their_key(changes: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        record_d(**changes).validate()
+        record_2026_07_17(**changes).validate()
 
 
 def test_off_the_model_is_as_before() -> None:

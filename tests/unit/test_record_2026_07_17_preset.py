@@ -1,7 +1,7 @@
 """experiment=record_2026_07_17 against docs/records.md D.3 (NorMuon, the tie) and D.1 (the model
 it composes): what the preset resolves to, key by key. Its Adam table, schedules and batches
-are held by test_record_d_adam.py and test_record_d_schedule.py; the model by
-test_record_d_model.py."""
+are held by test_record_2026_07_17_adam.py and test_record_2026_07_17_schedule.py; the model by
+test_record_2026_07_17_model.py."""
 
 import shlex
 from fnmatch import fnmatch
@@ -21,7 +21,7 @@ def preset():
     return to_config(compose_config(["experiment=record_2026_07_17", "run_dir=."]))
 
 
-def test_normuon_and_the_tie_are_record_ds() -> None:
+def test_normuon_and_the_tie_are_record_2026_07_17() -> None:
     conf = preset()
     muon, optim = conf.optim.muon, conf.optim
     assert (muon.lr, muon.normuon_beta2, muon.weight_decay) == (ETA, 0.9, 1.2)
@@ -56,7 +56,7 @@ def test_each_normuon_matrix_takes_its_factor_m() -> None:
         assert factors == want, name
 
 
-def test_the_preset_composes_the_record_d_model() -> None:
+def test_the_preset_composes_the_record_2026_07_17_model() -> None:
     got = OmegaConf.to_container(compose_config(["experiment=record_2026_07_17"]).model)
     want = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "record_2026_07.yaml"))
     for group, values in want.items():
