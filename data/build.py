@@ -6,8 +6,8 @@ from pathlib import Path
 from data.config import DataConfig
 from data.loader import Batch, NoBatch, TokenLoader, val_batches
 from data.pieces import PieceLoader
-from data.shards import CorpusFiles
 from data.synthetic import SyntheticLoader, synthetic_val_batches
+from data.token_shards import CorpusFiles
 
 # What to do when a batch does not fit the embedded corpus (data.source=sample).
 SAMPLE_AT_FULL_SIZE = (

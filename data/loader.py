@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from data.passes import Passes
-from data.shards import check_token_ids, load_shard, read_header
+from data.token_shards import check_token_ids, load_shard, read_header
 from data.tokenizer import EOT, GPT2_VOCAB_SIZE
 
 Batch = tuple[torch.Tensor, torch.Tensor]

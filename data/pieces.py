@@ -36,7 +36,7 @@ import torch
 
 from data.loader import Batch, NoBatch, check_divisible, check_layout
 from data.passes import Passes
-from data.shards import check_token_ids, load_shard, read_header
+from data.token_shards import check_token_ids, load_shard, read_header
 from data.tokenizer import EOT, GPT2_VOCAB_SIZE
 
 

@@ -11,7 +11,7 @@ from model.embedding import value_lookups
 from model.kv_cache import KVCache, blockers
 from model.layers import rms_norm
 from model.masks import build_masks
-from model.steps import StepInputs
+from model.step_inputs import StepInputs
 from model.varlen import Segments, varlen_masks
 
 

@@ -7,7 +7,7 @@ separate `nn.Linear` (q, k, v, o, fc, proj) so Muon orthogonalises each one on i
 The forward reads as docs/records.md's, one part per line:
 
     embed → smear → RMSNorm (+ bigram term)   model/embedding.py, model/bigram.py
-    x0, value lookups, masks, YaRN: once      model/context.py, model/steps.py, model/masks.py
+    x0, value lookups, masks, YaRN: once      model/context.py, model/step_inputs.py, model/masks.py
     the layers of the plan, with their skips  model/plan.py, model/block.py, model/residual.py
     backout or MUDD → RMSNorm → head → loss   model/residual.py, model/mudd.py, model/head.py,
                                               model/loss.py
@@ -42,7 +42,7 @@ from model.record_loss import record_head_loss
 from model.residual import Skips, SublayerScales, X0Injection, X0Lambdas
 from model.rotary import Rotary
 from model.scalars import Scalars
-from model.steps import step_inputs
+from model.step_inputs import step_inputs
 from model.tensor_parallel import plan as tensor_parallel_plan
 from model.values import ValueGates
 from model.varlen import varlen_support
@@ -220,7 +220,7 @@ class GPT(nn.Module):
         of the last position only (B, 1, vocab). `cache`: generation's keys and values so far;
         `idx` is then the tokens after them (model/kv_cache.py).
 
-        The step arguments (model/steps.py): `window_tokens`, the long sliding window, in
+        The step arguments (model/step_inputs.py): `window_tokens`, the long sliding window, in
         tokens; `short_window_tokens`, the short one (token windows only; block windows halve
         the long one); `yarn_stage`, the YaRN stage (None = stage 0); `mtp_weights`, the
         multi-token weights (K_max,) that training with model.head.mtp needs (model/mtp.py);

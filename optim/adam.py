@@ -52,12 +52,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from optim.adam_shards import AdamShards, grad_or_zeros
+from optim.adam_ddp_rows import AdamShards, grad_or_zeros
 from optim.adam_state import MOMENT_DTYPES, gathered, restore_saved
 from optim.adam_table import Row
 from optim.adam_update import TensorSettings, compiled, host_values
 from optim.config import AdamWConfig
-from optim.shards import Comm, Sum
+from optim.ddp_rows import Comm, Sum
 from optim.tied import TiedEmbedHead
 
 
@@ -76,7 +76,7 @@ class Adam(torch.optim.Optimizer):
         """`rows`: {parameter name: Row} (named parameters' rows; others keep the group's).
         Every due update is one call of optim/adam_update.py's function over lists, compiled
         with `compile_backend` (a torch.compile backend; None: eager). `comm`: share the
-        tensors out over its ranks (dist.parallelism=ddp_row_shards; optim/adam_shards.py)."""
+        tensors out over its ranks (dist.parallelism=ddp_row_shards; optim/adam_ddp_rows.py)."""
         settings.validate()
         self.hp = settings
         defaults = {

@@ -1,10 +1,10 @@
 """Where a DTensor's values live on its mesh, for any placements: each rank's box.
 
 Under FSDP2 alone a parameter is `Shard(0)` on a 1-D mesh, and with HSDP `(Replicate(),
-Shard(0))` (optim/row_shards.py). With tensor parallelism beside FSDP the mesh is 2-D and
+Shard(0))` (optim/fsdp_rows.py). With tensor parallelism beside FSDP the mesh is 2-D and
 both dims cut the tensor: a row-parallel weight is `(Shard(0), Shard(1))`, a block of rows
 and columns per rank; a column-parallel one is `(_StridedShard(0), Shard(0))`, its rows cut
-by TP and each TP block's rows cut again by FSDP. Muon's exchange (optim/muon/sharded.py)
+by TP and each TP block's rows cut again by FSDP. Muon's exchange (optim/muon/fsdp_strategies.py)
 needs, for every rank that holds a distinct piece, where that piece sits in the whole tensor:
 
 - the exchange group (`exchange_group`): the ranks along the mesh dims that cut the tensor.
@@ -111,7 +111,7 @@ def boxes(params: Sequence[Tensor], group: dist.ProcessGroup | None) -> list[lis
 
 
 def row_boxes(shape: Sequence[int], counts: Sequence[int]) -> list[Box]:
-    """The boxes of torch.chunk's dim-0 rows, `counts` rows per rank (optim/row_shards.py)."""
+    """The boxes of torch.chunk's dim-0 rows, `counts` rows per rank (optim/fsdp_rows.py)."""
     out, start = [], 0
     for rows in counts:
         out.append(((start, *(0 for _ in shape[1:])), (rows, *shape[1:])))

@@ -17,6 +17,7 @@ from optim.adam import Adam
 from optim.adam_table import describe_table, resolve_table
 from optim.combined import CombinedOptimizer
 from optim.config import OptimConfig
+from optim.ddp_rows import Comm, ProcessComm
 from optim.groups import GroupSpec, base_lr, describe_groups, group_specs, partition_params
 from optim.muon.normuon import mark_head_pairs
 from optim.muon.ns_dtype import resolve_ns_dtype
@@ -26,7 +27,6 @@ from optim.offload import StateOffload
 from optim.parallelism import DEFAULT, PARALLELISMS
 from optim.partition import Named
 from optim.qk_clip import QKClip
-from optim.shards import Comm, ProcessComm
 from optim.tied import attach as attach_tie
 
 
@@ -47,7 +47,7 @@ def build_optimizer(
     rank the same gradients. fsdp_gather | fsdp_tp: the parameters are FSDP2 shards; Muon runs
     its sharded strategy, AdamW steps the shards, and every state is created now, on every
     rank. ddp_row_shards on several ranks: the optimizer shares its work and state out over
-    `process_group` itself (optim/shards.py), every gradient skips DDP; `comm` gives that
+    `process_group` itself (optim/ddp_rows.py), every gradient skips DDP; `comm` gives that
     exchange directly (a `LocalView`: one rank's share of a W-rank step, in one process,
     scripts/bench/gpu.py --world).
     """

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from optim.row_shards import local, row_range
+from optim.fsdp_rows import local, row_range
 
 
 def names(opt: torch.optim.Optimizer) -> list[tuple[str, str, Tensor]]:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from optim.row_shards import local
+from optim.fsdp_rows import local
 
 
 class StateOffload:

@@ -46,12 +46,12 @@ PARALLELISMS = {
     "ddp_row_shards": Parallelism(False, "rows", (
         "every gradient skips DDP: the optimizer reduce-scatters them, each rank steps 1/W of "
         "the rows of Muon's banks and of Adam's large tables (and holds their state), and the "
-        "new rows are all-gathered (optim/shards.py); checkpoints stay whole"
+        "new rows are all-gathered (optim/ddp_rows.py); checkpoints stay whole"
     )),
     "fsdp_gather": Parallelism(True, "gather", (
         "FSDP2 shards parameters, gradients and optimizer state by dim-0 rows; Muon sends each "
         "matrix's shards to an owner, which orthogonalises it and sends the rows back "
-        "(optim/muon/sharded.py); checkpoints are DCP"
+        "(optim/muon/fsdp_strategies.py); checkpoints are DCP"
     )),
     "fsdp_tp": Parallelism(True, "tp", (
         "FSDP2 as fsdp_gather; Muon orthogonalises the row shards tensor-parallel, in place "

@@ -25,7 +25,7 @@ from trainer.observe.metrics import (
 )
 from trainer.observe.progress import Progress
 from trainer.reference import Curve, target_eta_s
-from trainer.step import TrainStep
+from trainer.train_step import TrainStep
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Loop:
 
     1. `_begin` (at step 0): the first evaluation and the first record, with the code's version;
     2. until `train.steps` or the target: a stop request acted on before the step (one
-       process), `_train_step` (the step, trainer/step.py, and its record), `_evaluate` when
+       process), `_train_step` (the step, trainer/train_step.py, and its record), `_evaluate` when
        due (and the target check), the record and its console line (`StepLog`), then
        `_checkpoint`: a save when due (checkpoint/when.py), and `Stopped` when asked;
     3. `_finish`: the validation loss a resumed save lacked, and the summary line.

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from optim.row_shards import local
+from optim.fsdp_rows import local
 from trainer.observe.metrics import MetricsSink
 from trainer.observe.progress import Progress
 

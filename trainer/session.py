@@ -51,7 +51,7 @@ from trainer.reference import Curve, load_curve, misfit, run_facts
 from trainer.run_dir import check_writable, set_aside_previous
 from trainer.runtime import Runtime, cpu_threads, init_runtime, resolve_param_dtype, seed_everything
 from trainer.schedule import Schedule
-from trainer.step import TrainStep
+from trainer.train_step import TrainStep
 
 log = logging.getLogger("train")
 

@@ -6,7 +6,7 @@
 The files come from the Hugging Face dataset repo `kjj0/fineweb10B-gpt2` (`HF_ENDPOINT`,
 `HF_TOKEN` and mirrors work as for any hub download): the validation shard
 `fineweb_val_000000.bin` and the training shards `fineweb_train_000001.bin` onward, 100M tokens
-each, in the shard format `data/shards.py` reads. `--for` takes the overrides of a training
+each, in the shard format `data/token_shards.py` reads. `--for` takes the overrides of a training
 command and fetches the count its config states (`data.fineweb_shards`, docs/data.md) into its
 `data.dir`. A file already present and valid is skipped; the others are fetched in parallel,
 and each one's header, length and token ids are checked before it is moved under its shard
@@ -27,7 +27,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from data.corpus.hub import hub_unreachable, quiet_hub_logging
-from data.shards import ShardError, check_token_ids, load_shard, read_header
+from data.token_shards import ShardError, check_token_ids, load_shard, read_header
 from data.tokenizer import GPT2_VOCAB_SIZE
 
 log = logging.getLogger(__name__)

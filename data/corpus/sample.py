@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from data.corpus.split import is_val
 from data.corpus.wikitext import iter_articles
-from data.shards import CorpusFiles, ShardError, read_header, write_shard
+from data.token_shards import CorpusFiles, ShardError, read_header, write_shard
 from data.tokenizer import encode_document
 
 SAMPLE_DUMP = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"

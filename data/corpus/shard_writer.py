@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from data.corpus.read import PrepareError
-from data.shards import ShardError, read_header, write_shard
+from data.token_shards import ShardError, read_header, write_shard
 
 FORMAT = 1  # of the manifest and the output; bump when tokenization or cutting changes
 

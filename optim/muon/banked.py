@@ -5,7 +5,7 @@ that gives each rank its banks' rows.
 In one process every bank's rows are this process's: a step stacks each bank's gradients and
 weights, runs the group's update (one compiled graph), and copies the new weights back.
 
-Sharded over W ranks (`comm`, optim/shards.py), rank r updates ⌈k/W⌉ consecutive matrices of
+Sharded over W ranks (`comm`, optim/ddp_rows.py), rank r updates ⌈k/W⌉ consecutive matrices of
 each bank of k and keeps their state only (1/W of it):
 
     start   the gradients of every matrix, packed, reduce-scattered: each rank receives the
@@ -26,16 +26,16 @@ import torch
 from torch import Tensor
 
 from optim.config import MuonConfig
+from optim.ddp_rows import Comm, RowExchange, gather_rows
 from optim.muon.banks import Bank, make_banks, state_keys
 from optim.muon.newton_schulz import chosen_coefficients
 from optim.muon.update import Settings, compiled, fill, host_values, scalar_tensors
-from optim.shards import Comm, RowExchange, gather_rows
 
 Group = dict[str, Any]
 
 
 class ExchangeByDtype:
-    """A group's banks' row exchange (optim/shards.py `RowExchange`), one per dtype of its
+    """A group's banks' row exchange (optim/ddp_rows.py `RowExchange`), one per dtype of its
     banks (record M's fp32 matrices beside its bf16 gates), with RowExchange's calls, each
     taking or giving one entry per bank in the banks' order."""
 

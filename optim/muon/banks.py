@@ -25,9 +25,9 @@ import torch
 from torch import Tensor
 
 from optim.config import MuonConfig
+from optim.ddp_rows import cut
 from optim.muon.normuon import head_rows, moment_shape, stat_dim
 from optim.muon.update import Layout
-from optim.shards import cut
 
 
 @dataclass
@@ -66,7 +66,7 @@ def make_banks(params: Sequence[Tensor], hp: MuonConfig, state_dtype: torch.dtyp
                world: int = 1, rank: int = 0) -> list[Bank]:  # fmt: skip
     """The banks of one param group's `params`, with zero state (a fresh optimizer's) for the
     rows rank `rank` of `world` updates: ⌈k/W⌉ consecutive matrices of each bank of k
-    (optim/shards.py's cut)."""
+    (optim/ddp_rows.py's cut)."""
     by_key: dict[tuple, list[int]] = {}
     for i, p in enumerate(params):
         by_key.setdefault((tuple(p.shape), p.dtype, head_rows(p)), []).append(i)

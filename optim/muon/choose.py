@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from optim.config import MuonConfig
 from optim.muon.batches import ns_runs
-from optim.muon.sharded import ShardedOwners, ShardedTP
+from optim.muon.fsdp_strategies import ShardedOwners, ShardedTP
 from optim.muon.strategies import NewtonSchulz, OwnerOnly, Replicated, Strategy
 from optim.parallelism import MUON_EXCHANGES, PARALLELISMS
 

@@ -1,6 +1,6 @@
-"""The sharded Muon's exchange plan (optim/muon/sharded.py): which rank owns each matrix of a
-param group, the buckets its exchanges go in, and how many values each rank sends and
-receives in each.
+"""The sharded Muon's exchange plan (optim/muon/fsdp_strategies.py): which rank owns each
+matrix of a param group, the buckets its exchanges go in, and how many values each rank sends
+and receives in each.
 
 A bucket is one Newton–Schulz shape class (a 768×3072 and a 3072×768 share one), or with
 optim.muon.exchange_chunk a run of at most that many of its matrices. Each rank's piece of
@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from optim.blocks import Box, box_numel, row_boxes
+from optim.fsdp_rows import row_counts
 from optim.muon.exchange import assign_owners
-from optim.row_shards import row_counts
 
 
 @dataclass

@@ -17,7 +17,7 @@ Every setting comes in one `MuonConfig` (`settings`, or keyword overrides of its
 param groups carry what a schedule may change per step or per group: "lr", "momentum" and
 "weight_decay" (and a loaded state dict restores them, as torch's optimizers do). One step
 skeleton serves every distributed arrangement: per param group, a `Strategy`
-(optim/muon/strategies.py, optim/muon/sharded.py) says which gradients this rank's momentum
+(optim/muon/strategies.py, optim/muon/fsdp_strategies.py) says which gradients this rank's momentum
 takes and how orthogonalised updates reach the ranks that apply them:
 
 - one process (no `process_group`, or one rank): everything here;
@@ -26,7 +26,7 @@ takes and how orthogonalised updates reach the ranks that apply them:
   depend on the world size;
 - ddp_owners: gradients reduced to owners, momentum on the owner only, parameters
   all-gathered; `state_dict()` gathers the momentum (a collective);
-- ddp_row_shards: the banks' rows shared out (`comm`, optim/shards.py);
+- ddp_row_shards: the banks' rows shared out (`comm`, optim/ddp_rows.py);
 - fsdp_gather | fsdp_tp (FSDP2 DTensor shards; the group is their mesh's): shards sent to
   owners and rows back, or Newton–Schulz run tensor-parallel.
 
@@ -47,6 +47,8 @@ from torch.optim.optimizer import ParamsT
 from torch.profiler import record_function
 
 from optim.config import MuonConfig
+from optim.ddp_rows import Comm
+from optim.fsdp_rows import local
 from optim.muon.banked import BankedGroups
 from optim.muon.choose import strategy_for
 from optim.muon.master import new_mantissa
@@ -56,8 +58,6 @@ from optim.muon.stacks import check_stack
 from optim.muon.strategies import OwnerOnly, Strategy
 from optim.muon.update import host_values, momentum, step_matrix
 from optim.parallelism import DEFAULT, PARALLELISMS
-from optim.row_shards import local
-from optim.shards import Comm
 
 
 class Muon(torch.optim.Optimizer):

@@ -13,7 +13,7 @@ distributed arrangements:
 
 This module holds the strategies for whole (replicated) parameters: `Strategy` itself (one
 process), `Replicated` (dist.parallelism=ddp_all_gather or ddp_all_reduce) and `OwnerOnly`
-(ddp_owners). The sharded ones (fsdp_gather, fsdp_tp) are in optim/muon/sharded.py. Every
+(ddp_owners). The sharded ones (fsdp_gather, fsdp_tp) are in optim/muon/fsdp_strategies.py. Every
 strategy gives the parameters a single process would, bit for bit (tests/e2e/test_dist_muon.py).
 """
 

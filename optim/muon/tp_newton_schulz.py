@@ -32,7 +32,7 @@ Cost per rank, per matrix, for W ranks, r Gram reductions (steps for factored an
 Gram value (`ns_traffic`):
 - TP sends 2·(W−1)/W·r·k²·b_r bytes (ring all_reduce), every rank alike. Its matmuls on the
   blocks are split W ways; the k×k polynomial (2k³ per factored step) runs on every rank.
-- Gathering (sharded Muon's default, `optim/muon/sharded.py`): each block goes to the
+- Gathering (sharded Muon's default, `optim/muon/fsdp_strategies.py`): each block goes to the
   matrix's owner and its rows come back, (W−1)/W·m·n·b bytes each way, 2·(W−1)/W²·m·n·b per
   rank when owners are balanced; the owner alone runs the whole Newton–Schulz and holds the
   whole matrix.

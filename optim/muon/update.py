@@ -21,7 +21,7 @@ the group's momentum μ, LR η and weight decay λ, each matrix's LR multiplier 
                            weight (master.py), which then splits into weight and low half
 
 `momentum` and `finish` are the phases either side of Newton–Schulz, apart so that an exchange
-can sit between them (optim/muon/strategies.py, sharded.py); `stack_update` runs all three
+can sit between them (optim/muon/strategies.py, fsdp_strategies.py); `stack_update` runs all three
 for a list of stacks. How they are called is all that differs:
 
 - eager, with the step values as Python floats (`host_values`) and one m per stack: each op

@@ -30,7 +30,7 @@ from data.corpus import prepare as prep
 from data.corpus.sample import sample_dump_path
 from data.corpus.wikitext import clean_wikitext, iter_articles
 from data.loader import TokenLoader
-from data.shards import write_shard
+from data.token_shards import write_shard
 from data.tokenizer import EOT, gpt2_encoding
 
 

@@ -4,7 +4,7 @@ ranks.
 
 Each rank holds dim-0 shards of the preset's Muon matrices (taken from its model, built on the
 meta device) and takes one step for each bound; `ShardedOwners.peak_bytes` is the most bytes
-of send and receive buffers live at once (optim/muon/sharded.py). The buffers' sizes do not
+of send and receive buffers live at once (optim/muon/fsdp_strategies.py). The buffers' sizes do not
 depend on the values or on the iteration count, so Newton–Schulz runs one iteration here (the
 step is otherwise what a run computes). "all at once, kept" is the exchange as it was before
 the bound existed, from the same plan: every bucket's buffers, both ways, live until the last

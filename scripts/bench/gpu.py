@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 from model import GPT
 from model.masks import EOT
 from optim import CombinedOptimizer, build_optimizer
-from optim.shards import LocalView
+from optim.ddp_rows import LocalView
 from scripts.bench.head import bench_head, print_head, timed
 from scripts.bench.preset_rows import COLUMNS, format_row
 from scripts.bench.presets import (  # noqa: F401  (re-exported: the benchmarks' presets)
@@ -77,7 +77,7 @@ from trainer.launch.compile import CompileCounts, compile_model, reset_compile_s
 from trainer.observe.flops import mfu, peak_flops
 from trainer.runtime import Runtime, init_runtime
 from trainer.schedule import Schedule
-from trainer.step import filled
+from trainer.train_step import filled
 
 log = logging.getLogger(__name__)  # progress, seen when a caller configures logging
 HEAD_SHAPE, HEAD_TOY_SHAPE = (49152, 768, 50304), (512, 128, 50304)  # tokens, d, vocab

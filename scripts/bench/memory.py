@@ -59,8 +59,8 @@ from model.config import ModelConfig
 from model.gpt import GPT
 from optim import build_optimizer
 from optim.config import OptimConfig
+from optim.fsdp_rows import local, numel_of_rows, row_counts
 from optim.groups import partition_params
-from optim.row_shards import local, numel_of_rows, row_counts
 from trainer.launch.dist import free_port, wrap_ddp
 from trainer.launch.strategy import shard_model
 from trainer.runtime import Runtime

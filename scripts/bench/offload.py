@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 from model import GPT, ModelConfig
 from optim import build_optimizer
 from optim.config import OptimConfig
-from optim.row_shards import local
+from optim.fsdp_rows import local
 
 MODELS = {
     "tiny": ModelConfig(),

@@ -15,7 +15,7 @@ only adds the gradient to its sum on normal steps and updates on the others. The
 the median of each kind and their period mean (what a run's step costs on average), and the
 ratios eager / compiled of each.
 
-`--world W` builds the optimizer with `LocalView(W, 0)` (optim/shards.py): rank 0's share of
+`--world W` builds the optimizer with `LocalView(W, 0)` (optim/ddp_rows.py): rank 0's share of
 dist.parallelism=ddp_row_shards on W ranks (1/W of Muon's banks and of Adam's tables, every small
 tensor, the packing the exchange does), with no communication: on one GPU, the optimizer's
 part of a W-GPU step.
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 
 from model import GPT
 from optim import CombinedOptimizer, build_optimizer
-from optim.shards import LocalView
+from optim.ddp_rows import LocalView
 from scripts.bench.head import timed
 from scripts.bench.presets import compose
 from trainer.config import Config

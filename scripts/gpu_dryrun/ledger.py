@@ -334,7 +334,7 @@ def install(recorder: Recorder) -> Callable[[], None]:
 
 
 class Wire:
-    """A LocalView (optim/shards.py: rank 0's share, no communication) that books what each
+    """A LocalView (optim/ddp_rows.py: rank 0's share, no communication) that books what each
     collective would move per rank on a ring of `world` ranks: a reduce-scatter or an
     all-gather (W−1)/W of the whole buffer, an all-reduce twice that. The copies LocalView
     makes in the collective's place are not booked: on a GPU, NCCL's kernels do that work,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from data.corpus import fineweb
-from data.shards import HEADER_BYTES, read_header, write_shard
+from data.token_shards import HEADER_BYTES, read_header, write_shard
 from tests.helpers import TINY, compose_config
 from tests.hub_server import serve_hub
 

@@ -12,9 +12,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import optim.muon.optimizer as optimizer_module
+from optim.fsdp_rows import local
 from optim.muon.exchange_plan import ExchangePlan
 from optim.muon.optimizer import Muon
-from optim.row_shards import local
 from tests.dist_utils import run_ranks
 from tests.e2e.test_sharded_muon import SETTINGS, SHAPES, WORLD, _named_stacks, _problem, _reference
 

@@ -15,7 +15,7 @@ import yaml
 
 from data.corpus import prepare as prep
 from data.loader import TokenLoader, val_batches
-from data.shards import load_shard
+from data.token_shards import load_shard
 from data.tokenizer import EOT, gpt2_encoding
 from tests.e2e.test_fineweb import unreachable
 from tests.helpers import TINY, compose_config

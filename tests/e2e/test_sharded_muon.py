@@ -23,10 +23,10 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
+from optim.fsdp_rows import local, row_counts, row_range
 from optim.muon.exchange_plan import ExchangePlan
 from optim.muon.ns_dtype import cpu_flags
 from optim.muon.optimizer import Muon
-from optim.row_shards import local, row_counts, row_range
 from tests.dist_utils import run_ranks
 
 WORLD = 2

@@ -27,8 +27,8 @@ import torch.distributed as dist
 from optim.adam import Adam
 from optim.adam_table import row_of
 from optim.config import AdamWConfig
+from optim.ddp_rows import LocalView, ProcessComm
 from optim.muon.optimizer import Muon
-from optim.shards import LocalView, ProcessComm
 from optim.tied import TiedEmbedHead
 from tests.dist_utils import run_ranks
 from tests.unit.test_optimizer_compile import PRESETS, adam_params, muon_params, settings

@@ -192,7 +192,7 @@ def _sharded_pairs(grad_of, between) -> tuple[list, list, Adam]:
     and the unsharded one, each gradient set by `grad_of(step, p, g)` on the sharded side,
     `between(params)` after each of its steps: (the unsharded parameters, the sharded
     ones, the sharded optimizer) once both are done."""
-    from optim.shards import LocalView
+    from optim.ddp_rows import LocalView
 
     settings = AdamWConfig(eps_placement="raw", update_every=2)
     gen = torch.Generator().manual_seed(8)

@@ -22,7 +22,7 @@ import pytest
 from data.build import find_shards
 from data.corpus import fineweb
 from data.loader import TokenLoader
-from data.shards import write_shard
+from data.token_shards import write_shard
 from tests.helpers import compose_config
 from trainer.config import Config, to_config
 

@@ -202,7 +202,7 @@ def test_a_collective_books_a_rings_bytes_and_not_its_stand_in(tmp_path: Path) -
     in their place are not launches."""
     rows = counted(
         """
-from optim.shards import LocalView
+from optim.ddp_rows import LocalView
 wire = Wire(LocalView(4), rec)
 inp = torch.randn(1024, device="cuda")
 out = torch.empty(256, device="cuda")

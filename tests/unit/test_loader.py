@@ -12,7 +12,7 @@ from data.loader import (
     val_batches,
     val_sequence_count,
 )
-from data.shards import ShardError, write_shard
+from data.token_shards import ShardError, write_shard
 
 
 def _shards(tmp_path, lengths):

@@ -12,7 +12,7 @@ import pytest
 from data.loader import TokenLoader
 from data.passes import PassPlan, plan_passes
 from data.pieces import PieceLoader
-from data.shards import write_shard
+from data.token_shards import write_shard
 
 B = 50256  # the BOS
 

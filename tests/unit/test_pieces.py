@@ -13,7 +13,7 @@ from data.build import build_data
 from data.config import DataConfig
 from data.loader import val_batches
 from data.pieces import PieceLoader, ShardPieces
-from data.shards import write_shard
+from data.token_shards import write_shard
 from model.masks import document_ids
 
 B = 50256  # the BOS (<|endoftext|>)

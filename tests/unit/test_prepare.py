@@ -9,7 +9,7 @@ import pytest
 from data.corpus import prepare as prep
 from data.corpus import shard_writer
 from data.corpus.split import is_val
-from data.shards import load_shard
+from data.token_shards import load_shard
 from data.tokenizer import EOT, gpt2_encoding
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from stages import Stage, StageTable
 from trainer.forward import forward_backward
 from trainer.runtime import init_runtime
 from trainer.schedule import Schedule
-from trainer.step import filled
+from trainer.train_step import filled
 
 CAP = {"softcap": 23.0, "softcap_form": "sigmoid", "softcap_shift": 5.0, "softcap_divisor": 7.5}
 PLAIN = HeadConfig(**CAP, loss="plain", reduction="sum", mtp=True)

@@ -18,7 +18,7 @@ from model import GPT, ModelConfig
 from model.config import update
 from model.forward_context import build_context
 from model.mudd import coefficients
-from model.steps import step_inputs
+from model.step_inputs import step_inputs
 from optim.partition import param_roles
 from tests.reference import norm, rotate
 

@@ -16,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from data.pieces import PieceLoader
-from data.shards import write_shard
+from data.token_shards import write_shard
 from model.rotary import Rotary
 from model.yarn import yarn_table
 from optim.config import OptimConfig, ScheduleConfig

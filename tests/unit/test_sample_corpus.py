@@ -10,7 +10,7 @@ from data.corpus import sample
 from data.corpus.sample import build_sample_corpus, corpus_dir
 from data.corpus.split import is_val
 from data.corpus.wikitext import clean_wikitext, iter_articles
-from data.shards import CorpusFiles, load_shard, read_header
+from data.token_shards import CorpusFiles, load_shard, read_header
 from data.tokenizer import EOT, gpt2_encoding
 
 # ---- clean_wikitext -------------------------------------------------------------------------

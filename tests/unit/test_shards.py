@@ -7,8 +7,8 @@ import struct
 import numpy as np
 import pytest
 
-from data import shards
-from data.shards import MAGIC, VERSION, ShardError, load_shard, read_header, write_shard
+from data import token_shards
+from data.token_shards import MAGIC, VERSION, ShardError, load_shard, read_header, write_shard
 
 
 def _raw_shard(path, header_ints, tokens=(), extra=b""):
@@ -103,7 +103,7 @@ def test_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     # fsync runs after the bytes are written and before the rename: a crash mid-write.
-    monkeypatch.setattr(shards.os, "fsync", fail)
+    monkeypatch.setattr(token_shards.os, "fsync", fail)
     with pytest.raises(OSError, match="disk full"):
         write_shard(path, np.arange(1000))
     assert os.listdir(tmp_path) == []
@@ -116,7 +116,7 @@ def test_failed_overwrite_keeps_the_old_shard(tmp_path, monkeypatch):
     def fail(src, dst):
         raise OSError("interrupted")
 
-    monkeypatch.setattr(shards.os, "replace", fail)
+    monkeypatch.setattr(token_shards.os, "replace", fail)
     with pytest.raises(OSError, match="interrupted"):
         write_shard(path, np.arange(1000))
     assert os.listdir(tmp_path) == ["s.bin"]

@@ -14,7 +14,7 @@ from model.masks import EOT, _doubled, dense_mask, document_ids
 from model.varlen import emulated_varlen_attn, segment_bounds, segments_mask
 from tests.helpers import RECORD_89_TOY, compose_config
 from trainer.config import to_config
-from trainer.step import filled
+from trainer.train_step import filled
 
 TOY = RECORD_89_TOY
 

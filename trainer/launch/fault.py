@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from optim.row_shards import local
+from optim.fsdp_rows import local
 from trainer.config import FaultConfig
 
 MARKER = ".fault-{}-fired"

@@ -10,7 +10,8 @@ optimizer state over the ranks by dim-0 rows; each unit's parameters are all-gat
 before its forward and backward and freed after, and gradients are reduce-scattered (averaged)
 to their shards. The units: those the model declares (`fsdp_units`: for the GPT every embedding
 table and every block), and the root (the LM head and the scalars). Muon then runs sharded
-(`optim/muon/sharded.py`) and checkpoints are DCP (see `trainer/checkpoint/checkpointer.py`).
+(`optim/muon/fsdp_strategies.py`) and checkpoints are DCP (see
+`trainer/checkpoint/checkpointer.py`).
 Parameters are all-gathered in `dist.fsdp_param_dtype` (bf16 by default on GPU, halving the
 traffic; fp32 on CPU; `resolve_param_dtype` in trainer/runtime.py) and gradients always reduced
 in fp32.

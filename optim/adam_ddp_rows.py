@@ -3,7 +3,7 @@ rows, which are averaged whole, and the collectives around the update.
 
 - A tensor of at least `SHARD_MIN_VALUES` values and at least W rows (record D's token and
   value tables, the bigram table and the head: 415M of its 415.3M Adam values) is cut into
-  rows (optim/shards.py): its gradient is reduce-scattered, rank r keeps the moments of its
+  rows (optim/ddp_rows.py): its gradient is reduce-scattered, rank r keeps the moments of its
   rows only, updates those rows, and they are all-gathered after the update: straight into
   the parameter where its rows split evenly over the ranks (every record table at W = 8),
   through a packed buffer otherwise.
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from optim.shards import Comm, RowExchange, Rows, Sum, cut, gather_rows, wait
+from optim.ddp_rows import Comm, RowExchange, Rows, Sum, cut, gather_rows, wait
 
 # A tensor this large (and with at least as many rows as ranks) is cut into rows.
 SHARD_MIN_VALUES = 1 << 16

@@ -2,7 +2,7 @@
 collectives that move them: gradients to their rows' owners, updated rows back to everyone.
 
 Rank r of W owns rows [r·c, (r + 1)·c) ∩ [0, R) of a tensor of R rows, c = ⌈R/W⌉ (the cut of
-`torch.chunk`, optim/row_shards.py's `row_counts`): the last ranks short or empty. A Muon
+`torch.chunk`, optim/fsdp_rows.py's `row_counts`): the last ranks short or empty. A Muon
 bank's rows are its matrices, an Adam table's its rows.
 
 `RowExchange` packs a list of same-dtype tensors into one flat buffer, rank-major (rank r's

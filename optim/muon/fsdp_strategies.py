@@ -1,7 +1,7 @@
 """Muon's strategies for FSDP2-sharded matrices: `ShardedOwners` and `ShardedTP`.
 
 Under an fsdp `dist.parallelism` (fsdp_gather, fsdp_tp) a rank holds only a dim-0 shard of each
-matrix and of its gradient (`optim/row_shards.py`), but Newton–Schulz needs the whole matrix. A
+matrix and of its gradient (`optim/fsdp_rows.py`), but Newton–Schulz needs the whole matrix. A
 step, per param group:
 
 (a) momentum on the local shards, in fp32 (elementwise: shards of the whole result);
@@ -58,12 +58,12 @@ from torch import Tensor
 
 from optim.blocks import boxes, exchange_group, slices
 from optim.config import MuonConfig
+from optim.fsdp_rows import is_dtensor, local, shard_group
 from optim.muon.exchange_plan import Bucket, ExchangePlan, GroupPlan, SubPlan
 from optim.muon.newton_schulz import chosen_coefficients
 from optim.muon.stacks import is_expert_stack
 from optim.muon.strategies import Group, NewtonSchulz, Strategy, require_every_gradient
 from optim.muon.tp_newton_schulz import check_tp_form, orthogonalise_row_shards
-from optim.row_shards import is_dtensor, local, shard_group
 
 
 class ShardedOwners(Strategy):
