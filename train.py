@@ -23,7 +23,8 @@ def train(cfg: DictConfig | Config) -> float:
     from data.build import build_data
     from model import GPT
     from optim import build_optimizer
-    from trainer.session import Parts, run
+    from trainer.build import Parts
+    from trainer.session import run
 
     return run(conf, Parts(model=GPT, optimizer=build_optimizer, data=build_data))
 

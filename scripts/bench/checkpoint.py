@@ -29,15 +29,12 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere
 
-from data.synthetic import SyntheticLoader
-from model import GPT
-from optim import build_optimizer
-from trainer.checkpoint.checkpointer import Checkpointer
+from scripts.bench.presets import PARTS
+from trainer.build import build_run
 from trainer.config import Config, to_config
 from trainer.forward import forward_backward
 from trainer.observe.progress import Progress
 from trainer.runtime import init_runtime
-from trainer.schedule import Schedule
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -55,21 +52,18 @@ def config(model: str, run_dir: Path) -> Config:
 def bench(model_name: str, root: Path, saves: int, steps: int) -> dict:
     conf = config(model_name, root / model_name)
     t = conf.train
-    rt = init_runtime(t.device, t.autocast)
-    model = GPT(conf.model).to(rt.device)
-    optimizer = build_optimizer(model, conf.optim, device=rt.device)
-    schedule = Schedule.for_run(t, conf.optim, conf.model)
-    loader = SyntheticLoader(t.batch_size, t.seq_len, seed=0)
+    run = build_run(conf, PARTS, init_runtime(t.device, t.autocast))  # as train.py builds it
+    rt, model, optimizer, schedule = run.rt, run.model, run.optimizer, run.schedule
     step_s = []
     for step in range(steps):
         t0 = time.perf_counter()
         optimizer.set_step(schedule.at(step).optim)
-        forward_backward(model, loader.next_batch(), rt)
+        forward_backward(run.fwd, run.loader.next_batch(), rt)
         optimizer.step()
         optimizer.zero_grad()
         rt.synchronize()
         step_s.append(time.perf_counter() - t0)
-    checkpoints = Checkpointer(conf, rt, model, optimizer, loader)
+    checkpoints = run.checkpoints
     save_s, load_s = [], []
     for i in range(saves):
         t0 = time.perf_counter()

@@ -56,24 +56,25 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere
 
-from model import GPT
 from model.masks import EOT
-from optim import CombinedOptimizer, build_optimizer
+from optim import CombinedOptimizer
 from optim.ddp_rows import LocalView
 from scripts.bench.head import bench_head, print_head, timed
 from scripts.bench.preset_rows import COLUMNS, format_row
 from scripts.bench.presets import (  # noqa: F401  (re-exported: the benchmarks' presets)
     GPUS,
+    PARTS,
     PRESETS,
     RECORD_STEP_MS,
     compose,
     hydra_config,
+    record_step_ms,
 )
 from scripts.bench.step_times import profile_steps, time_steps
-from stages import stage_index
+from trainer.build import Run, build_run
 from trainer.config import Config
 from trainer.forward import evaluate, forward_backward
-from trainer.launch.compile import CompileCounts, compile_model, reset_compile_state
+from trainer.launch.compile import CompileCounts, reset_compile_state
 from trainer.observe.flops import mfu, peak_flops
 from trainer.runtime import Runtime, init_runtime
 from trainer.schedule import Schedule
@@ -87,35 +88,46 @@ Batch = tuple[Tensor, Tensor]
 
 @dataclass
 class Bench:
-    """One preset, built as train.py builds it."""
+    """One preset, built as train.py builds it (`trainer/build.py`'s `build_run`)."""
 
     conf: Config
-    rt: Runtime
-    fwd: nn.Module  # what runs forward: the compiled model
-    opt: CombinedOptimizer
-    schedule: Schedule
-    count: Callable[..., Tensor]  # the model's FLOP count (GPT.count_flops)
+    run: Run
     rows: int  # sequences per GPU per step
-    accum: int  # micro-steps they are split into
     world: int  # the GPUs whose one's share this is
+
+    @property
+    def rt(self) -> Runtime:
+        return self.run.rt
+
+    @property
+    def fwd(self) -> nn.Module:  # what runs forward: the compiled model
+        return self.run.fwd
+
+    @property
+    def opt(self) -> CombinedOptimizer:
+        return self.run.optimizer
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.run.schedule
+
+    @property
+    def accum(self) -> int:  # micro-steps the rows are split into
+        return self.run.accum_steps
+
+    def count(self, *args: Tensor, **kwargs: Tensor) -> Tensor:  # GPT.count_flops
+        return self.run.model.count_flops(*args, **kwargs)
 
 
 def build(conf: Config, world: int | None = None) -> Bench:
-    """Model, optimizer object and compile as in train.py, for one GPU of `GPUS` (the whole
-    optimizer), or of `world` (rank 0's share of the optimizer, dist.parallelism=ddp_row_shards)."""
-    t = conf.train
-    rt = init_runtime(t.device, t.autocast)
+    """The preset built as train.py builds it (`build_run`, no loader: random batches), for
+    one GPU of `GPUS` (the whole optimizer), or of `world` (rank 0's share of the optimizer,
+    dist.parallelism=ddp_row_shards)."""
     gpus = world or GPUS
-    accum = t.accumulation_steps(gpus)
-    torch.manual_seed(0)
-    model = GPT(conf.model).to(rt.device)
-    model.micro_steps = accum
     comm = LocalView(world) if world and world > 1 else None
-    opt = build_optimizer(model, conf.optim, device=rt.device, comm=comm)
-    fwd = compile_model(model, conf.model.compile_backend) if conf.model.compile else model
-    schedule = Schedule.for_run(t, conf.optim, conf.model)
-    return Bench(conf, rt, fwd, opt, schedule, model.count_flops, t.batch_size // gpus, accum,
-                 gpus)  # fmt: skip
+    rt = init_runtime(conf.train.device, conf.train.autocast)
+    run = build_run(conf, PARTS, rt, world=gpus, comm=comm, data=False)
+    return Bench(conf, run, conf.train.batch_size // gpus, gpus)
 
 
 def random_batch(rows: int, seq_len: int, rng: np.random.Generator) -> Batch:
@@ -142,14 +154,6 @@ def seq_len(b: Bench, step: int) -> int:
     return b.conf.train.seq_len_at(step)
 
 
-def record_ms(name: str, b: Bench, step: int) -> float | None:
-    """The record's own ms per step at `step` (its stage's, where it has stages)."""
-    ms = RECORD_STEP_MS.get(name)
-    if isinstance(ms, tuple):
-        return ms[stage_index(step, b.conf.train.scheduled_steps, len(ms))]
-    return ms
-
-
 def model_args(b: Bench, step: int) -> dict[str, Tensor]:
     """The forward's step arguments as device tensors, as the training loop gives them."""
     args = b.schedule.model_args(step)
@@ -159,7 +163,7 @@ def model_args(b: Bench, step: int) -> dict[str, Tensor]:
 def train_step(b: Bench, step: int, batch: Batch, args: dict[str, Tensor]) -> None:
     b.opt.set_step(b.schedule.at(step).optim)
     with torch.profiler.record_function("forward_backward"):
-        forward_backward(b.fwd, batch, b.rt, b.accum, None, args)
+        forward_backward(b.fwd, batch, b.rt, b.accum, b.run.no_sync, args)
     with torch.profiler.record_function("optimizer"):
         b.opt.step()
     b.opt.zero_grad(set_to_none=True)
@@ -247,7 +251,7 @@ def bench_preset(
             "tokens_per_s": tokens / t["step_s"],
             "mfu": mfu(flops, t["step_s"], peak) if peak else None, "graphs": seen.graphs,
             "graph_breaks": seen.graph_breaks, "recompiles": t["recompiles"],
-            "record_ms": record_ms(name, b, s),
+            "record_ms": record_step_ms(name, b.conf, s),
         })  # fmt: skip
         if profile is not None and len(rows) == 1:
             profile_window(b, s, rng, profile, f"{name}, window {window_label(b, s)}, "

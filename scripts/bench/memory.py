@@ -50,6 +50,7 @@ import argparse
 import gc
 import os
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -57,12 +58,11 @@ from torch import Tensor, nn
 
 from model.config import ModelConfig
 from model.gpt import GPT
-from optim import build_optimizer
-from optim.config import OptimConfig
 from optim.fsdp_rows import local, numel_of_rows, row_counts
 from optim.groups import partition_params
-from trainer.launch.dist import free_port, wrap_ddp
-from trainer.launch.strategy import shard_model
+from scripts.bench import presets
+from trainer.build import build_run
+from trainer.launch.dist import free_port
 from trainer.runtime import Runtime
 
 # GPT-2 sizes as (n_layer, n_embd, n_head); everything else is ModelConfig's default.
@@ -132,18 +132,17 @@ def held_bytes(tensors: Iterable[Tensor]) -> int:
 def measure_rank(cfg: ModelConfig, setup: str, tokens: int = 64) -> dict[str, int]:
     """This rank's bytes ({part: bytes} over PARTS, plus "counters": the 0-D step counters)
     after one training step of `cfg` under `setup`, on CPU, in the default process group."""
-    torch.manual_seed(0)
     rank, world = dist.get_rank(), dist.get_world_size()
     rt = Runtime(rank, world, rank, torch.device("cpu"), None)
     fsdp = setup != "ddp"
-    model = GPT(cfg)
-    if fsdp:
-        shard_model(model, rt, torch.float32)  # dist.fsdp_param_dtype=auto on CPU
-    optimizer = build_optimizer(
-        model, OptimConfig(offload=setup == "fsdp+offload"), device=rt.device,
-        process_group=dist.group.WORLD, parallelism="fsdp_gather" if fsdp else "ddp_all_gather",
-    )  # fmt: skip
-    forward = model if fsdp else wrap_ddp(model, optimizer.self_reduced)
+    conf = presets.hydra_config([
+        "run_dir=.", "train.device=cpu", f"train.batch_size={world}",
+        f"dist.parallelism={'fsdp_gather' if fsdp else 'ddp_all_gather'}",
+        f"optim.offload={setup == 'fsdp+offload'}",
+    ])  # fmt: skip
+    # As train.py builds it (fsdp gathers in fp32 on a CPU: dist.fsdp_param_dtype=auto)
+    run = build_run(replace(conf, model=cfg), presets.PARTS, rt, dist.group.WORLD, data=False)
+    model, optimizer, forward = run.model, run.optimizer, run.fwd
     idx = torch.randint(0, 50257, (1, tokens + 1), generator=torch.Generator().manual_seed(rank))
     forward(idx[:, :-1], idx[:, 1:]).backward()
     params = list(model.parameters())
@@ -161,7 +160,7 @@ def measure_rank(cfg: ModelConfig, setup: str, tokens: int = 64) -> dict[str, in
         "host": held_bytes(mirrors),
         "counters": held_bytes(v for v in states if v.ndim == 0),
     }
-    del forward, model, optimizer, params, states
+    del run, forward, model, optimizer, params, states
     gc.collect()
     return out
 

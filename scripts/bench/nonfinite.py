@@ -15,27 +15,25 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere
 
 from data.synthetic import SyntheticLoader
-from model import GPT, ModelConfig
-from optim import OptimConfig, build_optimizer
+from scripts.bench.presets import PARTS, hydra_config
+from trainer.build import build_run
 from trainer.forward import forward_backward
 from trainer.nonfinite import nonfinite_grads
 from trainer.runtime import init_runtime
-from trainer.schedule import Schedule
 
-MODELS = {"tiny": ModelConfig(), "gpt2_124m": ModelConfig(n_layer=12, n_head=6, n_embd=768)}
+MODELS = ("tiny", "gpt2_124m")  # conf/model/
 
 
 def bench(name: str, steps: int, device: str) -> dict:
+    conf = hydra_config([f"model={name}", f"train.device={device}",
+                         "train.batch_size=8", "train.seq_len=256", f"train.steps={steps}",
+                         "run_dir=."])  # fmt: skip
     rt = init_runtime(device, "auto")
-    torch.manual_seed(0)
-    model = GPT(MODELS[name]).to(rt.device)
-    opt = build_optimizer(model, OptimConfig(), device=rt.device)
-    schedule = Schedule(steps, OptimConfig(), MODELS[name])
+    run = build_run(conf, PARTS, rt, data=False)  # as train.py builds it, on random tokens
+    model, opt, schedule = run.fwd, run.optimizer, run.schedule
     loader = SyntheticLoader(8, 256, seed=0)
     step_s, check_s = [], []
     for step in range(steps):
@@ -62,7 +60,7 @@ def bench(name: str, steps: int, device: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()

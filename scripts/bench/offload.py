@@ -19,22 +19,18 @@ import argparse
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere
 
-from model import GPT, ModelConfig
-from optim import build_optimizer
-from optim.config import OptimConfig
 from optim.fsdp_rows import local
+from scripts.bench.presets import PARTS, hydra_config
+from trainer.build import build_run
+from trainer.runtime import init_runtime
 
-MODELS = {
-    "tiny": ModelConfig(),
-    "124m": ModelConfig(n_layer=12, n_head=12, n_embd=768),
-}
+MODELS = {"tiny": "tiny", "124m": "gpt2_124m"}  # conf/model/
 
 
 def state_bytes(opt) -> int:
@@ -57,10 +53,10 @@ def main() -> None:
     device = torch.device(args.device)
     runs = {}
     for name, offload in (("no offload", False), ("offload", True)):
-        torch.manual_seed(0)
-        model = GPT(MODELS[args.model]).to(device)
-        cfg = replace(OptimConfig(), offload=offload)
-        opt = build_optimizer(model, cfg, device=device)
+        conf = hydra_config([f"model={MODELS[args.model]}", f"train.device={args.device}",
+                             f"optim.offload={offload}", "run_dir=."])  # fmt: skip
+        run = build_run(conf, PARTS, init_runtime(args.device, "none"), data=False)
+        model, opt = run.model, run.optimizer  # as train.py builds them
         gen = torch.Generator(device="cpu").manual_seed(1)
         for p in model.parameters():
             p.grad = torch.randn(p.shape, generator=gen).to(device) * 1e-3

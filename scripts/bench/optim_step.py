@@ -31,14 +31,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere
 
-from model import GPT
-from optim import CombinedOptimizer, build_optimizer
+from optim import CombinedOptimizer
 from optim.ddp_rows import LocalView
 from scripts.bench.head import timed
-from scripts.bench.presets import compose
+from scripts.bench.presets import PARTS, compose
+from trainer.build import build_run
 from trainer.config import Config
 from trainer.runtime import Runtime, init_runtime
-from trainer.schedule import Schedule
 
 MODES = {"eager": False, "compiled": True}
 
@@ -54,15 +53,14 @@ class Mode:
 
 def build(conf: Config, rt: Runtime, compiled: bool, world: int,
           backend: str = "inductor") -> CombinedOptimizer:  # fmt: skip
-    """The preset's optimizer object over a fresh model, gradients filled in; `compiled`:
-    optim.compile with `backend`."""
-    torch.manual_seed(0)
-    model = GPT(conf.model).to(rt.device)
+    """The preset's optimizer object over a fresh model, built as train.py builds it
+    (`build_run`), gradients filled in; `compiled`: optim.compile with `backend`."""
     optim = replace(conf.optim, compile=compiled, compile_backend=backend)
     comm = LocalView(world) if world > 1 else None
-    opt = build_optimizer(model, optim, device=rt.device, comm=comm)
-    opt.set_step(Schedule.for_run(conf.train, conf.optim, conf.model).at(0).optim)
-    for p in opt.params():  # from the device's default generator, seeded above
+    run = build_run(replace(conf, optim=optim), PARTS, rt, world=world, comm=comm, data=False)
+    opt = run.optimizer
+    opt.set_step(run.schedule.at(0).optim)
+    for p in opt.params():  # from the device's default generator, seeded by build_run
         p.grad = torch.randn(p.shape, device=rt.device).to(p.dtype) * 1e-3
     return opt
 

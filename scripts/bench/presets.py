@@ -1,13 +1,20 @@
 """The presets the GPU benchmarks build (scripts/bench/gpu.py, optim_step.py, the GPU proof and
-dry run) and the records' own per-GPU step times. Their sizes are the presets' own (conf/size/):
+dry run), what they are built from (`PARTS`, train.py's) and the records' own per-GPU step
+times. Their sizes are the presets' own (conf/size/):
 `--toy` is each preset's CPU toy, the dry run's default its GPU toy."""
 
 from pathlib import Path
 
+from data.build import build_data
+from model import GPT
+from optim import build_optimizer
+from stages import stage_index
+from trainer.build import Parts
 from trainer.cli.overrides import compose_config
 from trainer.config import Config, to_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
+PARTS = Parts(model=GPT, optimizer=build_optimizer, data=build_data)  # train.py's
 GPUS = 8  # the records' world: each GPU runs batch_size / 8 sequences per step
 # The records' own ms per step on one of their 8 GPUs; by batch phase for the 2025-11 record,
 # by stage for the others (record M's twelve: its four batch sizes, the last over 1,175-4,699)
@@ -28,6 +35,15 @@ TOY_CPU = ["model.compile=true", "model.compile_backend=eager", "optim.compile=f
 # The benchmarks' toy: the preset's CPU toy (`size=toy`) as one GPU's share of an 8-GPU step,
 # one sequence a GPU
 BENCH_TOY = [f"train.batch_size={GPUS}", "train.micro_batch_size=1"]
+
+
+def record_step_ms(name: str, conf: Config, step: int) -> float | None:
+    """The record `name`'s own per-GPU ms at `step` (its stage's where it gives one per
+    stage); None for a preset that is no record."""
+    ms = RECORD_STEP_MS.get(name)
+    if isinstance(ms, tuple):
+        return ms[stage_index(step, conf.train.scheduled_steps, len(ms))]
+    return ms
 
 
 def compose(name: str, device: str, size: str, sets: list[str]) -> Config:

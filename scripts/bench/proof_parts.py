@@ -27,6 +27,7 @@ import torch
 
 from scripts.bench.gpu import HEAD_SHAPE, HEAD_TOY_SHAPE, bench_preset, build, compose, hydra_config
 from scripts.bench.head import bench_head
+from scripts.bench.presets import PARTS
 from trainer.launch.compile import reset_compile_state
 from trainer.observe.flops import peak_flops
 from trainer.observe.provenance import code_version
@@ -208,13 +209,13 @@ def environment(device: str) -> dict[str, Any]:
 
 def _train(overrides: list[str], device: str, data_dir: Path) -> list[dict]:
     """train.py's run of `overrides` in a scratch run directory: its metrics records."""
-    from train import train
+    from trainer.session import run
 
     with tempfile.TemporaryDirectory() as run_dir:
         conf = hydra_config([
             *overrides, *QUIET, f"train.device={device}", f"run_dir={run_dir}",
             f"data.cache_dir={data_dir}",
         ])  # fmt: skip
-        train(conf)
+        run(conf, PARTS)  # what train.py runs
         lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]

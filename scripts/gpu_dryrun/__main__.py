@@ -137,6 +137,7 @@ def optimizer(args: argparse.Namespace, conf: object) -> int:
 
 def ledger(args: argparse.Namespace, gpu: object, conf: object) -> int:
     """--ledger: each stage's normal and Adam step counted, with their estimates."""
+    from scripts.bench.presets import record_step_ms
     from scripts.gpu_dryrun.calibrate import constants
     from scripts.gpu_dryrun.ledger import load_shim
     from scripts.gpu_dryrun.measure import preset_ledgers
@@ -147,8 +148,8 @@ def ledger(args: argparse.Namespace, gpu: object, conf: object) -> int:
     steps = preset_ledgers(gpu, conf, args.world, stages, load_shim())
     size = "full" if args.full else "GPU toy"
     print(f"{args.experiment} ({size}), rank 0 of {args.world}:")
-    ms = gpu.RECORD_STEP_MS.get(args.experiment)
-    print(ledger_table(steps, constants(), lambda step: record_step_ms(ms, conf, step)))
+    print(ledger_table(steps, constants(),
+                       lambda step: record_step_ms(args.experiment, conf, step)))  # fmt: skip
     if args.json is not None:
         meta = {"experiment": args.experiment, "full": args.full, "world": args.world,
                 "set": args.set}  # fmt: skip
@@ -156,15 +157,6 @@ def ledger(args: argparse.Namespace, gpu: object, conf: object) -> int:
         print(f"every launch: {args.json}")
     print(f"({time.perf_counter() - t0:.0f} s, {compiles()} Triton compiles)", flush=True)
     return 0
-
-
-def record_step_ms(ms: object, conf: object, step: int) -> float | None:
-    """The record's own per-GPU ms at `step` (its stage's where it gives one per stage)."""
-    from stages import stage_index
-
-    if isinstance(ms, tuple):
-        return ms[stage_index(step, conf.train.scheduled_steps, len(ms))]
-    return ms
 
 
 def compiles() -> int:

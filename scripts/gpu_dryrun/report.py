@@ -96,8 +96,7 @@ def main() -> int:
     refit, say): no compile, a second."""
     import argparse
 
-    from scripts.bench.presets import RECORD_STEP_MS, compose
-    from scripts.gpu_dryrun.__main__ import record_step_ms
+    from scripts.bench.presets import compose, record_step_ms
     from scripts.gpu_dryrun.calibrate import constants
 
     p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
@@ -113,10 +112,10 @@ def main() -> int:
     conf = compose(
         meta["experiment"], "cuda", "full" if meta["full"] else "gpu_toy", meta.get("set", [])
     )
-    ms = RECORD_STEP_MS.get(meta["experiment"])
     size = "full" if meta["full"] else "GPU toy"
     print(f"{meta['experiment']} ({size}), rank 0 of {meta['world']}:")
-    print(ledger_table(steps, constants(), lambda step: record_step_ms(ms, conf, step)))
+    name = meta["experiment"]
+    print(ledger_table(steps, constants(), lambda step: record_step_ms(name, conf, step)))
     return 0
 
 

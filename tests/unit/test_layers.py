@@ -1,6 +1,8 @@
 """The house's layers, read from the source: which package may import which, no import cycle,
 small modules, a thin entry point. `stages` (the stage table and its rule) is the bottom layer:
-it imports nothing of the project, and every package may import it."""
+it imports nothing of the project, and every package may import it. `scripts` (the benchmarks,
+the GPU proof, the GPU dry run, sampling) is the top: it may import anything, nothing imports
+it, and a script that builds a run builds it as training does (`trainer/build.py`)."""
 
 import ast
 import re
@@ -9,8 +11,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("model", "optim", "data", "trainer", "stages")
-BOTTOM = "stages"
+PACKAGES = ("model", "optim", "data", "trainer", "stages", "scripts")
+BOTTOM, TOP = "stages", "scripts"
 
 
 def modules() -> dict[str, Path]:
@@ -119,6 +121,38 @@ def test_no_import_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     cycle = find_cycle(GRAPH)
     assert cycle is None, f"import cycle: {' -> '.join(cycle or [])}"
+
+
+def test_nothing_imports_the_scripts() -> None:
+    """The product (every package but scripts/, and the entry point) imports no script."""
+    bad = {m: d for m, deps in GRAPH.items() if m.split(".")[0] != TOP for d in deps
+           if d.split(".")[0] == TOP}  # fmt: skip
+    assert not bad, bad
+
+
+def builds_by_hand(path: Path) -> list[str]:
+    """What `path` imports of the run's own builders (the optimizer object's
+    `build_optimizer`, the data's `build_data`): a module that builds a run from them wires
+    it by hand, beside `trainer.build.build_run`."""
+    names = {"build_optimizer", "build_data"}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [f"{node.module}.{a.name}" for a in node.names if a.name in names]
+            found += [node.module] if node.module in ("optim.build", "data.build") else []
+    return found
+
+
+def test_scripts_build_runs_as_training_does(tmp_path: Path) -> None:
+    """Only the benchmarks' `PARTS` (scripts/bench/presets.py, train.py's parts) names the
+    run's builders: every other script builds a run with `build_run` over `PARTS`. The check
+    finds a script that builds an optimizer by hand."""
+    fake = tmp_path / "hand_built.py"
+    fake.write_text("from optim import build_optimizer\nfrom model import GPT\n")
+    assert builds_by_hand(fake) == ["optim.build_optimizer"]
+    bad = {m: found for m, path in modules().items() if m.split(".")[0] == TOP
+           if (found := builds_by_hand(path)) and m != "scripts.bench.presets"}  # fmt: skip
+    assert not bad, bad
 
 
 def test_the_entry_stays_thin() -> None:
