@@ -74,8 +74,8 @@ def varlen_inputs(
     att = model.cfg.attention
     if step is None:
         raise ValueError(
-            "model.attention.impl=varlen: the forward needs kernel_step (ModelConfig.step_args "
-            "gives it)"
+            "model.attention.impl=varlen: the forward needs kernel_step (the run's schedule "
+            "gives it: model/forward_schedule.py)"
         )
     B, T = idx.shape
     row_segments, max_len = step.row_segments, step.max_len

@@ -30,6 +30,7 @@ from model.context import Context
 from model.embedding import smear, value_tables
 from model.flops import StepFlops
 from model.forward_context import build_context
+from model.forward_schedule import check_stages, yarn_windows
 from model.head import head_logits
 from model.init import initialise
 from model.kv_cache import KVCache
@@ -48,11 +49,15 @@ from model.values import ValueGates
 from model.varlen import varlen_support
 from model.xsa import XSA
 from model.yarn import yarn_table
+from stages import StageTable
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, stages: StageTable | None = None) -> None:
+        """The model of `cfg`; `stages`: the run's stage table (train.stages), whose long
+        windows the YaRN tables follow (none: no stages)."""
         super().__init__()
+        check_stages(cfg, stages or StageTable())
         cfg.validate()
         self.cfg = cfg
         self.plan = layer_plan(cfg)
@@ -77,7 +82,7 @@ class GPT(nn.Module):
         self.mudd = MUDD(cfg, plan) if res.mudd else None
         self.bigram = BigramHash(cfg) if cfg.bigram.rows else None
         att = cfg.attention
-        windows = att.long_windows if att.yarn else None
+        windows = yarn_windows(cfg, stages)
         self.rotary = Rotary(
             cfg.head_dim, att.rope_base, att.rope, att.rope_bf16, att.rope_reciprocal, windows,
             att.window_block, att.yarn_max_window,

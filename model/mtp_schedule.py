@@ -1,6 +1,6 @@
 """The multi-token prediction weights by step, from the stage table's mtp_weights column
 (train.stages, stages/table.py; model/mtp.py uses them). Free of torch, as the config that
-calls it (`ModelConfig.step_args`)."""
+calls it (model/forward_schedule.py)."""
 
 from stages import StageTable
 

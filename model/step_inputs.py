@@ -1,6 +1,6 @@
 """The forward's step arguments as the layers use them.
 
-The schedule (trainer/schedule.py, `ModelConfig.step_args`) hands them over as 0-d float
+The schedule (trainer/schedule.py, model/forward_schedule.py) hands them over as 0-d float
 tensors, so a compiled model does not recompile as they change: the long window in tokens,
 the short one (token windows only) and the YaRN stage. Here they become what the masks and
 the attention take: windows in blocks (⌈W/b⌉, N(s)) or in tokens (⌊W⌋: i − j ≤ W holds iff

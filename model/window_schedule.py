@@ -1,11 +1,12 @@
-"""The attention window's schedules: by stage (records C and D) and linear (the 2025-01).
+"""The attention window's schedules: by stage (the 2025-11 and later records) and linear (the
+2025-01 record's).
 
 By stage: each row of the stage table (train.stages, stages/table.py) gives the long window
 in blocks, the table's window_after the extension steps' and window_final_eval the final
 evaluation's; the short window is ⌊long/2⌋ and the YaRN stage is the index of the long window
 (`window_schedule_at`). Linear: the long window grows with the step to
-model.attention.window_tokens (`window_at`). `ModelConfig.step_args` turns either into the
-forward's arguments.
+model.attention.window_tokens (`window_at`). `forward_args` (model/forward_schedule.py) turns
+either into the forward's arguments.
 """
 
 from stages import StageTable

@@ -15,8 +15,8 @@ base scale: s ← s · (1 + 0.2 · ln(N₁/N₀)), in Python floats (float64). Z
 unrotated half of a half-truncated rotary) stay zero.
 
 `yarn_table` is pure: the model builds it once from its base frequencies
-(`Rotary.inv_freq`) and `AttentionConfig.long_windows`, and the step's "yarn_stage" forward
-argument (`ModelConfig.step_args`) picks the row.
+(`Rotary.inv_freq`) and the stage table's long windows (model/forward_schedule.py
+`yarn_windows`), and the step's "yarn_stage" forward argument (`forward_args`) picks the row.
 """
 
 import math

@@ -102,8 +102,8 @@ def model_config(saved: dict[str, Any], path: Path) -> ModelConfig:
 
 
 def stage_table(saved: dict[str, Any]) -> StageTable:
-    """The checkpoint's stage table (its saved train.stages; none: no stages), which the model
-    reads its windows by stage from."""
+    """The checkpoint's stage table (its saved train.stages; none: no stages): the model's
+    YaRN tables follow its windows, and the schedule reads each step's row from it."""
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(StageTable), saved))
 
 
@@ -127,8 +127,7 @@ def load_model(path: Path, device: torch.device) -> tuple[GPT, dict[str, Any]]:
     meta = files.validate(path)
     meta["config"] = upgrade_saved(upgrade_config(meta.get("config", {}), meta))
     cfg = model_config(meta["config"].get("model", {}), path)
-    cfg.set_stages(stage_table(meta["config"].get("train", {}).get("stages", {})))
-    model = GPT(cfg)
+    model = GPT(cfg, stage_table(meta["config"].get("train", {}).get("stages", {})))
     try:
         state = read_state(path, meta.get("layout", "torch_save"))
         model.load_state_dict(upgrade_parts({"model": state}, meta)["model"])  # today's names
@@ -142,9 +141,13 @@ def load_model(path: Path, device: torch.device) -> tuple[GPT, dict[str, Any]]:
 
 def forward_args(model: GPT, config: dict[str, Any], device: torch.device) -> dict[str, Tensor]:
     """The model's step-dependent forward arguments at the end of training: the final
-    evaluation's, from the run's schedule (the optimizer's part of it is not used here)."""
-    steps = config.get("train", {}).get("steps", TrainConfig.steps)
-    schedule = Schedule(steps, OptimConfig(), model.cfg)
+    evaluation's, from the run's schedule over its saved steps and stage table (the
+    optimizer's part of it is not used here)."""
+    saved = config.get("train", {})
+    steps = saved.get("steps", TrainConfig.steps)
+    train = TrainConfig(steps=steps, extension_steps=saved.get("extension_steps", 0),
+                        stages=stage_table(saved.get("stages", {})))  # fmt: skip
+    schedule = Schedule(steps, OptimConfig(), model.cfg, train)
     return {k: torch.tensor(v, device=device) for k, v in schedule.model_args(steps).items()}
 
 

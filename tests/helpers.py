@@ -1,7 +1,6 @@
 """Shared test helpers: compose the real Hydra config with small CPU overrides; hand a model
 config a stage table."""
 
-import copy
 import signal
 import subprocess
 import time
@@ -9,7 +8,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from model.config import ModelConfig
 from stages import Stage, StageTable
 from trainer.cli.overrides import compose_config as compose_run_config
 
@@ -41,13 +39,10 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
     return compose_run_config(list(overrides or []), CONF_DIR)
 
 
-def staged(cfg: ModelConfig, windows: list[int], **table: object) -> ModelConfig:
-    """A copy of the model config `cfg` handed a stage table (as the root config hands it
-    train.stages) of these long windows by stage and the table's entries `table`
-    (window_after=13, ...)."""
-    out = copy.deepcopy(cfg)
-    out.set_stages(StageTable(rows=[Stage(window=w) for w in windows], **table))
-    return out
+def stage_table(windows: list[int], **table: object) -> StageTable:
+    """A stage table (the run's train.stages, which the model is handed when built) of these
+    long windows by stage and the table's entries `table` (window_after=13, ...)."""
+    return StageTable(rows=[Stage(window=w) for w in windows], **table)
 
 
 def sigterm_after(cmd: list[str], cwd: Path, run_dir: Path | None, records: int) -> tuple[int, str]:

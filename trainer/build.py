@@ -38,7 +38,8 @@ from trainer.schedule import Schedule
 
 @dataclass(frozen=True)
 class Parts:
-    """What a run is made of: `model(cfg.model)` builds the model, `optimizer(model,
+    """What a run is made of: `model(cfg.model, cfg.train.stages)` builds the model (handed
+    the run's stage table), `optimizer(model,
     cfg.optim, device=, process_group=, parallelism=[, comm=])` its optimizer object (`comm`
     only where a caller gives one), and `data(cfg.data, **shape)` the train loader and the
     validation batches (data/build.py's signature)."""
@@ -68,9 +69,9 @@ class Run:
 
 
 def build_model(conf: Config, parts: Parts, rt: Runtime, accum_steps: int = 1) -> nn.Module:
-    """`parts.model(conf.model)` on the run's device, refused where the device cannot run its
-    kernels, told its micro-steps."""
-    model = parts.model(conf.model).to(rt.device)
+    """`parts.model(conf.model, conf.train.stages)` on the run's device, refused where the
+    device cannot run its kernels, told its micro-steps."""
+    model = parts.model(conf.model, conf.train.stages).to(rt.device)
     if hasattr(model, "check_device"):  # kernels this device can't run, before any step
         model.check_device(rt.device)
     # The FP8 head undoes the loss's division by micro-steps (model/head.py)

@@ -18,6 +18,7 @@ from omegaconf import II, DictConfig, OmegaConf
 
 from data.config import DataConfig
 from model.config import ModelConfig
+from model.forward_schedule import check_stages
 from optim.config import OptimConfig
 from optim.parallelism import DEFAULT as DEFAULT_PARALLELISM
 from optim.parallelism import NAMES as PARALLELISM_NAMES
@@ -308,17 +309,14 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig, metadata=OPERATIONAL)
     logging: LoggingConfig = field(default_factory=LoggingConfig, metadata=OPERATIONAL)
 
-    def __post_init__(self) -> None:
-        self.model.set_stages(self.train.stages)  # the model reads its windows by stage there
-
     def validate(self) -> None:
         """Check every value once, before any work; raise ValueError naming the key."""
-        self.model.set_stages(self.train.stages)  # again: either may have been replaced since
         check_choices(self)
         check_finite(self)  # first: a NaN passes the groups' range checks
         if not 0 <= self.seed < 2**32:  # numpy's seed range (runtime.seed_everything)
             raise ValueError(f"seed must be in [0, 4294967295] (0 to 2**32 - 1), got {self.seed}")
         self.train.validate()  # first: the stage table, which the model's check reads
+        check_stages(self.model, self.train.stages)  # the model's window keys against the table
         self.model.validate()
         self.data.validate()
         self.optim.validate(self.train.steps, self.train.scheduled_steps, self.dist.parallelism)

@@ -5,12 +5,13 @@ The loop asks `Schedule.at(step)` once per training step and hands the optimizer
 evaluation after `step` updates asks `model_args(step)`. Each package declares its own
 step-dependent values as pure functions of (step, total steps) beside the settings that drive
 them: the optimizer's in optim/schedule.py (LR multiplier, Muon momentum), the model's in
-`ModelConfig.step_args` (the attention window, the MTP weights), the data's in
-`TrainConfig.seq_len_at` (the sequence length by stage) and `data_args` here (the piece cap
-and the piece limit by stage, which the loader takes as keyword arguments). What changes by
-stage is a row of the one stage table, train.stages, and every one of them reads the step's
-row through its one rule (`StageTable.index`). A new one is a function there and its use;
-this object and the loop pass it through unchanged. `scripts/sample.py` uses the same object.
+model/forward_schedule.py (the attention window, the MTP weights, the varlen kernel's step),
+the data's in `TrainConfig.seq_len_at` (the sequence length by stage) and `data_args` here (the
+piece cap and the piece limit by stage, which the loader takes as keyword arguments). What
+changes by stage is a row of the one stage table, train.stages, and every one of them reads the
+step's row through its one rule (`StageTable.index`). A new one is a function there and its
+use; this object and the loop pass it through unchanged. `scripts/sample.py` uses the same
+object.
 
 The schedules span the scheduled steps, train.steps − train.extension_steps, and hold their
 final values over the extension steps after them (the 2025-11 record's 40 of 2,160).
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 from data.config import DataConfig
 from model.config import ModelConfig
+from model.forward_schedule import forward_args
 from optim.config import OptimConfig
 from optim.schedule import OptimValues, optim_values
 from stages import StageTable
@@ -40,10 +42,10 @@ class StepValues:
 @dataclass(frozen=True)
 class Schedule:
     """The run's step-dependent values. `train` gives the extension steps and the stage table
-    (train.stages), which the model config must have been handed (`ModelConfig.set_stages`, as
-    the root config does); without it (tools that want only the optimizer's or the model's
-    values) every step is scheduled, the table is the model config's and StepValues.seq_len is
-    0. `data` gives the loader's arguments; without it StepValues.data_args is {}."""
+    (train.stages), which the schedule hands each package's values; without it (tools that
+    want only the optimizer's values) every step is scheduled, there are no stages and
+    StepValues.seq_len is 0. `data` gives the loader's arguments; without it
+    StepValues.data_args is {}."""
 
     total_steps: int
     optim: OptimConfig
@@ -55,11 +57,6 @@ class Schedule:
         if self.train is not None and self.train.steps != self.total_steps:
             raise ValueError(
                 f"total_steps ({self.total_steps}) must be train.steps ({self.train.steps})"
-            )
-        if self.train is not None and (self.model.stages or StageTable()) != self.train.stages:
-            raise ValueError(
-                "the model config reads another stage table than train.stages: hand it "
-                "ModelConfig.set_stages(train.stages) (the root config does)"
             )
 
     @classmethod
@@ -80,8 +77,8 @@ class Schedule:
 
     @property
     def stages(self) -> StageTable:
-        """The run's stage table: train.stages, which is also the model config's."""
-        return self.model.stages or StageTable()
+        """The run's stage table: train.stages (none without `train`)."""
+        return self.train.stages if self.train is not None else StageTable()
 
     def at(self, step: int) -> StepValues:
         """The values for update `step` (0-based)."""
@@ -105,6 +102,7 @@ class Schedule:
     def model_args(self, step: int) -> dict[str, float | tuple[float, ...]]:
         """The model's forward arguments at `step` (0 ... total_steps: an update, or an
         evaluation after `step` updates; step == total_steps is the final evaluation)."""
-        return self.model.step_args(
-            step, self.total_steps, self.scheduled_steps, final_eval=step == self.total_steps
-        )
+        return forward_args(
+            self.model, self.stages, step, self.total_steps, self.scheduled_steps,
+            final_eval=step == self.total_steps,
+        )  # fmt: skip

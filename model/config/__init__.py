@@ -21,27 +21,22 @@ after a record (`model.head.loss=record_2026_07`) with one line naming today's v
 (`model/config/renamed.py`).
 
 What changes by stage (the long window, the MTP weights) is no model key: it is a column of
-the run's stage table, train.stages (stages/table.py), which the root config hands the model
-config (`set_stages`). The model builds its YaRN tables for the table's windows and reads each
-step's row from it (`step_args`).
+the run's stage table, train.stages (stages/table.py). The config carries no table: the model
+is handed it when built (`GPT(cfg, stages)`, for its YaRN tables) and the run's schedule reads
+each step's row from it (model/forward_schedule.py).
 """
 
 import copy
-import math
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from model.config.across import validate_across_groups
 from model.config.attention import AttentionConfig
 from model.config.bigram import BigramConfig
 from model.config.head import HeadConfig
-from model.config.kernel_step import KernelStep
 from model.config.moved import MOVED, moved_key, moved_message
 from model.config.numerics import NumericsConfig
 from model.config.stream import EmbedConfig, MlpConfig, ResidualConfig
-from model.mtp_schedule import mtp_weights_at
-from model.window_schedule import window_at, window_schedule_at
-from stages import StageTable
 from stages.moved import moved_message as stage_moved_message
 from stages.moved import moved_within
 
@@ -89,8 +84,6 @@ class ModelConfig:
     head: HeadConfig = field(default_factory=HeadConfig)
     numerics: NumericsConfig = field(default_factory=NumericsConfig)
     bigram: BigramConfig = field(default_factory=BigramConfig)
-    # Not a key: the run's stage table (train.stages), set by `set_stages`. None = no stages.
-    stages: ClassVar[StageTable | None] = None
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names the config lacks: a key of the flat schema names its group.
@@ -99,77 +92,6 @@ class ModelConfig:
         if name in MOVED:
             raise AttributeError(moved_message(name))
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def set_stages(self, stages: StageTable | None) -> None:
-        """Hand the config the run's stage table (train.stages; the root config does, before
-        any model is built): the model's YaRN stages are its windows (`attention.long_windows`)
-        and `step_args` reads each step's row from it."""
-        self.stages = stages
-        self.attention.stages = stages
-
-    def step_args(
-        self,
-        step: int,
-        total_steps: int,
-        scheduled_steps: int | None = None,
-        final_eval: bool = False,
-    ) -> dict[str, float | tuple[float, ...] | KernelStep]:
-        """The forward's step-dependent arguments for `step` (0 ... total_steps: the training
-        update `step`, or an evaluation after `step` updates); the run's schedule
-        (trainer/schedule.py) asks for them once per step. The schedules span the first
-        `scheduled_steps` (default all) and hold their final values after; `final_eval`: the
-        evaluation after the last update (the stage table's window_final_eval).
-
-        With a window by stage (the stage table's window column, `set_stages`):
-        {"window_tokens": the long window, "short_window_tokens": the short one (both whole
-        blocks, in tokens), and with yarn "yarn_stage": the index into
-        `attention.long_windows` (`window_schedule_at`)}. Otherwise {"window_tokens":
-        window_at(...)} with window_tokens, or {}. With head.mtp and the table's mtp_weights
-        also "mtp_weights": the multi-token weights, a tuple of the longest row's length
-        (`mtp_weights_at`)."""
-        scheduled = total_steps if scheduled_steps is None else scheduled_steps
-        args = self._window_args(step, total_steps, scheduled, final_eval)
-        if self.head.mtp and self.stages is not None and self.stages.column("mtp_weights"):
-            args["mtp_weights"] = mtp_weights_at(self.stages, step, scheduled)
-        if self.attention.impl == "varlen":
-            args["kernel_step"] = self._kernel_step(args, step, scheduled)
-        return args
-
-    def _kernel_step(self, args: dict, step: int, scheduled: int) -> KernelStep:
-        """With attention.impl=varlen, "kernel_step": the kernel's Python arguments
-        (model/varlen.py): the windows in whole tokens (−1: none), the YaRN stage, and the
-        stage's max_pieces and max_piece_len where the stage table sets them."""
-
-        def whole(key: str) -> int:
-            return math.floor(args[key]) if key in args else -1
-
-        row_segments, max_len = self.attention.max_segments, 0
-        if self.stages is not None and self.stages.rows:
-            row = self.stages.row(step, scheduled)
-            row_segments = row.max_pieces or row_segments
-            max_len = row.max_piece_len or 0
-        stage = int(args.get("yarn_stage", 0))
-        long, short = whole("window_tokens"), whole("short_window_tokens")
-        return KernelStep(long, short, stage, row_segments, max_len)
-
-    def _window_args(
-        self, step: int, total_steps: int, scheduled: int, final_eval: bool
-    ) -> dict[str, float | tuple[float, ...]]:
-        """`step_args`' window part."""
-        att, stages = self.attention, self.stages
-        if stages is not None and stages.column("window"):
-            long, short, stage = window_schedule_at(stages, step, scheduled, final_eval)
-            args = {
-                "window_tokens": long * att.window_block,
-                "short_window_tokens": short * att.window_block,
-            }
-            return {**args, "yarn_stage": stage} if att.yarn else args
-        if not att.window_tokens:
-            return {}
-        if scheduled == total_steps:
-            return {"window_tokens": window_at(step, total_steps, att.window_tokens)}
-        # Extension steps keep the final window: the growth spans the scheduled steps.
-        return {"window_tokens": window_at(min(step, scheduled), scheduled, att.window_tokens)}
 
     @property
     def differs_per_layer(self) -> bool:

@@ -3,13 +3,12 @@
 Per-layer options (`layers`, `window`) are patterns over the layers of a reference depth, one
 character per layer, resampled to `model.n_layer` (`model/plan.py`). The window's schedules
 (by stage, or linear) are `model/window_schedule.py`'s; the windows by stage are the run's
-stage table's (train.stages), which the model config is handed (`ModelConfig.set_stages`).
+stage table's (train.stages), which the model is handed when built and the run's schedule
+reads (model/forward_schedule.py, whose `check_stages` checks these keys against it).
 """
 
 from dataclasses import dataclass, field
-from typing import ClassVar
 
-from stages import StageTable
 from stages.moved import refuse_moved
 
 ROPES = ("full", "half_truncated", "interleaved_half")
@@ -23,10 +22,6 @@ OUT_INITS = ("zero", "uniform")
 @dataclass
 class AttentionConfig:
     """The `model.attention` group."""
-
-    # Not a key: the run's stage table (train.stages), set by `ModelConfig.set_stages`; the
-    # long window of each stage and the YaRN stages are read from it. None = no stages.
-    stages: ClassVar[StageTable | None] = None
 
     layers: str = ""
     """Per-layer pattern: "A" attention, "." MLP only; "" = all attention."""
@@ -96,7 +91,7 @@ class AttentionConfig:
     yarn: bool = False
     """YaRN: at every change of the long window by stage (train.stages.rows.N.window) the
     rotary frequencies are rescaled and the attention scale raised (model/yarn.py); the
-    forward takes the stage (`step_args`)."""
+    forward takes the stage (model/forward_schedule.py)."""
     yarn_max_window: int = 0
     """YaRN rescales only at changes to a long window of at most this many blocks; a change to
     a longer one keeps the frequencies and the scale as they are (record M: 13, so its
@@ -112,15 +107,8 @@ class AttentionConfig:
     with i − j ≤ W tokens (W + 1 keys), long W = window_tokens, short W = short_window_tokens."""
     window_tokens: int = 0
     """The long window at the last step, in tokens, growing linearly from 1 token with the
-    step (`step_args`), rounded up to whole blocks; 0 = no window, or the window by stage
-    (train.stages.rows.N.window)."""
-
-    @property
-    def long_windows(self) -> list[int]:
-        """The long windows in blocks, in order: each stage's, then the extension steps' if
-        set (`StageTable.long_windows`). The YaRN stages follow it: stage k = after k changes
-        (model/yarn.py)."""
-        return self.stages.long_windows if self.stages is not None else []
+    step (model/forward_schedule.py), rounded up to whole blocks; 0 = no window, or the window
+    by stage (train.stages.rows.N.window)."""
 
     def validate(self, head_dim: int) -> None:
         """Raise ValueError naming the `model.attention.*` key that is wrong."""
@@ -148,7 +136,6 @@ class AttentionConfig:
         for key in ("scale", "window_tokens", "init_std", "yarn_max_window"):
             if getattr(self, key) < 0:
                 raise ValueError(f"model.attention.{key} must be >= 0, got {getattr(self, key)}")
-        self._validate_windows()
         for key, allowed in (("window", "LS"), ("layers", "A."), ("xsa", "X."), ("paired", "P.")):
             bad = set(getattr(self, key)) - set(allowed)
             if bad:
@@ -186,29 +173,4 @@ class AttentionConfig:
                 "model recompiles at each new width: a window growing linearly "
                 "(model.attention.window_tokens) would recompile every few steps; use a window "
                 "by stage (train.stages.rows.N.window) or model.attention.impl=flex"
-            )
-
-    def _validate_windows(self) -> None:
-        by_stage = self.stages is not None and bool(self.stages.column("window"))
-        if by_stage and self.window_tokens:
-            raise ValueError(
-                "model.attention.window_tokens (a window growing linearly) and "
-                "train.stages.rows.N.window (a window by stage) exclude each other: set one"
-            )
-        if by_stage and not self.window:
-            raise ValueError(
-                "train.stages.rows.N.window needs model.attention.window (which layers have the "
-                "long window and which the short one)"
-            )
-        if not by_stage and bool(self.window) != bool(self.window_tokens):
-            raise ValueError(
-                "model.attention.window (which layers have sliding windows) and their width go "
-                "together: a width by stage (train.stages.rows.N.window) or growing linearly "
-                "(model.attention.window_tokens), or neither; got window="
-                f"{self.window!r}, window_tokens={self.window_tokens} and no window by stage"
-            )
-        if self.yarn and not by_stage:
-            raise ValueError(
-                "model.attention.yarn needs the window by stage (train.stages.rows.N.window): it "
-                "rescales the rotary at each change"
             )

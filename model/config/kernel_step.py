@@ -1,12 +1,12 @@
 """The varlen attention kernel's Python arguments of a step (model.attention.impl=varlen,
-model/varlen.py): in the config layer, torch-free, so the model's config builds them
-(`ModelConfig.step_args`) and the trainer passes them on."""
+model/varlen.py): in the config layer, torch-free, so the model's part of the schedule builds
+them (model/forward_schedule.py `forward_args`) and the trainer passes them on."""
 
 from typing import NamedTuple
 
 
 class KernelStep(NamedTuple):
-    """The varlen kernel's Python arguments for one training step (`ModelConfig.step_args`);
+    """The varlen kernel's Python arguments for one training step (`forward_args`);
     an evaluation takes model.attention.max_segments and whole rows instead."""
 
     long: int  # the long window W in tokens (−1: none)

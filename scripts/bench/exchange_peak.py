@@ -46,7 +46,7 @@ def muon_shapes(experiment: str) -> list[tuple[torch.Size, str]]:
     cfg.run_dir = "."
     conf = to_config(cfg)
     with torch.device("meta"):
-        model = GPT(conf.model)
+        model = GPT(conf.model, conf.train.stages)
     named = partition_params(model, conf.optim.name, conf.optim.roles)
     mark_stacks(named["muon"], conf.optim.muon.expert_keys)
     return [(p.shape, stack_of(p)) for _, p in named["muon"]]

@@ -44,8 +44,7 @@ def step_ms(changes: dict, tokens: int, repeats: int) -> float:
     """Median ms of one forward + backward over 2 rows of tokens/2."""
     torch.manual_seed(0)
     cfg = update(ModelConfig(), changes)
-    cfg.set_stages(STAGES)
-    model = GPT(cfg).train()
+    model = GPT(cfg, STAGES).train()
     idx = torch.randint(0, 50257, (2, tokens // 2))
     args = {"window_tokens": torch.tensor(384.0), "short_window_tokens": torch.tensor(128.0),
             "mtp_weights": torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)}  # fmt: skip

@@ -70,10 +70,10 @@ def test_one_static_training_graph_without_breaks_or_recompiles(record: str, imp
     t = conf.train
     rt = init_runtime("cpu", t.autocast)
     torch.manual_seed(0)
-    model = GPT(conf.model)
+    model = GPT(conf.model, conf.train.stages)
     model.micro_steps = 2
     opt = build_optimizer(model, conf.optim, device=rt.device)
-    schedule = Schedule(t.steps, conf.optim, conf.model)
+    schedule = Schedule.for_run(t, conf.optim, conf.model)
     reset_compile_state()
     recorder = Recorder()
     compiled = compile_model(model, recorder)

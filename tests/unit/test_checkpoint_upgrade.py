@@ -42,7 +42,7 @@ OVERRIDES = {"D": D, "C": C, "B": B}
 def model_of(case: str) -> GPT:
     conf = to_config(compose_config([*OVERRIDES[case], "run_dir=."]))
     torch.manual_seed(0)
-    return GPT(conf.model)
+    return GPT(conf.model, conf.train.stages)
 
 
 def naming_1_state(model: GPT, case: str) -> dict[str, torch.Tensor]:

@@ -137,7 +137,7 @@ def test_a_cpu_training_step_never_calls_the_fp8_kernel(experiment: str) -> None
     conf = to_config(compose_config([f"experiment={experiment}", *toy]))
     assert conf.model.head.fp8
     torch.manual_seed(0)
-    model = GPT(conf.model)
+    model = GPT(conf.model, conf.train.stages)
     opt = build_optimizer(model, conf.optim, device=torch.device("cpu"))
     schedule = Schedule.for_run(conf.train, conf.optim, conf.model)
     args = {k: torch.tensor(v, dtype=torch.float64) for k, v in schedule.model_args(0).items()}

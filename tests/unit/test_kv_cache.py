@@ -100,7 +100,7 @@ def test_what_the_cache_cannot_serve_is_refused_by_name() -> None:
     conf = to_config(compose_config(["experiment=record_2026_07_17", "size=toy", "run_dir=."]))
     found = blockers(conf.model)
     assert {"model.attention.window", "model.attention.paired", "model.bigram.rows"} <= set(found)
-    model = GPT(conf.model).eval()
+    model = GPT(conf.model, conf.train.stages).eval()
     with pytest.raises(ValueError, match=r"a KV cache cannot serve this model: model\.attention"):
         model(tokens(4, 5), cache=KVCache(8))
 

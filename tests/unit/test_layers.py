@@ -66,9 +66,11 @@ def test_the_stage_table_imports_nothing_of_the_project() -> None:
     assert "stages.table" in GRAPH and GRAPH["stages"] >= {"stages.table"}
 
 
-# The model's config: its schema, and the pure window and MTP-weight schedules its step
-# arguments read from the stage table.
-CONFIG_LAYER = {"model.config", "model.window_schedule", "model.mtp_schedule"}
+# The model's config: its schema, and the pure schedules of the forward's step arguments (the
+# window, the MTP weights, and the forward's whole set) read from the stage table.
+CONFIG_LAYER = {
+    "model.config", "model.window_schedule", "model.mtp_schedule", "model.forward_schedule",
+}  # fmt: skip
 
 
 def in_config_layer(name: str) -> bool:

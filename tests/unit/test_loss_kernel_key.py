@@ -97,7 +97,7 @@ def test_where_the_kernel_cannot_run_or_has_nothing_to_do_the_key_is_refused(
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     conf = to_config(compose_config([*RECORD_89_TOY, "model.head.loss_kernel=triton"]))
     with torch.device("meta"):
-        model = GPT(conf.model)
+        model = GPT(conf.model, conf.train.stages)
     with pytest.raises(ValueError, match=r"loss_kernel=triton: cpu tensors need .*interpreter"):
         model.check_device(torch.device("cpu"))
     with pytest.raises(ValueError, match=r"loss_kernel=triton is the kernel of .*this run's"):

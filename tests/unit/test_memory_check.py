@@ -22,7 +22,7 @@ def test_the_estimate_is_its_terms() -> None:
     """Tiny model (2 layers, d 64, 2 heads), 2 sequences of 64 a step on one rank."""
     conf = config()
     with torch.device("meta"):
-        model = GPT(conf.model)
+        model = GPT(conf.model, conf.train.stages)
     params = list(model.parameters())
     e = estimate(conf, model, 1)
     assert e.state == sum(p.numel() * (p.element_size() + 8) for p in params)
@@ -45,7 +45,7 @@ def test_a_run_that_does_not_fit_is_refused_with_the_numbers(
 ) -> None:
     conf = config("model.attention.document_mask=true")
     with torch.device("meta"):
-        model = GPT(conf.model)
+        model = GPT(conf.model, conf.train.stages)
     need = estimate(conf, model, 1).total
     monkeypatch.setattr(memory_check, "available_bytes", lambda: 2 * need)
     check_fits(conf, model, 1, 1)  # fits
@@ -94,7 +94,7 @@ def test_record_89_eager_fits_an_80_gb_gpu_and_a_dense_mask_is_refused(
     before the first step, naming the key."""
     conf = record_89()
     with torch.device("meta"):
-        model = GPT(conf.model)
+        model = GPT(conf.model, conf.train.stages)
     cuda = torch.device("cuda", 0)
     e = estimate(conf, model, 1, "cuda")
     assert e.scores == 0 and e.total < 40 * GIB

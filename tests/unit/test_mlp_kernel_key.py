@@ -87,7 +87,7 @@ def test_where_the_kernel_cannot_run_or_has_nothing_to_fuse_the_key_is_refused(
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     conf = to_config(compose_config([*RECORD_89_TOY, "model.mlp.fp8_kernel=triton"]))
     with torch.device("meta"):
-        model = GPT(conf.model)
+        model = GPT(conf.model, conf.train.stages)
     with pytest.raises(ValueError, match=r"fp8_kernel=triton: .*interpreter"):
         model.check_device(torch.device("cpu"))
     with pytest.raises(ValueError, match=r"needs model\.mlp\.fp8=up_down, not up"):

@@ -14,21 +14,20 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from model import GPT, ModelConfig
 from model.config import update
 from model.plan import layer_plan
-from tests.helpers import staged
+from stages import StageTable
+from tests.helpers import stage_table
 
 EOT = 50256
 BASE = ModelConfig(n_layer=4, n_head=2, n_embd=32)
+# The record's windows by stage (its train.stages), which YaRN's tables follow
+RECORD_STAGES = stage_table([3, 7, 11], window_after=13, window_final_eval=20)
 RECORD_2025_11_29 = update(
-    staged(
-        ModelConfig(n_layer=12, n_head=6, n_embd=768, init_std=0.5),
-        [3, 7, 11],
-        window_after=13,
-        window_final_eval=20,
-    ),
+    ModelConfig(n_layer=12, n_head=6, n_embd=768, init_std=0.5),
     {
         "attention.rope": "half_truncated",
         "attention.rope_bf16": True,
@@ -89,13 +88,13 @@ def norm(z: torch.Tensor) -> torch.Tensor:
     return z / torch.sqrt(z.square().mean(-1, keepdim=True) + torch.finfo(z.dtype).eps)
 
 
-def yarn_steps(cfg: ModelConfig, stage: int | None) -> list[tuple[int, int]]:
-    """The window changes (W₀, W₁) in tokens up to `stage`."""
-    windows = [n * cfg.attention.window_block for n in cfg.attention.long_windows]
+def yarn_steps(cfg: ModelConfig, stages: StageTable, stage: int | None) -> list[tuple[int, int]]:
+    """The window changes (W₀, W₁) in tokens up to `stage`, by the stage table `stages`."""
+    windows = [n * cfg.attention.window_block for n in stages.long_windows]
     return list(itertools.pairwise(windows))[: stage or 0]
 
 
-def frequencies(model: GPT, cfg: ModelConfig, stage: int | None) -> torch.Tensor:
+def frequencies(model: GPT, cfg: ModelConfig, stages: StageTable, stage: int | None) -> Tensor:
     """ω from C.1 step 3 (half-truncated: 1024^(−j/(D/4 − 1)), then zeros) and YaRN's C.4
     steps, in float64; checked against the model's fp32 table, whose values are then used
     (the angles of an fp32 table in float64, as the float64 model computes them)."""
@@ -106,7 +105,7 @@ def frequencies(model: GPT, cfg: ModelConfig, stage: int | None) -> torch.Tensor
     else:
         omega = cfg.attention.rope_base ** (-j / (D // 2))
     table = model.rotary.inv_freq
-    for w0, w1 in yarn_steps(cfg, stage):
+    for w0, w1 in yarn_steps(cfg, stages, stage):
         gamma = ((w0 * omega / (2 * math.pi) - 1) / 31).clamp(0, 1)
         omega = omega * (w0 / w1 + gamma * (1 - w0 / w1))
         table = model.rotary.stage_freqs[stage]
@@ -136,7 +135,8 @@ def allowed(idx: torch.Tensor, document: bool, w: int | None) -> torch.Tensor:
     return out
 
 
-def reference(model: GPT, cfg: ModelConfig, idx: torch.Tensor, windows: dict, stage=None):
+def reference(model: GPT, cfg: ModelConfig, idx: torch.Tensor, windows: dict, stage=None,
+              stages: StageTable | None = None):  # fmt: skip
     """Logits by C.1's forward pass; `cfg`'s per-layer patterns have n_layer characters."""
     P, (B, T) = dict(model.named_parameters()), idx.shape
     n, H, D, d = cfg.n_layer, cfg.n_head, cfg.head_dim, cfg.n_embd
@@ -165,9 +165,10 @@ def reference(model: GPT, cfg: ModelConfig, idx: torch.Tensor, windows: dict, st
         k: allowed(idx, cfg.attention.document_mask, windows.get(k))
         for k in (None, "long", "short")
     }
-    omega = frequencies(model, cfg, stage)
+    stages = stages or StageTable()
+    omega = frequencies(model, cfg, stages, stage)
     scale = cfg.attention.scale or 1 / math.sqrt(D)
-    for w0, w1 in yarn_steps(cfg, stage):
+    for w0, w1 in yarn_steps(cfg, stages, stage):
         scale = scale * (1 + 0.2 * math.log(w1 / w0))
     outputs = []
     for layer in range(n):
@@ -224,9 +225,9 @@ def reference(model: GPT, cfg: ModelConfig, idx: torch.Tensor, windows: dict, st
     return cfg.head.softcap * torch.tanh(z / cfg.head.softcap)
 
 
-def randomised(cfg: ModelConfig, seed: int = 0) -> GPT:
+def randomised(cfg: ModelConfig, stages: StageTable | None = None, seed: int = 0) -> GPT:
     torch.manual_seed(seed)
-    model = GPT(cfg).double()
+    model = GPT(cfg, stages).double()
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * (0.5 if p.ndim >= 2 else 0.3) + (p.ndim < 2) * 0.5)
@@ -262,8 +263,8 @@ YARN = {
     "attention.window_granularity": "token",
     "attention.window_block": 1,
 }
-CASES = {  # (model config, window tokens (long, short), YaRN stage)
-    "record C at 4 layers": (TOY, (5, 2), 2),
+CASES = {  # (model config, window tokens (long, short), YaRN stage, stage table)
+    "record C at 4 layers": (TOY, (5, 2), 2, RECORD_STAGES),
     "empty block 0": (
         update(
             BASE, {"mlp.layers": ".MMM", "attention.layers": ".AAA", "residual.x0_shortcut": True}
@@ -277,7 +278,7 @@ CASES = {  # (model config, window tokens (long, short), YaRN stage)
     "backout": (update(BASE, {"residual.backout_layer": 1}),),
     "packed scalars": (update(BASE, PACKED),),
     "token windows": (update(BASE, {"attention.document_mask": True, **TOKENS}), (3, 1)),
-    "yarn": (update(staged(BASE, [4, 9], window_after=16), YARN), (16, 0), 1),
+    "yarn": (update(BASE, YARN), (16, 0), 1, stage_table([4, 9], window_after=16)),
 }
 
 
@@ -289,9 +290,9 @@ BF16 = {"record C at 4 layers", "yarn"}
     "name", [pytest.param(c, marks=[pytest.mark.cpu_bf16] * (c in BF16)) for c in CASES]
 )
 def test_forward_and_gradients_match_the_formulas(name: str) -> None:
-    cfg, window, stage = (*CASES[name], None, None)[:3]
+    cfg, window, stage, stages = (*CASES[name], None, None, None)[:4]
     per_layer = TOY_4 if cfg is TOY else cfg
-    model = randomised(cfg)
+    model = randomised(cfg, stages)
     idx = tokens()
     args, windows = {}, {}
     if window:
@@ -301,7 +302,7 @@ def test_forward_and_gradients_match_the_formulas(name: str) -> None:
     if stage is not None:
         args["yarn_stage"] = torch.tensor(stage)
     got = model(idx, **args)
-    want = reference(model, per_layer, idx, windows, stage)
+    want = reference(model, per_layer, idx, windows, stage, stages)
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
     params = list(model.parameters())
     g_got = torch.autograd.grad(got.square().mean(), params, allow_unused=True)

@@ -11,13 +11,16 @@ import torch.nn.functional as F
 from model import GPT
 from model.config import update
 from model.flops import training_flops
+from model.forward_schedule import check_stages
 from model.head import FP8Matmul
 from model.loss import model_loss
 from optim.partition import param_roles
+from stages import StageTable
 from tests.unit.test_record_2025_11_29_model import (
     BASE,
     EOT,
     RECORD_2025_11_29,
+    RECORD_STAGES,
     TOKENS,
     TOY,
     tokens,
@@ -30,7 +33,7 @@ pytestmark = pytest.mark.cpu_bf16
 def test_record_2025_11_29_parameters() -> None:
     """C.1: 268,665,628 parameters in 49 tensors, their shapes, dtypes and optimizer roles."""
     with torch.device("meta"):
-        model = GPT(RECORD_2025_11_29)
+        model = GPT(RECORD_2025_11_29, RECORD_STAGES)
     named = dict(model.named_parameters())
     assert sum(p.numel() for p in named.values()) == 268_665_628 and len(named) == 49
     roles = {r: [n for n, _ in ps] for r, ps in param_roles(model).items()}
@@ -52,7 +55,7 @@ def test_record_2025_11_29_parameters() -> None:
 
 def test_record_2025_11_29_initial_values() -> None:
     torch.manual_seed(0)
-    model = GPT(update(TOY, {"numerics.dtype": "bf16", "head.bf16": True}))
+    model = GPT(update(TOY, {"numerics.dtype": "bf16", "head.bf16": True}), RECORD_STAGES)
     n, bound = 4, math.sqrt(3) * 0.5 / math.sqrt(32)
     want = [-1.5] * n + [1.1, 0.0] * n + [0.5] * 2 * n + [0.0, 0.5] + [1.0] * 2
     packed = model.scalars.packed
@@ -68,7 +71,10 @@ def test_record_2025_11_29_initial_values() -> None:
     assert not model.smear_gate.weight.any() and model.smear_gate.weight.dtype == torch.bfloat16
     assert not model.lm_head.weight.any() and model.lm_head.weight.dtype == torch.bfloat16
     unpacked = GPT(
-        update(TOY, {"numerics.packed_scalars": False, "numerics.dtype": "bf16", "head.bf16": True})
+        update(
+            TOY, {"numerics.packed_scalars": False, "numerics.dtype": "bf16", "head.bf16": True}
+        ),
+        RECORD_STAGES,
     )
     own = unpacked.scalars
     assert own.skip_gate.item() == -1.5 and own.backout_lambda.item() == 0.5
@@ -80,7 +86,7 @@ def test_record_2025_11_29_initial_values() -> None:
 
 def test_loss_sum_in_training_mean_in_evaluation() -> None:
     """With the zero head every logit is capped to 15: the loss is ln(50304) per token."""
-    model = GPT(update(TOY, {"head.loss_dtype": "fp32"}))
+    model = GPT(update(TOY, {"head.loss_dtype": "fp32"}), RECORD_STAGES)
     idx = tokens()
     args = {"window_tokens": torch.tensor(5.0), "short_window_tokens": torch.tensor(2.0)}
     assert model(idx, idx, **args).item() == pytest.approx(idx.numel() * math.log(50304))
@@ -140,4 +146,6 @@ def test_token_window_flops_worked_by_hand() -> None:
 ])  # fmt: skip
 def test_bad_record_2025_11_29_options_name_the_key(change: dict) -> None:
     with pytest.raises(ValueError, match=rf"model\.{next(iter(change))}"):
-        update(BASE, change).validate()
+        cfg = update(BASE, change)
+        cfg.validate()
+        check_stages(cfg, StageTable())  # the model's keys against a run without stages

@@ -72,7 +72,7 @@ def adam(w: torch.Tensor, g: torch.Tensor, st: dict, s: int, lr: float) -> torch
 def test_three_steps_are_the_records_optimizers() -> None:
     cfg = to_config(compose_config(TOY_C))
     torch.manual_seed(0)
-    model = GPT(cfg.model).double()
+    model = GPT(cfg.model, cfg.train.stages).double()
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.3)
@@ -108,7 +108,7 @@ def test_the_presets_adam_moments_are_each_parameters_dtype() -> None:
     scalar vector, bf16 for the tables and the head (state_dtype=param, not bf16)."""
     cfg = to_config(compose_config(TOY_C))
     assert cfg.optim.adamw.state_dtype == "param"
-    model = GPT(cfg.model)
+    model = GPT(cfg.model, cfg.train.stages)
     opt = build_optimizer(model, cfg.optim, device=torch.device("cpu"))
     for _ in range(2):  # the odd step updates
         for p in model.parameters():

@@ -20,7 +20,7 @@ from optim.adam_table import resolve_table
 from optim.config import AdamRow, AdamWConfig, OptimConfig
 from optim.groups import partition_params
 from optim.schedule import OptimValues
-from tests.helpers import dotted, staged
+from tests.helpers import dotted, stage_table
 from tests.unit.test_record_2026_07_17_model import PRESET
 
 CPU = torch.device("cpu")
@@ -224,9 +224,9 @@ def record_2026_07_17() -> nn.Module:
            "bigram.signs": 16, "residual.mudd_hidden": 8}  # fmt: skip
     toy |= {f"bigram.optim.{p}": ParamOptim(**row) for p, row in BIGRAM.items()}
     cfg = update(ModelConfig(), dotted(OmegaConf.to_container(OmegaConf.load(PRESET))) | toy)
-    cfg = staged(cfg, [3, 7, 11], window_after=13, window_final_eval=20)  # the experiment's
+    stages = stage_table([3, 7, 11], window_after=13, window_final_eval=20)  # the experiment's
     with torch.device("meta"):
-        return GPT(cfg)
+        return GPT(cfg, stages)
 
 
 MUON = {"attn.qkvo", "mlp.fc.weight", "mlp.proj.weight"}

@@ -15,7 +15,7 @@ from model import GPT, ModelConfig
 from model.config import update
 from model.mlp_fp8 import delayed_states
 from tests import record_2026_07_17_reference as ref
-from tests.helpers import CONF_DIR, dotted, staged
+from tests.helpers import CONF_DIR, dotted, stage_table
 from trainer.checkpoint.upgrade import rename_key
 
 H, D, BOS, T = 6, 16, 50256, 24
@@ -51,14 +51,14 @@ SHAPES = {
 }  # fmt: skip
 
 
+ONE_STAGE = stage_table([1])  # windows by stage (the forward takes the step's width)
+# The experiment's windows by stage (its train.stages), which YaRN's tables follow
+RECORD_WINDOWS = stage_table([3, 7, 11], window_after=13, window_final_eval=20)
+
+
 def config(n_layer: int) -> ModelConfig:
     changes = RECORD_2026_07_17 if n_layer == 11 else {**RECORD_2026_07_17, **EIGHT}
-    return staged(update(ModelConfig(), changes), [1])  # windows by stage; the forward's rule
-
-
-def with_record_windows(cfg: ModelConfig) -> ModelConfig:
-    """`cfg` handed the experiment's windows by stage (its train.stages), which YaRN needs."""
-    return staged(cfg, [3, 7, 11], window_after=13, window_final_eval=20)
+    return update(ModelConfig(), changes)
 
 
 def shape(n_layer: int) -> ref.RecordDShape:
@@ -71,7 +71,7 @@ def shape(n_layer: int) -> ref.RecordDShape:
 def randomised(cfg: ModelConfig) -> GPT:
     """The model in float64 with every parameter random and non-zero (signs as they are)."""
     torch.manual_seed(0)
-    model = GPT(cfg).double().train()
+    model = GPT(cfg, ONE_STAGE).double().train()
     with torch.no_grad():
         for name, p in model.named_parameters():
             scale = 0.5 if p.dim() <= 1 or name.startswith("mudd") else 0.3
@@ -168,9 +168,9 @@ def test_the_records_shape_has_its_parameter_count_and_dtypes() -> None:
     the record's 498,773,000 less its 7,864,320 padding entries (qk_bank[60:64], vo_bank[20:24],
     mlp_bank[11]), which only divide its banks over 8 ranks; bf16 but the fp32 lambdas."""
     preset = dotted(OmegaConf.to_container(OmegaConf.load(PRESET)))
-    cfg = with_record_windows(update(ModelConfig(), preset | {"compile": False}))
+    cfg = update(ModelConfig(), preset | {"compile": False})
     with torch.device("meta"):
-        model = GPT(cfg)
+        model = GPT(cfg, RECORD_WINDOWS)
     params = dict(model.named_parameters())
     assert sum(p.numel() for p in params.values()) == 490_908_680 == 498_773_000 - 7_864_320
     banks = {  # the record's tensors, as this model holds them
@@ -197,7 +197,7 @@ def test_the_preset_takes_a_training_step_with_its_roundings() -> None:
            "bigram.signs": 16, "residual.mudd_hidden": 8}  # fmt: skip
     torch.manual_seed(0)
     preset = dotted(OmegaConf.to_container(OmegaConf.load(PRESET)))
-    model = GPT(with_record_windows(update(ModelConfig(), preset | toy)))
+    model = GPT(update(ModelConfig(), preset | toy), RECORD_WINDOWS)
     idx = tokens()
     windows = {"window_tokens": torch.tensor(384.0), "short_window_tokens": torch.tensor(128.0)}
     mtp = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)

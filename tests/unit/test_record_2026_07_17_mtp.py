@@ -11,11 +11,13 @@ import torch.nn.functional as F
 
 from model import GPT, ModelConfig
 from model.config import HeadConfig, update
+from model.forward_schedule import forward_args
 from model.loss import model_loss
 from model.mtp_schedule import mtp_weights_at
 from model.record_loss import e5m2_satfinite, record_head_loss, record_loss_rows
 from optim.config import OptimConfig
 from stages import Stage, StageTable
+from trainer.config import TrainConfig
 from trainer.forward import forward_backward
 from trainer.runtime import init_runtime
 from trainer.schedule import Schedule
@@ -124,12 +126,9 @@ def test_the_weights_follow_the_records_stages() -> None:
     assert mtp_weights_at(held, 919, 1380) == (1.0, 0.5, 0.0)
     # the step-argument route: only with head.mtp, a 1-D tensor on the device
     on = update(ModelConfig(), {"head.mtp": True})
-    on.set_stages(w)
-    schedule = Schedule(1390, OptimConfig(), on)
+    schedule = Schedule(1390, OptimConfig(), on, TrainConfig(steps=1390, stages=w))
     assert schedule.model_args(500)["mtp_weights"] == mtp_weights_at(w, 500, 1390)
-    off = ModelConfig()
-    off.set_stages(w)
-    assert "mtp_weights" not in off.step_args(500, 1390)
+    assert "mtp_weights" not in forward_args(ModelConfig(), w, 500, 1390)
     tensor = filled(mtp_weights_at(w, 10, 1380), torch.device("cpu"))
     assert tensor.shape == (3,) and tensor.tolist() == list(mtp_weights_at(w, 10, 1380))
 

@@ -249,7 +249,7 @@ def test_record_2026_07_17_model_at_toy_size_takes_it() -> None:
         "model.compile=false", *(f"optim.muon.{k}={v}" for k, v in keys.items()),
     ]))  # fmt: skip
     cfg.optim.lr_mul = {"*mlp.proj*": 2.0}
-    model = GPT(cfg.model)
+    model = GPT(cfg.model, cfg.train.stages)
     muon = build_optimizer(model, cfg.optim, device=torch.device("cpu")).parts[0]
     params = [p for g in muon.param_groups for p in g["params"]]
     for p in params:

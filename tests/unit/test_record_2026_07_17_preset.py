@@ -42,7 +42,7 @@ def test_each_normuon_matrix_takes_its_factor_m() -> None:
     factor times optim.lr_mul, at the record's shapes."""
     conf = preset()
     with torch.device("meta"):
-        model = GPT(conf.model)
+        model = GPT(conf.model, conf.train.stages)
     for name, p in model.named_parameters():
         if "qkvo" in name:
             blocks = [(2 * conf.model.head_dim, p.shape[-1])] * 2 + [tuple(p.shape[-2:])] * 2

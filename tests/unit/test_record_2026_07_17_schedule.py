@@ -86,7 +86,8 @@ def run() -> tuple[Config, Schedule, list[float]]:
     c = record_2026_07_17()
     att = c.model.attention
     freqs = Rotary(c.model.head_dim, mode=att.rope).inv_freq
-    scales = yarn_table(freqs, att.long_windows, att.window_block, att.scale).attn_scales
+    windows = c.train.stages.long_windows
+    scales = yarn_table(freqs, windows, att.window_block, att.scale).attn_scales
     return c, Schedule.for_run(c.train, c.optim, c.model, c.data), scales
 
 
@@ -327,7 +328,7 @@ def test_bad_values_name_their_key(changes: dict, key: str) -> None:
 
 def test_stage_keys_default_off() -> None:
     d = to_config({})  # the default run: no stages, no loader arguments, no plateaus
-    assert d.train.stages == StageTable() and d.model.attention.long_windows == []
+    assert d.train.stages == StageTable() and d.train.stages.long_windows == []
     sched = Schedule.for_run(d.train, d.optim, d.model, d.data)
     assert sched.at(0).data_args == {} and sched.at(0).model_args == {}
     # from_step without peaks: 1 before ⌊S·(1 − frac)⌋, then the line to the floor

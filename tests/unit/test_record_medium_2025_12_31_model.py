@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from model import GPT, ModelConfig
 from model.config import update
 from tests import record_medium_2025_12_31_reference as ref
-from tests.helpers import CONF_DIR, dotted, staged
+from tests.helpers import CONF_DIR, dotted, stage_table
 
 H, D, BOS, T = 4, 16, 50256, 24
 SHORT, LONG, SCALE = 3, 7, 0.5
@@ -46,15 +46,19 @@ SHAPES = {
 }  # fmt: skip
 
 
+ONE_STAGE = stage_table([1])  # windows by stage (the forward takes the step's width)
+RECORD_WINDOWS = stage_table([3, 7, 11, 13])  # the experiment's, which YaRN's tables follow
+
+
 def config(n_layer: int) -> ModelConfig:
     changes = RECORD_MEDIUM_2025_12_31 if n_layer == 16 else {**RECORD_MEDIUM_2025_12_31, **EIGHT}
-    return staged(update(ModelConfig(), changes), [1])  # windows by stage; the forward's rule
+    return update(ModelConfig(), changes)
 
 
 def randomised(cfg: ModelConfig) -> GPT:
     """The model in float64 with every parameter random and non-zero (signs as they are)."""
     torch.manual_seed(0)
-    model = GPT(cfg).double().train()
+    model = GPT(cfg, ONE_STAGE).double().train()
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(p + torch.randn_like(p) * (0.5 if p.dim() <= 1 or "lambdas" in name else 0.3))
@@ -183,9 +187,9 @@ def test_the_records_shape_has_its_parameter_count_and_dtypes() -> None:
     three 1 × 16 skip gates the rows of one (3, 16) `skips.token_gate.weight`. Tables, head and
     gates bf16; P, C_fc, C_proj, Λ and σ⃗ fp32."""
     preset = dotted(OmegaConf.to_container(OmegaConf.load(PRESET)))
-    cfg = staged(update(ModelConfig(), preset | {"compile": False}), [3, 7, 11, 13])
+    cfg = update(ModelConfig(), preset | {"compile": False})
     with torch.device("meta"):
-        model = GPT(cfg)
+        model = GPT(cfg, RECORD_WINDOWS)
     params = dict(model.named_parameters())
     assert sum(p.numel() for p in params.values()) == 613_420_440
     assert len(params) == 77 == 88 - 9 - 2
@@ -212,7 +216,7 @@ def test_the_preset_takes_a_training_step_with_its_roundings() -> None:
     torch.manual_seed(0)
     preset = dotted(OmegaConf.to_container(OmegaConf.load(PRESET)))
     toy = {"n_head": H, "n_embd": H * D, "compile": False}
-    model = GPT(staged(update(ModelConfig(), preset | toy), [3, 7, 11, 13]))
+    model = GPT(update(ModelConfig(), preset | toy), RECORD_WINDOWS)
     assert torch.equal(model.embed.weight, model.lm_head.weight)
     assert not any(t.weight.any() for t in model.value_embeds.values())
     idx = tokens()

@@ -43,7 +43,7 @@ def preset():
 @pytest.fixture(scope="module")
 def model(preset) -> nn.Module:
     with torch.device("meta"):
-        return GPT(preset.model)
+        return GPT(preset.model, preset.train.stages)
 
 
 VE_GATES = "value_gates.weight"  # the ten G^ve_ℓ as the slices of one stack

@@ -62,7 +62,7 @@ def rows(cfg: Config) -> dict[int, tuple]:
     sched = Schedule.for_run(cfg.train, cfg.optim, cfg.model, cfg.data)
     att = cfg.model.attention
     rotary = Rotary(cfg.model.head_dim, mode=att.rope)
-    scales = yarn_table(rotary.inv_freq, att.long_windows, att.window_block, att.scale,
+    scales = yarn_table(rotary.inv_freq, cfg.train.stages.long_windows, att.window_block, att.scale,
                         att.yarn_max_window).attn_scales  # fmt: skip
     out = {}
     for s in [*M4, cfg.train.steps]:

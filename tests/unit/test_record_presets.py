@@ -114,7 +114,7 @@ def test_record_2025_01_26_preset_is_records_md() -> None:
 
 def schedule(c) -> Schedule:
     """The run's schedule, built from the resolved config as the trainer builds it."""
-    return Schedule(c.train.steps, c.optim, c.model)
+    return Schedule.for_run(c.train, c.optim, c.model)
 
 
 def lr_at(c, step: int) -> float:

@@ -73,7 +73,7 @@ def run() -> tuple[Config, Schedule, list[float]]:
     head_dim = c.model.n_embd // c.model.n_head
     freqs = Rotary(head_dim, mode="half_truncated").inv_freq
     scales = yarn_table(
-        freqs, c.model.attention.long_windows, 128, c.model.attention.scale
+        freqs, c.train.stages.long_windows, 128, c.model.attention.scale
     ).attn_scales
     return c, Schedule.for_run(c.train, c.optim, c.model), scales
 
@@ -255,7 +255,7 @@ def test_defaults_leave_record_2025_01_26_bitwise() -> None:
         compose_config(["experiment=record_2025_01_26", "run_dir=.", "model.compile=false"])
     )
     t, s, m = c.train, c.optim.schedule, c.optim.muon
-    assert (t.extension_steps, t.stages, c.model.attention.long_windows) == (0, StageTable(), [])
+    assert (t.extension_steps, t.stages, t.stages.long_windows) == (0, StageTable(), [])
     assert s.cooldown_form == "fraction"
     assert m.momentum_cooldown_steps == 0 and not c.model.attention.yarn
     run, bare = Schedule.for_run(t, c.optim, c.model), Schedule(t.steps, c.optim, c.model)

@@ -12,6 +12,7 @@ import pytest
 
 from data.config import DataConfig
 from model.config import AttentionConfig, HeadConfig, ModelConfig, update
+from model.forward_schedule import check_stages
 from optim.config import ScheduleConfig
 from optim.schedule import lr_peak_at
 from stages import Stage, StageTable, stage_index, stage_start
@@ -123,19 +124,11 @@ def test_windows_by_stage_need_the_model_to_have_windows() -> None:
         with pytest.raises(ValueError, match=rf"train\.stages\.{key} needs the rows' window"):
             StageTable(rows=[Stage(seq_len=8)], **{key: value}).validate(10)
     with pytest.raises(ValueError, match=r"model\.attention\.yarn needs the window by stage"):
-        update(ModelConfig(), {"attention.yarn": True}).validate()
+        check_stages(update(ModelConfig(), {"attention.yarn": True}), StageTable())
     three = StageTable(rows=[Stage(seq_len=n) for n in (2, 3, 4)])
     with pytest.raises(ValueError, match=r"train\.stages\.rows has 3 stages, more than the 2"):
         TrainConfig(steps=3, extension_steps=1, seq_len=4, stages=three, val_tokens=256).validate()
     StageTable(rows=[Stage(lr_peak=2.0)]).validate(10)  # one stage's peak, no edges
-
-
-def test_a_schedule_refuses_a_model_config_of_another_table() -> None:
-    d = to_config(compose_config(D))
-    other = update(d.model, {})
-    other.set_stages(StageTable())
-    with pytest.raises(ValueError, match=r"reads another stage table than train\.stages"):
-        Schedule.for_run(d.train, d.optim, other)
 
 
 # --- the old keys: one line naming the new one -----------------------------------------------

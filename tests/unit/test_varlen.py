@@ -9,11 +9,12 @@ import torch
 
 import model.varlen as varlen
 from model.config.kernel_step import KernelStep
+from model.forward_schedule import forward_args
 from model.gpt import GPT
 from model.masks import EOT, _doubled, dense_mask, document_ids
 from model.varlen import emulated_varlen_attn, segment_bounds, segments_mask
 from tests.helpers import RECORD_89_TOY, compose_config
-from trainer.config import to_config
+from trainer.config import Config, to_config
 from trainer.train_step import filled
 
 TOY = RECORD_89_TOY
@@ -63,14 +64,19 @@ def test_a_full_cu_seqlens_holds_and_one_segment_more_fails() -> None:
         segment_bounds(idx, True, capacity=count - 1)
 
 
+def toy_config(impl: str) -> Config:
+    return to_config(compose_config([*TOY, f"model.attention.impl={impl}"]))
+
+
 def toy(impl: str) -> GPT:
-    conf = to_config(compose_config([*TOY, f"model.attention.impl={impl}"]))
+    conf = toy_config(impl)
     torch.manual_seed(0)
-    return GPT(conf.model)
+    return GPT(conf.model, conf.train.stages)
 
 
 def step_args(model: GPT, step: int) -> dict:
-    args = model.cfg.step_args(step, 1390)
+    """The forward's arguments at `step` as the run's schedule gives them (the toy's table)."""
+    args = forward_args(model.cfg, toy_config("varlen").train.stages, step, 1390)
     cpu = torch.device("cpu")
     return {k: v if isinstance(v, KernelStep) else filled(v, cpu) for k, v in args.items()}
 
@@ -124,12 +130,13 @@ def test_the_stage_table_sizes_the_kernel_step() -> None:
     """Training steps take the stage's max_pieces and max_piece_len, the windows of the
     stage in whole tokens and its YaRN stage (record #89: 63 / 95 / 127 pieces; its toy caps
     pieces at 32, 128 and 128 tokens)."""
-    cfg = toy("varlen").cfg
-    steps = [cfg.stages.start(k, 1390) for k in range(3)] + [1389]
-    got = [cfg.step_args(s, 1390)["kernel_step"] for s in steps]
+    conf = toy_config("varlen")
+    cfg, table = conf.model, conf.train.stages
+    steps = [table.start(k, 1390) for k in range(3)] + [1389]
+    got = [forward_args(cfg, table, s, 1390)["kernel_step"] for s in steps]
     assert [k.row_segments for k in got] == [63, 95, 127, 127]
     assert [k.max_len for k in got] == [32, 128, 128, 128]  # the toy's caps (size=toy)
-    floats = [cfg.step_args(s, 1390) for s in steps]
+    floats = [forward_args(cfg, table, s, 1390) for s in steps]
     assert [k.long for k in got] == [int(a["window_tokens"]) for a in floats]
     assert [k.short for k in got] == [int(a["short_window_tokens"]) for a in floats]
     assert [k.yarn_stage for k in got] == [int(a["yarn_stage"]) for a in floats] == [0, 1, 2, 2]
