@@ -12,7 +12,7 @@ For input u (already RMS-normalised), per head of size D:
                                            c the channels the rotary leaves unrotated
     y = softmax(scale·q·kᵀ + mask)·v       scale 1/√D, or model.attention.scale (0.12 in
                                            2025-01), or YaRN's scale of the stage (model/yarn.py)
-    y_h <- XSA(y_h)                        learnable XSA (model.attention.xsa, model/xsa.py)
+    y_h <- parts after the heads           model/points.py: learnable XSA (model/xsa.py)
     (paired layers: rotary at 2t / 2t+1, heads h and h + H/2 in one slot over 2T positions,
      no key offset, no XSA; model.attention.paired, model/paired.py)
     y_h <- y_h·σ(u[:k]·G[h]ᵀ)               sparse output gate per head (model.attention.gate)
@@ -39,10 +39,10 @@ from model.layers import declare, linear, rms_norm
 from model.masks import Mask
 from model.max_logit import max_logits
 from model.plan import LayerSpec
+from model.points import Points
 from model.rotary import Rotary, static_spans
 from model.scalars import WEIGHT_LAMBDAS_INIT
 from model.values import ValueMix
-from model.xsa import xsa
 
 
 class CausalSelfAttention(nn.Module, ABC):
@@ -60,7 +60,6 @@ class CausalSelfAttention(nn.Module, ABC):
         # forward, which would overwrite each rank's maxima between micro-batches.
         self.max_logit: Tensor | None = None  # (n_head,) fp32, the running max per head
         self.window = spec.window
-        self.xsa = spec.xsa
         self.paired = spec.paired
         self.mask_key = spec.mask_key
         self.varlen = cfg.attention.impl == "varlen"
@@ -148,25 +147,29 @@ class CausalSelfAttention(nn.Module, ABC):
         if self.weight_lambdas is not None:
             self.weight_lambdas.copy_(torch.tensor(WEIGHT_LAMBDAS_INIT))
 
-    def _lambdas(self, ctx: Context) -> tuple[Tensor, Tensor] | tuple[None, None]:
+    def _lambdas(self, points: Points) -> tuple[Tensor, Tensor] | tuple[None, None]:
         """(λ⁰, λ¹) of this layer (attention.weight_lambdas), 0-d fp32; Nones when off."""
         if self.packed_lambdas:
-            lam = ctx.scalars.weight_lambdas(self.layer)
+            lam = points.scalars.weight_lambdas(self.layer)
         elif self.weight_lambdas is not None:
             lam = self.weight_lambdas
         else:
             return None, None
         return lam[0], lam[1]
 
-    def forward(self, x: Tensor, rotary: Rotary, ctx: Context, aux: Tensor | None = None) -> Tensor:
-        """`aux` (B, T, H, D): added to the values instead of their mixes (the MUDD layer)."""
+    def forward(
+        self, x: Tensor, rotary: Rotary, ctx: Context, points: Points, aux: Tensor | None = None
+    ) -> Tensor:
+        """`points`: the model's parts by where they act (model/points.py: the value gates,
+        the parts after the heads); `aux` (B, T, H, D): added to the values instead of their
+        mixes (the MUDD layer)."""
         B, T, _ = x.shape
         # heads from the projection's width: a tensor-parallel rank's H/T are a whole model's
         shape = (B, T, -1, self.head_dim)
-        lam_in, lam_out = self._lambdas(ctx)
+        lam_in, lam_out = self._lambdas(points)
         q, k, v = (t.reshape(shape) for t in self.project(x, lam_in))
         if self.values is not None:
-            v = self.values(self, v, ctx, x)
+            v = self.values(self, v, ctx, points, x)
         if aux is not None:
             v = v + aux
         # QK-norm bounds the attention logits, which lets the records run higher LRs stably.
@@ -182,8 +185,8 @@ class CausalSelfAttention(nn.Module, ABC):
         if self._fold is not None and self.training:  # evaluation is no part of a step
             self._fold(q, k, mask, scale)
         y = self.heads.restore(attend(q, k, v, mask, scale))  # (B, H, T, D)
-        if self.xsa:  # the layer's row of the model's α (model/xsa.py)
-            y = xsa(y, own_v, ctx.xsa.alphas[self.layer])
+        for part in points.after_heads:  # XSA's (model/xsa.py)
+            y = part.after_heads(y, own_v, self.layer)
         if self.gate is not None:  # σ(u[:k]·G[h]ᵀ) per position and head: (B, T, H)
             g = torch.sigmoid(self.gate(x[..., : self.gate_channels]))
             y = y * g.transpose(1, 2)[..., None]

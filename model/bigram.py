@@ -44,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from model.config import ModelConfig
+from model.context import Context
 from model.layers import declare
 from model.residual import inject_bigram
 
@@ -123,6 +124,9 @@ class BigramHash(nn.Module):
         x = inject_bigram(x0, b, self.lambdas[0])
         return x, x if self.cfg.in_x0 else x0, b
 
-    def add(self, x: Tensor, b: Tensor, layer: int) -> Tensor:
-        """x + λ^bg_ℓ·b after layer ℓ's attention (ℓ ≥ 1: layer 0's is in x from the start)."""
-        return inject_bigram(x, b, self.lambdas[layer])
+    def after_attention(self, x: Tensor, ctx: Context, layer: int) -> Tensor:
+        """Its point (model/points.py): x + λ^bg_ℓ·b after layer ℓ's attention, for ℓ ≥ 1
+        (layer 0's is in x from the start, `start`)."""
+        if layer == 0:
+            return x
+        return inject_bigram(x, ctx.bigram_term, self.lambdas[layer])

@@ -23,6 +23,7 @@ from model.layers import MLP, rms_norm
 from model.moe import MoE
 from model.mudd import mudd_layer
 from model.plan import LayerSpec
+from model.points import Points
 from model.residual import ATTENTION, add_sublayer, x0_mix
 from model.residual import MLP as MLP_COLUMN
 from model.rotary import Rotary
@@ -41,26 +42,27 @@ class Block(nn.Module):
             self.x0_mix = nn.Parameter(torch.tensor([res.x0_mix_a_init, 0.0]))  # (a, b)
 
     def forward(
-        self, x: Tensor, rotary: Rotary, ctx: Context, attn_input: Tensor | None = None
-    ) -> Tensor:
-        """`attn_input`: the stream the attention reads instead of x (RMSNorm'd here; record
-        D's c₇ for the layers after 7), None = x."""
+        self, x: Tensor, rotary: Rotary, ctx: Context, points: Points,
+        attn_input: Tensor | None = None,
+    ) -> Tensor:  # fmt: skip
+        """`points`: the model's parts by where they act (model/points.py); `attn_input`: the
+        stream the attention reads instead of x (RMSNorm'd here; the 2026-07 record's c₇ for
+        the layers after 7), None = x."""
         if self.mudd:  # the whole layer is MUDD's (model/mudd.py)
-            return mudd_layer(self, x, rotary, ctx, attn_input)
-        if self.mixes_x0 and ctx.x0_lambdas is not None:  # record M's form
-            r = ctx.scalars.resid(self.layer)
-            x = ctx.x0_lambdas.mix(x, ctx.x0, ctx.x02, r, self.layer)
+            return mudd_layer(self, x, rotary, ctx, points, attn_input)
+        if self.mixes_x0 and points.x0_mix is not None:  # the medium record's form
+            r = points.scalars.resid(self.layer)
+            x = points.x0_mix.mix(x, ctx.x0, ctx.x02, r, self.layer)
         elif self.mixes_x0:
-            mix = ctx.scalars.x0_mix(self.layer)
+            mix = points.scalars.x0_mix(self.layer)
             x = x0_mix(x, ctx.x0, self.x0_mix if mix is None else mix)
-        scales = None if ctx.sublayer_scales is None else ctx.sublayer_scales.pair()
+        scales = None if points.sublayer_scales is None else points.sublayer_scales.pair()
         if self.attn is not None:
             u = rms_norm(x if attn_input is None else attn_input)
-            x = add_sublayer(x, self.attn(u, rotary, ctx), scales, self.layer, ATTENTION)
-            if ctx.x0_injection is not None:
-                x = ctx.x0_injection.add(x, ctx.x0, self.layer)
-            if ctx.bigram is not None and self.layer > 0:  # layer 0's is in x from the start
-                x = ctx.bigram.add(x, ctx.bigram_term, self.layer)
+            y = self.attn(u, rotary, ctx, points)
+            x = add_sublayer(x, y, scales, self.layer, ATTENTION)
+            for part in points.after_attention:
+                x = part.after_attention(x, ctx, self.layer)
         if self.mlp is not None:
             out = self.mlp(rms_norm(x), ctx.micro_steps)
             x = add_sublayer(x, out, scales, self.layer, MLP_COLUMN)

@@ -1,7 +1,8 @@
 """What one forward of the GPT shares across its layers, computed once before the first: the
 masks (dense, block or varlen segments, or a KV cache's), the attention scale of the step's
-YaRN stage, x0 and the second table's x02, the value-embedding lookups, and the model's parts
-that several layers read (model/context.py's `Context`)."""
+YaRN stage, x0 and the second table's x02, the value-embedding lookups (model/context.py's
+`Context`). The model's parts are not in it: they act at the forward's named points
+(model/points.py)."""
 
 from torch import Tensor, nn
 
@@ -49,17 +50,9 @@ def build_context(
         x02=None if model.embed2 is None else rms_norm(model.embed2(idx)),
         value_embeds=value_lookups(model.value_embeds, idx),
         masks=masks,
-        scalars=model.scalars,
         yarn_stage=step.yarn_stage,
         attn_scale=scale,
         bigram_term=bigram,
-        bigram=model.bigram,
-        sublayer_scales=model.sublayer_scales,
-        x0_injection=model.x0_injection,
-        x0_lambdas=model.x0_lambdas,
-        xsa=model.xsa,
-        value_gates=model.value_gates,
-        mudd=model.mudd,
         micro_steps=model.micro_steps,
         kv=cache,
     )

@@ -39,6 +39,7 @@ from model.loss import model_loss
 from model.mlp_fp8 import delayed_states, fp8_rank_state, load_fp8_rank_state
 from model.mudd import MUDD, mudd_out
 from model.plan import describe_plan, layer_plan, mask_kinds
+from model.points import Points
 from model.record_loss import record_head_loss
 from model.residual import Skips, SublayerScales, X0Injection, X0Lambdas
 from model.rotary import Rotary
@@ -50,6 +51,11 @@ from model.varlen import varlen_support
 from model.xsa import XSA
 from model.yarn import yarn_table
 from stages import StageTable
+
+
+def parts(*found: nn.Module | None) -> tuple[nn.Module, ...]:
+    """The parts that are on (built), in order: those acting at one point."""
+    return tuple(p for p in found if p is not None)
 
 
 class GPT(nn.Module):
@@ -75,12 +81,19 @@ class GPT(nn.Module):
         self.smear_gate = linear(cfg, cfg.gate_channels, 1) if emb.smear else None
         self.scalars = Scalars(cfg)
         self.sublayer_scales = SublayerScales(cfg) if res.sublayer_scales else None
-        self.xsa = XSA(cfg) if "X" in cfg.attention.xsa else None
+        self.xsa = XSA(cfg, plan) if "X" in cfg.attention.xsa else None
         self.value_gates = ValueGates(cfg, plan) if ValueGates.wanted(cfg, plan) else None
         self.x0_injection = X0Injection(cfg) if res.x0_after_attention else None
         self.x0_lambdas = X0Lambdas(cfg) if res.x0_lambdas else None
         self.mudd = MUDD(cfg, plan) if res.mudd else None
         self.bigram = BigramHash(cfg) if cfg.bigram.rows else None
+        # Where each part acts (model/points.py): not a module, so nothing registers twice
+        self.points = Points(
+            self.scalars, x0_mix=self.x0_lambdas, sublayer_scales=self.sublayer_scales,
+            value_gates=self.value_gates, after_heads=parts(self.xsa),
+            after_attention=parts(self.x0_injection, self.bigram),
+            after_layers=self.mudd,
+        )  # fmt: skip
         att = cfg.attention
         windows = yarn_windows(cfg, stages)
         self.rotary = Rotary(
@@ -266,12 +279,12 @@ class GPT(nn.Module):
             x = layer_input = self.skips.into(self.scalars, i, x, outputs, x0)
             if not self.plan[i].empty:
                 attn_input = outputs[source] if 0 <= source < i else None
-                x = block(x, self.rotary, ctx, attn_input)
+                x = block(x, self.rotary, ctx, self.points, attn_input)
             outputs.append(x)
-        if ctx.mudd is not None:  # MUDD's mix after the last layer; layer_input is its c₉
+        if self.points.after_layers is not None:  # MUDD's mix; layer_input is its c₉
             ve0 = ctx.value_embeds[0]
             c7, c3 = outputs[source], outputs[res.skips[0][0]]
-            return mudd_out(x, ctx.mudd.net, ctx.x0, c7, layer_input, ve0, c3)
+            return mudd_out(x, self.points.after_layers.net, ctx.x0, c7, layer_input, ve0, c3)
         return self.skips.out(self.scalars, x, outputs)
 
     def _head(self, x: Tensor, targets: Tensor | None, mtp_weights: Tensor | None) -> Tensor:

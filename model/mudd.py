@@ -45,6 +45,7 @@ from model.config import ModelConfig
 from model.context import Context
 from model.layers import rms_norm
 from model.plan import LayerSpec
+from model.points import Points
 from model.residual import inject_bigram
 from model.rotary import Rotary
 
@@ -114,9 +115,12 @@ def coefficients(y: Tensor, net: tuple[Tensor, Tensor, Tensor], j: int, n: int) 
     return ((F.linear(hidden, w2[:n]) + b2[:n]) * SCALE).split(1, dim=-1)
 
 
-def mudd_layer(block: nn.Module, x: Tensor, rotary: Rotary, ctx: Context, c7: Tensor) -> Tensor:
-    """The last layer's output (module docstring) for its input x; `block` a `Block`."""
-    c0, m = ctx.x0, coefficients(x, ctx.mudd.net, 0, OUTPUTS)
+def mudd_layer(
+    block: nn.Module, x: Tensor, rotary: Rotary, ctx: Context, points: Points, c7: Tensor
+) -> Tensor:
+    """The last layer's output (module docstring) for its input x; `block` a `Block`, the MUDD
+    part at `points.after_layers`."""
+    c0, m = ctx.x0, coefficients(x, points.after_layers.net, 0, OUTPUTS)
     B, T, d = x.shape
     H = block.attn.n_head
     v_mudd = (m[0] * c0 + m[1] * c7 + m[2] * x).view(B, T, H, d // H)
@@ -126,7 +130,7 @@ def mudd_layer(block: nn.Module, x: Tensor, rotary: Rotary, ctx: Context, c7: Te
         ve = ctx.value_embeds[block.value_table].to(x.dtype).view_as(v_mudd)
         gate = torch.cat([m[6], m[7]], -1).repeat_interleave(H // 2, -1)[..., None]
         aux = gate * ve + v_mudd
-    a = block.attn(rms_norm(c7), rotary, ctx, aux)
+    a = block.attn(rms_norm(c7), rotary, ctx, points, aux)
     x = m[8] * x + m[9] * a + m[10] * c0
     if ctx.bigram_term is not None:  # the bigram term b (B, T, k), where there is one
         x = inject_bigram(x, ctx.bigram_term, m[11])

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import ModelConfig
+from model.context import Context
 from model.layers import linear
 from model.plan import LayerSpec
 from model.scalars import Scalars
@@ -83,9 +84,10 @@ class X0Injection(nn.Module):
     def reset(self) -> None:
         self.lambdas.zero_()
 
-    def add(self, x: Tensor, x0: Tensor, layer: int) -> Tensor:
-        """x + λ^x0_ℓ·x0 with λ in x's dtype."""
-        return x + self.lambdas[layer].to(x.dtype) * x0
+    def after_attention(self, x: Tensor, ctx: Context, layer: int) -> Tensor:
+        """Its point (model/points.py): x + λ^x0_ℓ·x0 after layer ℓ's attention, λ in x's
+        dtype."""
+        return x + self.lambdas[layer].to(x.dtype) * ctx.x0
 
 
 class X0Lambdas(nn.Module):

@@ -30,6 +30,7 @@ from model.config import ModelConfig
 from model.context import Context
 from model.layers import declare
 from model.plan import LayerSpec
+from model.points import Points
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,11 @@ class ValueMix:
             reads_value, spec.value_slot,
         )  # fmt: skip
 
-    def __call__(self, owner: nn.Module, v: Tensor, ctx: Context, u: Tensor) -> Tensor:
-        """v (B, T, H, D) after the mixes; `u`: the attention's input (B, T, d)."""
+    def __call__(
+        self, owner: nn.Module, v: Tensor, ctx: Context, points: Points, u: Tensor
+    ) -> Tensor:
+        """v (B, T, H, D) after the mixes; `points`: the model's parts by where they act (the
+        value gates, the scalars); `u`: the attention's input (B, T, d)."""
         if self.residual != "off":
             if ctx.v1 is None:  # block 0: remember its raw values (the mix is then an identity)
                 ctx.v1 = v
@@ -75,7 +79,7 @@ class ValueMix:
         if self.gate:
             if self.table is not None:
                 ve = ctx.value_embeds[self.table]
-                g = ctx.value_gates.weight[self.slot].to(u.dtype)
+                g = points.value_gates.weight[self.slot].to(u.dtype)
                 if self.gate_reads_value:
                     half = self.gate // 2
                     read = torch.cat([u[..., :half], ve[..., :half]], -1)
@@ -84,7 +88,7 @@ class ValueMix:
                 gate = 2 * torch.sigmoid(F.linear(read, g))
                 v = v + gate[..., None] * ve.view_as(v)
         elif self.embeds:
-            mix = ctx.scalars.value_mix(self.layer)
+            mix = points.scalars.value_mix(self.layer)
             mix = owner.value_mix if mix is None else mix
             alpha, beta = mix[0], mix[1]
             if self.table is None:

@@ -6,13 +6,15 @@ a learned part of its component along the token's own value.
 
 α is the (n_layer, n_head) fp32 `xsa.alphas` (`XSA`), the record's tensor (rows of layers
 without XSA are never read), zero at initialisation, so XSA starts off. tanh(α) enters in the
-output's dtype.
+output's dtype. The part acts at the attention's `after_heads` point (model/points.py), in the
+layers whose plan has XSA (model.attention.xsa); the attention itself knows nothing of it.
 """
 
 import torch
 from torch import Tensor, nn
 
 from model.config import ModelConfig
+from model.plan import LayerSpec
 
 NORM_FLOOR = 1e-4
 
@@ -21,10 +23,16 @@ class XSA(nn.Module):
     """The part, built only when some layer has XSA (model.attention.xsa): `alphas`
     (n_layer, n_head) fp32, zero at `reset`."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, plan: list[LayerSpec]) -> None:
         super().__init__()
         self.alphas = nn.Parameter(torch.zeros(cfg.n_layer, cfg.n_head))
         self.alphas.role = "scalar"  # type: ignore[attr-defined]  # Adam, not Muon
+        self.layers = frozenset(i for i, spec in enumerate(plan) if spec.xsa)
+
+    def after_heads(self, y: Tensor, v: Tensor, layer: int) -> Tensor:
+        """Its point (model/points.py): layer ℓ's heads' output y (B, H, T, D) with its own
+        values v, XSA'd where ℓ has XSA, with its row of α."""
+        return xsa(y, v, self.alphas[layer]) if layer in self.layers else y
 
     @torch.no_grad()
     def reset(self) -> None:

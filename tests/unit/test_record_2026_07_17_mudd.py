@@ -165,7 +165,7 @@ def test_the_bigram_term_enters_the_mudd_layer_with_m11() -> None:
     step = step_inputs(CFG.attention, None, None, None, None)
     ctx = build_context(model, idx, x, step, None)  # x0 = c₀ = x here
     ctx.bigram_term = b
-    got = model.blocks[4](x, model.rotary, ctx, c7)
+    got = model.blocks[4](x, model.rotary, ctx, model.points, c7)
     P, ve = dict(model.named_parameters()), model.value_embeds["1"](idx)
     base = CFG.attention.rope_base
     torch.testing.assert_close(got, mudd_layer(P, x, x, c7, ve, base, bigram=b), rtol=1e-12,

@@ -26,6 +26,7 @@ from model.context import Context
 from model.flops import training_flops
 from model.masks import EOT, build_masks, paired_key
 from model.plan import describe_plan, layer_plan
+from model.points import Points
 from model.rotary import Rotary
 from model.scalars import Scalars
 from tests.reference import norm
@@ -205,8 +206,8 @@ def test_the_layer_is_the_spec(H: int, rope: str) -> None:
     )
     assert set(masks) == {paired_key("long")}
     gates = (torch.randn(1, H, 12, dtype=torch.float64, generator=gen) * 0.5).requires_grad_()
-    parts = {"scalars": Scalars(cfg), "value_gates": SimpleNamespace(weight=gates)}
-    got = attn(u, rotary, Context(None, {0: ve}, masks, **parts))
+    points = Points(Scalars(cfg), value_gates=SimpleNamespace(weight=gates))
+    got = attn(u, rotary, Context(None, {0: ve}, masks), points)
     P = {f"blocks.0.attn.{n}": p for n, p in attn.named_parameters()}
     P["blocks.0.attn.value_gate.weight"] = gates[0]
     want = spec_layer(P, "blocks.0.", u, idx, True, rope, ve=ve)
