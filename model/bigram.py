@@ -46,6 +46,7 @@ from torch import Tensor, nn
 from model.config import ModelConfig
 from model.context import Context
 from model.layers import declare
+from model.part import Part
 from model.residual import inject_bigram
 
 HASH_CURRENT = 36_313  # the record's multiplier of x_t
@@ -75,7 +76,7 @@ def bigram_indices(
     return h, torch.cat([torch.zeros_like(first), torch.bitwise_xor(prev, cur) % signs], 1)
 
 
-class BigramHash(nn.Module):
+class BigramHash(Part):
     """The part, built only when model.bigram.rows > 0: `embed` (rows × k), the table
     Bg; `signs` (signs × k), the buffer S, where bigram.signs > 0; `lambdas`
     (n_layer,) fp32, λ^bg. Drawn by `reset`."""
@@ -123,6 +124,14 @@ class BigramHash(nn.Module):
         b = self.term(idx)
         x = inject_bigram(x0, b, self.lambdas[0])
         return x, x if self.cfg.in_x0 else x0, b
+
+    def fsdp_units(self) -> list[nn.Module]:
+        """Its table is a unit of its own, as the token table is."""
+        return [self.embed]
+
+    def cast_bf16(self) -> None:
+        """Its table is bf16 as the token table (the gains stay fp32)."""
+        self.embed.to(torch.bfloat16)
 
     def after_attention(self, x: Tensor, ctx: Context, layer: int) -> Tensor:
         """Its point (model/points.py): x + λ^bg_ℓ·b after layer ℓ's attention, for ℓ ≥ 1

@@ -38,6 +38,7 @@ from model.layers import linear, rms_norm
 from model.loss import model_loss
 from model.mlp_fp8 import delayed_states, fp8_rank_state, load_fp8_rank_state
 from model.mudd import MUDD, mudd_out
+from model.part import Part
 from model.plan import describe_plan, layer_plan, mask_kinds
 from model.points import Points
 from model.record_loss import record_head_loss
@@ -174,10 +175,14 @@ class GPT(nn.Module):
         reads its weight directly, not through its forward, so it must be gathered when the
         model's own forward starts."""
         blocks = [b for b in self.blocks if next(b.parameters(), None) is not None]  # not empty
-        bigram = [] if self.bigram is None else [self.bigram.embed]
         second = [] if self.embed2 is None else [self.embed2]
         values = [] if self.value_embeds is None else list(self.value_embeds.values())
-        return [self.embed, *second, *values, *bigram, *blocks]
+        parts = [unit for part in self.parts() for unit in part.fsdp_units()]  # the bigram table
+        return [self.embed, *second, *values, *parts, *blocks]
+
+    def parts(self) -> list[Part]:
+        """The parts that are on (model/part.py), in the order they are registered."""
+        return [m for m in self.children() if isinstance(m, Part)]
 
     def tp_plan(self) -> dict[str, Any]:
         """`parallelize_module`'s plan for dist.tensor_parallel: each block's heads and MLP

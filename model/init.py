@@ -30,7 +30,6 @@ def initialise(model: nn.Module) -> None:
     values = [] if model.value_embeds is None else list(model.value_embeds.values())
     tables = [model.embed, *values]
     tables += [] if model.embed2 is None else [model.embed2]
-    tables += [] if model.bigram is None else [model.bigram.embed]
     nn.init.normal_(model.embed.weight, std=1.0)
     for table in values:
         if cfg.embed.value_std:
@@ -68,20 +67,18 @@ def initialise(model: nn.Module) -> None:
         nn.init.zeros_(model.smear_gate.weight)
     model.skips.reset()
     model.scalars.reset(cfg.residual.x0_mix_a_init)
-    # The parts that are on, each drawing its own (MUDD in its own dtype already); the
-    # bigram part last: its sign draw leaves the other parameters' draws as they were.
-    parts = (model.sublayer_scales, model.xsa, model.x0_injection, model.x0_lambdas,
-             model.value_gates, model.mudd, model.bigram)  # fmt: skip
-    for part in parts:
-        if part is not None:
-            part.reset()
+    # The parts that are on, each drawing its own (model/part.py), in the order the model
+    # registers them (MUDD in its own dtype already); the bigram part last: its sign draw
+    # leaves the other parameters' draws as they were.
+    for part in model.parts():
+        part.reset()
     if cfg.numerics.dtype == "bf16":
         for module in [*tables, *gates(model)]:  # the 2025-11 record's gates are bf16 too
             module.to(torch.bfloat16)
         if cfg.head.bf16:
             model.lm_head.to(torch.bfloat16)
-        if model.value_gates is not None:  # bf16 as the record's gates
-            model.value_gates.weight.data = model.value_gates.weight.data.to(torch.bfloat16)
+        for part in model.parts():  # what each part holds in bf16 (the bigram table, gates)
+            part.cast_bf16()
         if cfg.numerics.bf16_matrices:  # record D: bf16 weights (the optimizer's fp32 master)
             for w in matrices(model):
                 w.data = w.data.to(torch.bfloat16)

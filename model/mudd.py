@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from model.config import ModelConfig
 from model.context import Context
 from model.layers import rms_norm
+from model.part import Part
 from model.plan import LayerSpec
 from model.points import Points
 from model.residual import inject_bigram
@@ -57,7 +58,7 @@ BIGRAM_INIT = 0.05  # m11: the record's bigram λ init
 BACKOUT_INIT = -0.5  # n1: record C's backout, −λ_back
 
 
-class MUDD(nn.Module):
+class MUDD(Part):
     """The part, built only with model.residual.mudd: `w1` (2, h, d), `w2` (2, 14, h), `b2`
     (2, 14) in the model's dtype. Drawn by `reset`."""
 

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from model.config import ModelConfig
 from model.context import Context
 from model.layers import linear
+from model.part import Part
 from model.plan import LayerSpec
 from model.scalars import Scalars
 
@@ -50,7 +51,7 @@ def add_sublayer(
     return r.to(x.dtype) * x + p.to(x.dtype) * out
 
 
-class SublayerScales(nn.Module):
+class SublayerScales(Part):
     """The part, built only with model.residual.sublayer_scales: `resid_lambdas` and
     `post_lambdas`, (n_layer, 2) fp32 each (the record's names), at r₀ and p₀ by `reset`."""
 
@@ -72,7 +73,7 @@ class SublayerScales(nn.Module):
         return self.resid_lambdas, self.post_lambdas
 
 
-class X0Injection(nn.Module):
+class X0Injection(Part):
     """The part, built only with model.residual.x0_after_attention: `lambdas` (n_layer,)
     fp32, zero at `reset`."""
 
@@ -90,7 +91,7 @@ class X0Injection(nn.Module):
         return x + self.lambdas[layer].to(x.dtype) * ctx.x0
 
 
-class X0Lambdas(nn.Module):
+class X0Lambdas(Part):
     """The part, built only with model.residual.x0_lambdas (record M, #52): `lambdas`
     (n_layer, 1 or 2) fp32, Λ[ℓ, 0] the weight of x0 and Λ[ℓ, 1] of x02
     (model.embed.second_table), zero at `reset`, on Adam; r_ℓ is the packed vector's."""

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from model.config import ModelConfig
 from model.context import Context
 from model.layers import declare
+from model.part import Part
 from model.plan import LayerSpec
 from model.points import Points
 
@@ -98,7 +99,7 @@ class ValueMix:
         return v
 
 
-class ValueGates(nn.Module):
+class ValueGates(Part):
     """The part, built only with model.embed.value_gate and some value table: `weight`
     (layers with a table, n_head, k), an Adam parameter (record D's gates are Adam's; record
     M routes it to NorMuon, optim.roles, each layer's (n_head, k) slice a matrix), zero at
@@ -112,6 +113,10 @@ class ValueGates(nn.Module):
         declare(self.weight, "scalar", stack_of="layers with a value table")
 
     @torch.no_grad()
+    def cast_bf16(self) -> None:
+        """bf16 as the record's gates."""
+        self.weight.data = self.weight.data.to(torch.bfloat16)
+
     def reset(self) -> None:
         """2σ(0) = 1: each value table starts added whole."""
         self.weight.zero_()

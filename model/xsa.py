@@ -14,12 +14,13 @@ import torch
 from torch import Tensor, nn
 
 from model.config import ModelConfig
+from model.part import Part
 from model.plan import LayerSpec
 
 NORM_FLOOR = 1e-4
 
 
-class XSA(nn.Module):
+class XSA(Part):
     """The part, built only when some layer has XSA (model.attention.xsa): `alphas`
     (n_layer, n_head) fp32, zero at `reset`."""
 
