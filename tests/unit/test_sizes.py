@@ -152,3 +152,20 @@ def test_a_row_override_the_overlays_columns_would_overwrite_is_refused() -> Non
     assert [(r.seq_len, r.window) for r in rows] == [(128, 2), (256, 7), (512, 11)]
     conf = to_config(compose_config([*base, "train.stages.columns.seq_len=[64,128,512]"]))
     assert [r.seq_len for r in conf.train.stages.rows] == [64, 128, 512]
+
+
+def test_a_size_without_the_experiments_overlay_is_said(tmp_path: Path) -> None:
+    """A size below full names the overlay an experiment lacks (only the shared part
+    applies), and says nothing where the overlay exists or no size is asked; on the command
+    line the warning comes before the run (trainer/cli/main.py)."""
+    from trainer.cli.sizes import size_without_overlay
+
+    said = size_without_overlay(["experiment=record_2024_11_06", "size=gpu_toy"], CONF_DIR)
+    assert said is not None and "conf/preset_size/gpu_toy/record_2024_11_06.yaml" in said
+    for quiet in (["experiment=record_2024_11_06", "size=toy"], ["experiment=smoke"],
+                  ["size=toy"], ["experiment=smoke", "size=toy,full"]):  # fmt: skip
+        assert size_without_overlay(quiet, CONF_DIR) is None, quiet
+    # A user's own experiment: a conf directory with the experiment and no overlay
+    (tmp_path / "preset_size" / "toy").mkdir(parents=True)
+    mine = size_without_overlay(["+experiment=mine", "size=toy"], tmp_path)
+    assert mine is not None and "size=toy: experiment=mine has no" in mine

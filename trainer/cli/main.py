@@ -14,6 +14,7 @@ from typing import NoReturn
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.cli.overrides import check_command_line
+from trainer.cli.sizes import size_without_overlay
 from trainer.config import Config, to_config
 from trainer.launch.report import ONE_LINE, leave_rank, to_log_file
 from trainer.launch.signals import Stopped, claim_signals
@@ -35,6 +36,8 @@ def check_arguments(argv: list[str]) -> None:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         fail(e, traceback_hint=False)  # the traceback would show only this check
+    if env_rank() == 0 and (warning := size_without_overlay(argv, CONF_DIR)) is not None:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def run_main(cfg: DictConfig, train: Callable[[Config], float]) -> float:
