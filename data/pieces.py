@@ -1,4 +1,4 @@
-"""Training rows packed from document pieces (data.align=pieces): record C's batching.
+"""Training rows packed from document pieces (data.align=pieces): record_2025_11_29's batching.
 
 A global step of R sequences (train.batch_size, all ranks together) with per-rank length L cuts
 R buffers of exactly L+1 tokens, in row order, from the current shard. Each shard's document
@@ -19,7 +19,7 @@ Every rank computes the whole global batch's cut, which is index arithmetic on t
 and gathers only its own rows, so the documents and their order do not depend on the world
 size, and the state (shard, cursor, epoch) resumes on any world size.
 
-Where record C's batching (docs/records.md, C.5) leaves room, this reads it so: a shard
+Where record_2025_11_29's batching (docs/records.md, C.5) leaves room, this reads it so: a shard
 "cannot fill the whole batch" when the fill needs a piece at a cursor past the last BOS (the
 last document, running to the shard end, may serve); the discard rule is the global batch's,
 so shard ends fall at the same place on every world size too (the record only promises that
@@ -111,8 +111,8 @@ class PieceLoader:
     """Global batches of packed document pieces from a list of shards (see the module doc).
 
     The same interface as TokenLoader, except that `next_batch` takes the step's length L
-    (record C grows it during the run), and may take the step's piece cap and piece limit
-    (record D's by stage); rank r of W gets buffers r*R/W .. (r+1)*R/W - 1.
+    (record_2025_11_29 grows it during the run), and may take the step's piece cap and piece limit
+    (record_2026_07_17's by stage); rank r of W gets buffers r*R/W .. (r+1)*R/W - 1.
     """
 
     def __init__(

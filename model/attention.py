@@ -4,7 +4,8 @@ For input u (already RMS-normalised), per head of size D:
 
     q, k, v = u·W_qᵀ, u·W_kᵀ, u·W_vᵀ      (or slices 0, 1, 2 of one merged 3×d×d weight, or of
                                            the 2025-11 record's 4×d×d W_q, W_k, W_v, W_o;
-                                           record D: u·(λ⁰·W_qkv)ᵀ, attention.weight_lambdas)
+                                           record_2026_07_17: u·(λ⁰·W_qkv)ᵀ,
+                                           attention.weight_lambdas)
     v <- mixes(v)                          value residual, value embeddings (model/values.py)
     v <- v + aux                           the MUDD layer, instead of the mixes (model/mudd.py)
     q, k <- rotary(RMSNorm(q)), rotary(RMSNorm(k))   QK-norm (unless attention.qk_norm=false)
@@ -16,11 +17,10 @@ For input u (already RMS-normalised), per head of size D:
     (paired layers: rotary at 2t / 2t+1, heads h and h + H/2 in one slot over 2T positions,
      no key offset, no XSA; model.attention.paired, model/paired.py)
     y_h <- y_h·σ(u[:k]·G[h]ᵀ)               sparse output gate per head (model.attention.gate)
-    out = y·W_oᵀ                            heads concatenated in order (record D: y·(λ¹·W_o)ᵀ)
+    out = y·W_oᵀ                            heads in order (the 2026-07 record: y·(λ¹·W_o)ᵀ)
 
-The mask is causal, or the document / sliding-window rule of `model/masks.py`.
-
-QK-clip (`optim/qk_clip.py`) needs each head's largest logit scale·q·kᵀ over a step: with
+The mask is causal, or the document / sliding-window rule of `model/masks.py`. QK-clip
+(`optim/qk_clip.py`) needs each head's largest logit scale·q·kᵀ over a step: with
 `track_max_logit` on, each training forward folds it into `max_logit` (model/max_logit.py).
 """
 
@@ -46,10 +46,10 @@ from model.values import ValueMix
 
 
 class CausalSelfAttention(nn.Module, ABC):
-    """The attention core: project, mix the values, QK-norm, place the heads, the kernel, XSA,
-    the gate, project out. Where its weights live is the subclass's (`build_attention`): q,
-    k, v, o as four linears, one (3, d, d) W_qkv beside o, or one (4, d, d) W_qkvo; every
-    option that is off is None here and never called."""
+    """The attention core: project, mix the values, QK-norm, place the heads, the kernel, the
+    parts after the heads, the gate, project out. Where its weights live is the subclass's
+    (`build_attention`): q, k, v, o as four linears, one (3, d, d) W_qkv beside o, or one
+    (4, d, d) W_qkvo; an option that is off is None here and never called."""
 
     def __init__(self, cfg: ModelConfig, spec: LayerSpec, layer: int) -> None:
         super().__init__()
@@ -71,7 +71,7 @@ class CausalSelfAttention(nn.Module, ABC):
         self.layer = layer  # its place in the packed scalars
         att = cfg.attention
         self.out_uniform = att.out_init == "uniform"
-        # (λ⁰, λ¹): in the packed vector with record D's layout, else this module's own.
+        # (λ⁰, λ¹): in the packed vector with record_2026_07_17's layout, else this module's own.
         self.packed_lambdas = att.weight_lambdas and cfg.numerics.packed_scalars
         self.weight_lambdas: nn.Parameter | None = None
         if att.weight_lambdas and not self.packed_lambdas:
@@ -119,7 +119,7 @@ class CausalSelfAttention(nn.Module, ABC):
 
     @abstractmethod
     def matrices(self) -> list[nn.Parameter]:
-        """The hidden matrices as parameters (the bf16 cast of record D's)."""
+        """The hidden matrices as parameters (the bf16 cast of record_2026_07_17's)."""
         ...
 
     def reset_max_logit(self) -> None:
@@ -157,12 +157,10 @@ class CausalSelfAttention(nn.Module, ABC):
             return None, None
         return lam[0], lam[1]
 
-    def forward(
-        self, x: Tensor, rotary: Rotary, ctx: Context, points: Points, aux: Tensor | None = None
-    ) -> Tensor:
-        """`points`: the model's parts by where they act (model/points.py: the value gates,
-        the parts after the heads); `aux` (B, T, H, D): added to the values instead of their
-        mixes (the MUDD layer)."""
+    def forward(self, x: Tensor, rotary: Rotary, ctx: Context, points: Points,
+                aux: Tensor | None = None) -> Tensor:  # fmt: skip
+        """`points`: the parts by where they act (model/points.py); `aux` (B, T, H, D): added
+        to the values instead of their mixes (the MUDD layer)."""
         B, T, _ = x.shape
         # heads from the projection's width: a tensor-parallel rank's H/T are a whole model's
         shape = (B, T, -1, self.head_dim)

@@ -1,4 +1,4 @@
-"""The bigram-hash embedding (record D, D.1 forward step 2; #62, sign trick #83): a term b
+"""The bigram-hash embedding (record_2026_07_17, D.1 forward step 2; #62, sign trick #83): a term b
 per token from a hash of the token and its predecessor, added to the stream's first k
 channels (model.bigram: rows, dim = k, signs; model/config/bigram.py).
 

@@ -21,8 +21,8 @@ The scales (model.numerics.fp8_scales, `FP8_SCALES`):
 - sqrt_d_over_448: x_s = √d/448 (the 2025-11 record's: 0.0618589… at its width d = 768),
   w_s = 2⁻⁹, g_s = 1/448. RMSNorm bounds |X| by √d, so X/x_s ≤ 448 = e4m3's largest value at
   any width.
-- fixed_over_448: x_s = 100/448, w_s = 1.6/448, g_s = 0.75/448 (record D, D.1 "Head and FP8":
-  the multipliers 4.48, 280 and 597.3), whatever the width.
+- fixed_over_448: x_s = 100/448, w_s = 1.6/448, g_s = 0.75/448 (record_2026_07_17, D.1 "Head
+  and FP8": the multipliers 4.48, 280 and 597.3), whatever the width.
 
 Under gradient accumulation the loop backpropagates loss / k for each of k micro-steps, so G
 arrives k times smaller than a record rank's (8 GPUs, one micro-step each) and e5m2 would

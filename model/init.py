@@ -1,6 +1,6 @@
 """The GPT's initialisation, as the records draw it.
 
-Every residual-branch output and the head start at 0 (record D draws W_o uniformly,
+Every residual-branch output and the head start at 0 (record_2026_07_17 draws W_o uniformly,
 attention.out_init, and the head N(0, 0.005²), head.init_std, with the token table its
 transpose, embed.tied_init): with the output projections at zero
 each block starts as the identity, and with the head at zero the first loss is exactly
@@ -12,7 +12,7 @@ sublayer scales their tabled values. With model.numerics.dtype=bf16 the tables, 
 The draws happen in this order (the RNG stream decides every value): the token table, the
 value tables, then each block's q/k/v and fc (or its router and expert fc stack,
 model.mlp.experts), the head, the second token table
-(embed.second_table), then MUDD's W1 (model/mudd.py). Record M's zero value tables
+(embed.second_table), then MUDD's W1 (model/mudd.py). record_medium_2025_12_31's zero value tables
 (embed.value_std=0) draw nothing.
 """
 
@@ -34,7 +34,7 @@ def initialise(model: nn.Module) -> None:
     for table in values:
         if cfg.embed.value_std:
             nn.init.normal_(table.weight, std=cfg.embed.value_std)
-        else:  # record M's tables start at zero
+        else:  # record_medium_2025_12_31's tables start at zero
             nn.init.zeros_(table.weight)
     # q, k, v and fc all read the d-wide stream; q, k, v may have a std of their own
     bound = init_bound(cfg, cfg.n_embd)
@@ -55,11 +55,11 @@ def initialise(model: nn.Module) -> None:
             block.attn.reset_lambdas()
         if block.mlp is not None and not isinstance(block.mlp, MoE):
             nn.init.zeros_(block.mlp.proj.weight)
-    if cfg.head.init_std:  # record D: N(0, 0.005²), so the first loss is not ln(vocab)
+    if cfg.head.init_std:  # record_2026_07_17: N(0, 0.005²), so the first loss is not ln(vocab)
         nn.init.normal_(model.lm_head.weight, std=cfg.head.init_std)
     else:
         nn.init.zeros_(model.lm_head.weight)
-    if model.embed2 is not None:  # record M's second table (M10)
+    if model.embed2 is not None:  # record_medium_2025_12_31's second table (M10)
         nn.init.normal_(model.embed2.weight, std=1.0)
     if cfg.embed.tied_init:  # E = W_headᵀ: lm_head.weight is (vocab, d) as E is
         model.embed.weight.copy_(model.lm_head.weight)
@@ -79,7 +79,7 @@ def initialise(model: nn.Module) -> None:
             model.lm_head.to(torch.bfloat16)
         for part in model.parts():  # what each part holds in bf16 (the bigram table, gates)
             part.cast_bf16()
-        if cfg.numerics.bf16_matrices:  # record D: bf16 weights (the optimizer's fp32 master)
+        if cfg.numerics.bf16_matrices:  # record_2026_07_17's bf16 weights (fp32 master: optimizer)
             for w in matrices(model):
                 w.data = w.data.to(torch.bfloat16)
 

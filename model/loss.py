@@ -68,7 +68,7 @@ def softcap(
 ) -> Tensor:
     """tanh: cap·tanh(z/cap), in (−cap, cap) | sigmoid: cap·σ((z + shift)/τ), in (0, cap), with
     τ = divisor or cap/4 (with shift 0 and τ = cap/4 the tanh curve shifted up by cap/2 with
-    half the cap: 30·σ(z/7.5) = 15·tanh(z/15) + 15; record D: 23·σ((z + 5)/7.5)).
+    half the cap: 30·σ(z/7.5) = 15·tanh(z/15) + 15; record_2026_07_17: 23·σ((z + 5)/7.5)).
 
     The sigmoid form divides by τ, as the records divide by 7.5, rather than multiplying by
     1/τ: 4/30 is not exact in binary, so the product would round differently from the record's

@@ -1,5 +1,5 @@
-"""Record D's FP8 MLP (docs/records.md, D.1 "FP8 MLP"; model.mlp.fp8): in training forwards the
-MLP's projections are FP8 GEMMs (`model.fp8.scaled_mm`), the backward stays bf16.
+"""record_2026_07_17's FP8 MLP (docs/records.md, D.1 "FP8 MLP"; model.mlp.fp8): in training forwards
+the MLP's projections are FP8 GEMMs (`model.fp8.scaled_mm`), the backward stays bf16.
 
 With n the normed input (T×d, bf16) and the bf16 weights c_fc (4d×d, or d×4d stored (in, out)
 under model.mlp.fc_in_out) and c_proj (d×4d, (out, in), or the record's (in, out) 4d×d under

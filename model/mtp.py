@@ -1,4 +1,4 @@
-"""Multi-token prediction (record D, #53): one head scored against the next K tokens.
+"""Multi-token prediction (record_2026_07_17, #53): one head scored against the next K tokens.
 
 For position i of a row (one rank's packed sequence) with logits z_i and capped logits ĉ_i,
 

@@ -1,7 +1,7 @@
-"""MUDD dense connections (record D, #81 as rewritten in cfab12b7; docs/records.md D.1 "MUDD",
-forward steps 5–6; model.residual.mudd): the last layer's residual coefficients, its extra
-values and its value-embedding gate, and a mix of earlier streams after it, all per token
-from two small coefficient networks on the un-normalised stream y:
+"""MUDD dense connections (record_2026_07_17, #81 as rewritten in cfab12b7; docs/records.md D.1
+"MUDD", forward steps 5–6; model.residual.mudd): the last layer's residual coefficients, its extra
+values and its value-embedding gate, and a mix of earlier streams after it, all per token from two
+small coefficient networks on the un-normalised stream y:
 
     MUDD_j(y) = 0.1·(GELU(y·W1_jᵀ)·W2_j[0:n]ᵀ + b2_j[0:n])     j = 0, 1; GELU exact (erf)
 
@@ -31,7 +31,7 @@ bf16). Initialisation: W1_j Kaiming-uniform U(±1/√d) (torch's a = √5), draw
 j = 0 then 1; W2 zero; b2 zero except the values that make the block, with W2 = 0, the static
 layer at its init: m6 = m7 = 2 (the value gate's 2σ at its maximum, the record's choice),
 m8 = m12 = r, m9 = m13 = p (model.residual.resid_init, post_init), m11 = 0.05 (the record's
-bigram λ), n1 = −0.5 (record C's backout λ). b2 holds them divided by 0.1, rounded to the
+bigram λ), n1 = −0.5 (record_2025_11_29's backout λ). b2 holds them divided by 0.1, rounded to the
 parameter's dtype: in bf16 √1.1/0.1 is stored as 10.5 (effective ≈ 1.047, not 1.0488).
 """
 
@@ -55,7 +55,7 @@ OUTPUTS = 14  # per network: the last layer's 14 (the post-loop network reads 5 
 POST_OUTPUTS = 5
 VE_GATE_INIT = 2.0  # m6, m7
 BIGRAM_INIT = 0.05  # m11: the record's bigram λ init
-BACKOUT_INIT = -0.5  # n1: record C's backout, −λ_back
+BACKOUT_INIT = -0.5  # n1: record_2025_11_29's backout, −λ_back
 
 
 class MUDD(Part):

@@ -1,5 +1,5 @@
-"""Paired-head attention (record D, #58; docs/records.md D.1 Attn_ℓ step 5, D.10 item 1): head h
-and head h + H/2 share one head slot of the kernel over a sequence of twice the length.
+"""Paired-head attention (record_2026_07_17, #58; docs/records.md D.1 Attn_ℓ step 5, D.10 item 1):
+head h and head h + H/2 share one head slot of the kernel over a sequence of twice the length.
 
 For H heads (H even) and tokens t = 0 … T−1 of a (B, T, H, D) q, k or v:
 
@@ -16,7 +16,7 @@ For H heads (H even) and tokens t = 0 … T−1 of a (B, T, H, D) q, k or v:
 
 So head h attends to its partner h ± H/2 and itself: the query of head s (at 2t) sees the
 slot's keys of earlier tokens only, the query of head s + H/2 (at 2t+1) also the key of head s
-of its own token. Record D (H = 6): slots (0, 3), (1, 4), (2, 5). The rotation phase equals
+of its own token. record_2026_07_17 (H = 6): slots (0, 3), (1, 4), (2, 5). The rotation phase equals
 the kernel position where h mod 2 = ⌊h / (H/2)⌋; for H/2 odd that is slots of even s, and the
 slots of odd s have their two phases swapped within each token (H = 6: head 1 sits at 2t with
 phase 2t+1, head 4 at 2t+1 with phase 2t). For H/2 even both heads of a slot share their

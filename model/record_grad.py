@@ -1,6 +1,6 @@
-"""The coefficient of record D's logit gradient (model.head.loss=sigmoid_e5m2_grad), shared by
-its torch form (model/record_loss.py) and its Triton kernel (model/triton_loss.py), so that
-both scale the gradient by the same fp32 number."""
+"""The coefficient of record_2026_07_17's logit gradient (model.head.loss=sigmoid_e5m2_grad), shared
+by its torch form (model/record_loss.py) and its Triton kernel (model/triton_loss.py), so that both
+scale the gradient by the same fp32 number."""
 
 import torch
 from torch import Tensor

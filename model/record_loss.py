@@ -1,7 +1,7 @@
-"""Record D's training loss in its own form (model.head.loss=sigmoid_e5m2_grad; docs/records.md
-D.2, its FP8 head and loss): the FP8 head, the sigmoid softcap and the (multi-token)
-cross-entropy as one autograd function whose backward uses the logit gradient that the loss
-itself writes.
+"""record_2026_07_17's training loss in its own form (model.head.loss=sigmoid_e5m2_grad;
+docs/records.md D.2, its FP8 head and loss): the FP8 head, the sigmoid softcap and the (multi-token)
+cross-entropy as one autograd function whose backward uses the logit gradient that the loss itself
+writes.
 
 With z the head's bf16 logits (FP8 product, model/head.py), A, B, C the cap, shift and divisor
 (record: 23, 5, 7.5), w the step's MTP weights (model/mtp.py; [1] without model.head.mtp) and

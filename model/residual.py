@@ -2,18 +2,21 @@
 only when on:
 
     x <- a_ℓ·x + b_ℓ·x0                 x0 shortcut, before layer ℓ; (a, b) from (a₀, 0)
-    x <- r_ℓ·x + Λ_ℓ0·x0 + Λ_ℓ1·x02     or record M's (x0_lambdas): r_ℓ packed, Λ its own
-                                        tensor from 0, x02 = RMSNorm(E2[tokens])
+    x <- r_ℓ·x + Λ_ℓ0·x0 + Λ_ℓ1·x02     or the x0_lambdas form (record_medium_2025_12_31): r_ℓ
+                                        packed, Λ its own tensor from 0, x02 = RMSNorm(E2[tokens])
     x <- x + w_i·out_(E−1−i)            U-net: decoder layer E+i adds encoder layer E−1−i's
                                         output, w from 1 (E = n_layer // 2)
     x <- x + σ(w_k)·out_from            gated skip k = [from, to] of model.residual.skips, at the
                                         input of layer `to`, w_k from −1.5
-         + σ(w_k)·2σ(x0_t[:k]·g_kᵀ)·out_from  or per token (record D, skip_per_token), g_k from 0
+         + σ(w_k)·2σ(x0_t[:k]·g_kᵀ)·out_from  or per token (skip_per_token, record_2026_07_17),
+                                        g_k from 0
     x <- x − λ·out_backout              backout, after the last layer, λ from 0.5
-    x <- … + λ^x0_ℓ·x0                  after the attention sublayer (record D, x0_after_attention)
-    x[:k] <- x[:k] + λ^bg_ℓ·b           then the bigram term (record D, model/bigram.py): before
+    x <- … + λ^x0_ℓ·x0                  after the attention sublayer (x0_after_attention,
+                                        record_2026_07_17)
+    x[:k] <- x[:k] + λ^bg_ℓ·b           then the bigram term (model/bigram.py, record_2026_07_17):
+                                        before
                                         layer 0 into x (and x0), after the attention of ℓ ≥ 1
-    x <- r^A_ℓ·x + p^A_ℓ·Attn_ℓ(u)      per-sublayer scales (record D, D.1 forward step 5):
+    x <- r^A_ℓ·x + p^A_ℓ·Attn_ℓ(u)      per-sublayer scales (record_2026_07_17, D.1 forward step 5):
     x <- r^M_ℓ·x + p^M_ℓ·MLP_ℓ(n)       learned fp32 (r, p) per layer and sublayer, r from √1.1
                                         and p from 1, cast to the stream's dtype before use
 
@@ -92,8 +95,8 @@ class X0Injection(Part):
 
 
 class X0Lambdas(Part):
-    """The part, built only with model.residual.x0_lambdas (record M, #52): `lambdas`
-    (n_layer, 1 or 2) fp32, Λ[ℓ, 0] the weight of x0 and Λ[ℓ, 1] of x02
+    """The part, built only with model.residual.x0_lambdas (record_medium_2025_12_31, #52):
+    `lambdas` (n_layer, 1 or 2) fp32, Λ[ℓ, 0] the weight of x0 and Λ[ℓ, 1] of x02
     (model.embed.second_table), zero at `reset`, on Adam; r_ℓ is the packed vector's."""
 
     def __init__(self, cfg: ModelConfig) -> None:

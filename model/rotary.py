@@ -7,7 +7,7 @@ depends only on the distance between the two positions. Two frequency sets:
 - "half_truncated" (the 2025-01 record): d/4 frequencies from 1 down to 1/1024 on the first
   half of the pairs, ω_i = 1024^(−i/(d/4 − 1)), and 0 on the rest, which leaves those
   channels unrotated.
-- "interleaved_half" (record D, D.1 Attn_ℓ step 3): the same frequencies, but pair j is the
+- "interleaved_half" (record_2026_07_17, D.1 Attn_ℓ step 3): the same frequencies, but pair j is the
   adjacent channels (2j, 2j+1): z_2j ← z_2j·cos θ + z_2j+1·sin θ, z_2j+1 ← z_2j+1·cos θ −
   z_2j·sin θ, θ = t·ω_j, for j < d/4; channels d/2 … d−1 (pairs with ω = 0) never rotate.
 
@@ -93,9 +93,9 @@ class Rotary(nn.Module):
 
 
 def static_spans(mode: str, head_dim: int) -> tuple[tuple[int, int], ...]:
-    """The channels of a head that `mode`'s rotary never rotates (their frequency is 0), as
-    [a, b) spans in order: half_truncated D/4 … D/2−1 and 3D/4 … D−1 (record M's key-offset
-    channels 32–63 and 96–127 of 128), interleaved_half D/2 … D−1 (record D's 64–127); none
+    """The channels of a head that `mode`'s rotary never rotates (their frequency is 0), as [a, b)
+    spans in order: half_truncated D/4 … D/2−1 and 3D/4 … D−1 (record_medium_2025_12_31's key-offset
+    channels 32–63 and 96–127 of 128), interleaved_half D/2 … D−1 (record_2026_07_17's 64–127); none
     for full."""
     quarter = head_dim // 4
     if mode == "half_truncated":

@@ -1,6 +1,6 @@
 """Every scalar of the model in one fp32 vector (model.numerics.packed_scalars), the 2025-11
-record's layout (scalars_layout=mixes; record C's scalar vector, docs/records.md C.1). For n
-layers:
+record's layout (scalars_layout=mixes; record_2025_11_29's scalar vector, docs/records.md C.1). For
+n layers:
 
     0 … n−1            skip-gate logits, init −1.5; only index 1 is read (the record's w_skip,
                        whatever layers the one skip of model.residual.skips joins)
@@ -15,7 +15,7 @@ here the multiple is a config key (8 by default), the same on any rank count. On
 one Adam tensor instead of dozens of tiny ones. Entries no option reads get a zero gradient and
 so never move.
 
-Record D's vector (model.numerics.scalars_layout=weight_lambdas, D.1 "Scalar vector"):
+record_2026_07_17's vector (model.numerics.scalars_layout=weight_lambdas, D.1 "Scalar vector"):
 
     2ℓ, 2ℓ + 1         (λ⁰_ℓ, λ¹_ℓ): the multipliers of W_qkv and W_o of layer ℓ, init (0.5, 1)
                        (model.attention.weight_lambdas; layers without attention keep theirs)
@@ -25,12 +25,12 @@ Record D's vector (model.numerics.scalars_layout=weight_lambdas, D.1 "Scalar vec
 
 It has no x0 mix, value mix or backout: the options that read those refuse this layout.
 
-Record M's vector (model.numerics.scalars_layout=residual_weight_lambdas, M.1 "Scalar vector
-σ⃗"), for K gated skips:
+record_medium_2025_12_31's vector (model.numerics.scalars_layout=residual_weight_lambdas, M.1
+"Scalar vector σ⃗"), for K gated skips:
 
     ℓ                  r_ℓ: the stream's scale before layer ℓ, init model.residual.x0_mix_a_init
                        (the x0 shortcut's a; its b and x02's weight are `x0_lambdas`, #52)
-    n + 2ℓ, n + 2ℓ + 1     (λ⁰_ℓ, λ¹_ℓ), init (0.5, 1), as record D's
+    n + 2ℓ, n + 2ℓ + 1     (λ⁰_ℓ, λ¹_ℓ), init (0.5, 1), as record_2026_07_17's
     3n                 λ_smear, init 0
     3n + 1             λ_back (backout), init 0.5
     3n + 2 + k         w_k, the logit of skip k, init −1.5
@@ -50,7 +50,7 @@ SKIP_GATE_INIT = -1.5  # σ(−1.5) = 0.18: the skip starts mostly closed
 VALUE_MIX_INIT = 0.5
 SMEAR_INIT = 0.0  # the smear starts as the identity
 BACKOUT_INIT = 0.5
-WEIGHT_LAMBDAS_INIT = (0.5, 1.0)  # (λ⁰, λ¹): record D's W_qkv and W_o multipliers
+WEIGHT_LAMBDAS_INIT = (0.5, 1.0)  # (λ⁰, λ¹): record_2026_07_17's W_qkv and W_o multipliers
 LAYOUTS = ("mixes", "weight_lambdas", "residual_weight_lambdas")
 
 
@@ -100,8 +100,9 @@ class ScalarLayout:
 
 
 @dataclass(frozen=True)
-class RecordDLayout:
-    """Where each scalar sits in record D's packed vector (module docstring)."""
+class WeightLambdasLayout:
+    """Where each scalar sits in the weight_lambdas vector, record_2026_07_17's (module
+    docstring)."""
 
     n_layer: int
     multiple: int
@@ -130,9 +131,9 @@ class RecordDLayout:
 
 
 @dataclass(frozen=True)
-class RecordMLayout:
-    """Where each scalar sits in record M's packed vector (module docstring), with `skips`
-    gated skips."""
+class ResidualWeightLambdasLayout:
+    """Where each scalar sits in the residual_weight_lambdas vector, record_medium_2025_12_31's
+    (module docstring), with `skips` gated skips."""
 
     n_layer: int
     multiple: int
@@ -180,14 +181,14 @@ class Scalars(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         num = cfg.numerics
-        self.layout: ScalarLayout | RecordDLayout | RecordMLayout | None = None
+        self.layout: ScalarLayout | WeightLambdasLayout | ResidualWeightLambdasLayout | None = None
         self.packed = self.skip_gate = self.smear_lambda = self.backout_lambda = None
         skips = len(cfg.residual.skips)
         if num.packed_scalars:
             if num.scalars_layout == "residual_weight_lambdas":
-                self.layout = RecordMLayout(cfg.n_layer, num.scalars_multiple, skips)
+                self.layout = ResidualWeightLambdasLayout(cfg.n_layer, num.scalars_multiple, skips)
             elif num.scalars_layout == "weight_lambdas":
-                self.layout = RecordDLayout(cfg.n_layer, num.scalars_multiple)
+                self.layout = WeightLambdasLayout(cfg.n_layer, num.scalars_multiple)
             else:
                 self.layout = ScalarLayout(cfg.n_layer, num.scalars_multiple)
             self.packed = nn.Parameter(torch.empty(self.layout.size))
@@ -203,7 +204,7 @@ class Scalars(nn.Module):
     @torch.no_grad()
     def reset(self, a_init: float) -> None:
         """The packed vector at its tabled values (the own parameters are made at theirs);
-        `a_init`: the x0 mix's a (model.residual.x0_mix_a_init), record M's r."""
+        `a_init`: the x0 mix's a (model.residual.x0_mix_a_init), record_medium_2025_12_31's r."""
         if self.layout is not None:
             self.packed.copy_(self.layout.initial(a_init))
 
@@ -230,9 +231,9 @@ class Scalars(nn.Module):
         return None if self.layout is None else self.packed[self.layout.value_mix(layer)]
 
     def weight_lambdas(self, layer: int) -> Tensor:
-        """(λ⁰, λ¹) of layer `layer` (record D's and M's layouts)."""
+        """(λ⁰, λ¹) of layer `layer` (record_2026_07_17's and M's layouts)."""
         return self.packed[self.layout.weight_lambdas(layer)]
 
     def resid(self, layer: int) -> Tensor:
-        """r_ℓ, the stream's scale before layer `layer` (record M's layout)."""
+        """r_ℓ, the stream's scale before layer `layer` (record_medium_2025_12_31's layout)."""
         return self.packed[self.layout.resid(layer)]

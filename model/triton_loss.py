@@ -1,5 +1,6 @@
-"""Record D's training loss (model/record_loss.py, `record_loss_rows`) as one Triton kernel: the
-loss and the e5m2 logit gradient G₈ in one launch over the bf16 logits, one program a row.
+"""record_2026_07_17's training loss (model/record_loss.py, `record_loss_rows`) as one Triton
+kernel: the loss and the e5m2 logit gradient G₈ in one launch over the bf16 logits, one program a
+row.
 
 With z a row's bf16 logits, A, B, C the cap, shift and divisor (record: 23, 5, 7.5), w the MTP
 weights (K of them, S_w their sum), y_k the row's K shifted targets (−1: dropped) and

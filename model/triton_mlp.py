@@ -1,5 +1,5 @@
-"""Record D's FP8 up projection and what follows it (model/mlp_fp8.py) as one Triton kernel:
-the e4m3 GEMM, its scales, ReLU² and the down projection's e4m3 quantisation of post, in one
+"""record_2026_07_17's FP8 up projection and what follows it (model/mlp_fp8.py) as one Triton
+kernel: the e4m3 GEMM, its scales, ReLU² and the down projection's e4m3 quantisation of post, in one
 launch that writes every result of the tile it computes; and its backward's ∂pre as a second.
 
 With n₈ (T×d, e4m3) the quantised normed input, W₈ = c_fc₈ (4d×d, e4m3, (out, in)), the fp32
@@ -46,7 +46,7 @@ tiles on the first axis); it loops over d in K-blocks, loading a BLOCK_M × BLOC
 and a BLOCK_K × BLOCK_N tile of W₈ᵀ and accumulating their tl.dot in fp32 registers, then runs
 the epilogue on the accumulator and stores pre, post, post₈ (as their bits) and one maximum.
 Rows and columns past the matrix's edge load valid data again and are not stored; a last
-partial K-block is loaded masked, as zeros. Record D's operands (12.6 MB of n₈, 2.4 MB of
+partial K-block is loaded masked, as zeros. record_2026_07_17's operands (12.6 MB of n₈, 2.4 MB of
 c_fc₈ at T = 16,384) fit in an H100's L2, so the order of the tiles is left plain. Both
 operands are read fastest with d contiguous (n₈ row-major, c_fc₈ (out, in) row-major: the
 layouts `torch._scaled_mm` takes); other strides are read correctly, more slowly.
@@ -92,7 +92,7 @@ from model.triton_mlp_kernels import CODE
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 # The kernel's tile on a GPU: 128×128 outputs (a 64 KB fp32 accumulator over 8 warps), the sum
-# 128 products a step (record D: d = 768, 6 steps), 3 K-steps' operands in flight (96 KB of
+# 128 products a step (record_2026_07_17: d = 768, 6 steps), 3 K-steps' operands in flight (96 KB of
 # shared memory)
 BLOCKS = (128, 128, 128)
 # The backward's: bf16 operands, twice the bytes, so half the K-block (the same 96 KB in flight)
@@ -152,8 +152,8 @@ def fused_relu2_grad(
     """The backward's ∂pre = 2·(g·c_projᵀ)·ReLU(pre) in one kernel (module docstring).
 
     g: the gradient of the MLP's output (T×d, bf16); w: c_proj as (4d, d), bf16, any strides
-    (record D's (out, in) d×4d c_proj: its transposed view); pre: the forward's (T×4d, bf16).
-    Returns ∂pre (T×4d, bf16). `blocks`, `num_warps`, `num_stages`: as fused_up_relu2's
+    (record_2026_07_17's (out, in) d×4d c_proj: its transposed view); pre: the forward's (T×4d,
+    bf16). Returns ∂pre (T×4d, bf16). `blocks`, `num_warps`, `num_stages`: as fused_up_relu2's
     (default: GRAD_BLOCKS). A torch op, as fused_up_relu2."""
     bf16 = torch.bfloat16
     if g.dtype != bf16 or w.dtype != bf16 or pre.dtype != bf16 or g.dim() != 2 or w.dim() != 2:

@@ -6,14 +6,16 @@
                                v <- α·v in the other attention layers, (α, β) from (0.5, 0.5)
                                (model.embed.value_embeds; the 2025-01 and 2025-11 records)
     v_h <- v_h + 2σ([u[:k/2], ve[:k/2]]·G[h]ᵀ)·ve_h
-                               or gated per head (model.embed.value_gate; record D, #55, #70;
-                               record M's gate reads u[:k] alone, #55's form:
+                               or gated per head (model.embed.value_gate; record_2026_07_17,
+                               #55, #70;
+                               record_medium_2025_12_31's gate reads u[:k] alone, #55's form:
                                model.embed.value_gate_input=stream):
                                u the attention's input, ve the whole lookup, G (heads × k)
                                zero so the gate starts at 1; no α, β, and layers without a
                                table keep v. The G of the layers with a table are the rows of
                                one (layers with a table, heads, k) tensor `value_gates.weight`, in
-                               layer order, as record D's ve_gate_bank (the MUDD layer's row
+                               layer order, as record_2026_07_17's ve_gate_bank (the MUDD
+                               layer's row
                                is never read: its gate is MUDD's)
 
 Their parameters (but the gates) belong to the attention module that reads them (`value_lambda`,
@@ -44,7 +46,7 @@ class ValueMix:
     table: int | None  # this layer's value-embedding table
     layer: int  # its place in the packed scalars
     gate: int = 0  # the per-head value gate's input width k; 0 = (α, β)
-    gate_reads_value: bool = True  # its input [u[:k/2], ve[:k/2]] (record D), else u[:k]
+    gate_reads_value: bool = True  # its input [u[:k/2], ve[:k/2]] (record_2026_07_17), else u[:k]
     slot: int | None = None  # its gate's row of the model's `value_gates.weight`
 
     @classmethod
@@ -100,10 +102,10 @@ class ValueMix:
 
 
 class ValueGates(Part):
-    """The part, built only with model.embed.value_gate and some value table: `weight`
-    (layers with a table, n_head, k), an Adam parameter (record D's gates are Adam's; record
-    M routes it to NorMuon, optim.roles, each layer's (n_head, k) slice a matrix), zero at
-    `reset`."""
+    """The part, built only with model.embed.value_gate and some value table: `weight` (layers
+    with a table, n_head, k), an Adam parameter (record_2026_07_17's gates are Adam's;
+    record_medium_2025_12_31 routes it to NorMuon, optim.roles, each layer's (n_head, k) slice a
+    matrix), zero at `reset`."""
 
     def __init__(self, cfg: ModelConfig, plan: list[LayerSpec]) -> None:
         super().__init__()

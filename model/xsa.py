@@ -1,5 +1,5 @@
-"""Learnable XSA (record D, D.1 Attn_ℓ step 7; #82): after attention, each head's output loses
-a learned part of its component along the token's own value.
+"""Learnable XSA (record_2026_07_17, D.1 Attn_ℓ step 7; #82): after attention, each head's output
+loses a learned part of its component along the token's own value.
 
     v̂ = v / max(‖v‖, 10⁻⁴)                       per head and token (v after the value mixes)
     y_h <- y_h − tanh(α_ℓ,h)·⟨y_h, v̂_h⟩·v̂_h        before the output gate

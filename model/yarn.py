@@ -55,10 +55,10 @@ def yarn_table(
     half-truncated rotary's 64 (1024^(−j/31) for j < 32, then 0): scales 0.1, 0.116946,
     0.127518, 0.131778.
 
-    With `max_window` (model.attention.yarn_max_window), a change to a window of more blocks
-    keeps the frequencies and the scale (its row repeats the one before), and the next change
-    that rescales starts from the window they were last made for. Record M: [3, 7, 11, 13,
-    15, …, 23] with 13: the scales above, then 0.131778 from window 13 on.
+    With `max_window` (model.attention.yarn_max_window), a change to a window of more blocks keeps
+    the frequencies and the scale (its row repeats the one before), and the next change that
+    rescales starts from the window they were last made for. record_medium_2025_12_31: [3, 7, 11,
+    13, 15, …, 23] with 13: the scales above, then 0.131778 from window 13 on.
     """
     if base_freqs.dim() != 1:
         raise ValueError(f"base_freqs must be 1-d, got shape {tuple(base_freqs.shape)}")

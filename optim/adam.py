@@ -12,7 +12,8 @@ The two placements differ only in where ε enters (ε·√(1 − β₂ᵗ) again
 
 - `state_dtype`: m and v in the parameter's dtype ("param", as torch), in bf16 for every
   parameter ("bf16", as the 2025-11 record's script creates them; its timed run restores them
-  through torch's load_state_dict, which casts them to "param") or in fp32 ("fp32", record D's).
+  through torch's load_state_dict, which casts them to "param") or in fp32 ("fp32",
+  record_2026_07_17's).
   Each in-place operation rounds to the state's dtype, in the order written above.
 - `update_every` = k: the parameters move on every k-th call of `step()` only, with the *sum*
   of the k gradients since the last update, accumulated in the parameter's dtype (as autograd
@@ -30,7 +31,7 @@ The two placements differ only in where ε enters (ε·√(1 − β₂ᵗ) again
   the head's, the head takes the step and the table follows it, until their split.
 - `rows` (optim/adam_table.py, from `optim.adamw.table`): per parameter, a factor on the
   group's LR, its own betas and a factor `wd_mul` on λ.
-- `weight_decay_form="cautious"` (record D's, #50, strict ">" since #53): with the tensor's
+- `weight_decay_form="cautious"` (record_2026_07_17's, #50, strict ">" since #53): with the tensor's
   own LR η (group LR × f(s) × its lr_mul, `optim.lr_mul`'s or its row's) and u the step
   above (u = η·(√(1−β₂ᵗ)/(1−β₁ᵗ))·m/(√v+ε) for raw ε),
 

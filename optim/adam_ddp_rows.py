@@ -1,7 +1,7 @@
 """Adam's tensors shared out between ranks (`dist.parallelism=ddp_row_shards`): which are cut into
 rows, which are averaged whole, and the collectives around the update.
 
-- A tensor of at least `SHARD_MIN_VALUES` values and at least W rows (record D's token and
+- A tensor of at least `SHARD_MIN_VALUES` values and at least W rows (record_2026_07_17's token and
   value tables, the bigram table and the head: 415M of its 415.3M Adam values) is cut into
   rows (optim/ddp_rows.py): its gradient is reduce-scattered, rank r keeps the moments of its
   rows only, updates those rows, and they are all-gathered after the update: straight into

@@ -1,5 +1,5 @@
-"""Per-tensor Adam settings (`optim.adamw.table`, record D's D.3 table): which row each Adam
-parameter takes.
+"""Per-tensor Adam settings (`optim.adamw.table`, record_2026_07_17's D.3 table): which row each
+Adam parameter takes.
 
 A row gives the parameters whose qualified names its pattern matches (fnmatch, as
 `optim.lr_mul`) a factor on their group's LR, their own betas and a factor on the weight

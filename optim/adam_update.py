@@ -1,6 +1,6 @@
 """Adam's update, one function over lists of tensors (`adam_update`): eager, or compiled with
 `torch.compile` (`optim.compile`), where inductor fuses each tensor's chain into one pass
-(record D's 30 Adam tensors: some 300 kernel launches and 17 passes over its 415M values
+(record_2026_07_17's 30 Adam tensors: some 300 kernel launches and 17 passes over its 415M values
 eager, one pass each compiled).
 
 Per tensor, with its settings fixed for the run (`TensorSettings`: β₁, β₂, ε, which of the
@@ -78,7 +78,7 @@ def adam_update(
             sq = vw.sqrt()
             u = mw.div((sq if s.raw_eps else sq / root).add_(s.eps)).mul_(step)
             w = p.to(wide)
-            mask = (u * w) > 0  # strict: where u or p is 0 nothing decays (record D, #53)
+            mask = (u * w) > 0  # strict: where u or p is 0 nothing decays (record_2026_07_17, #53)
             p.copy_(w.sub(u).sub_(w * mask * decay))
             continue
         if s.decays:

@@ -77,21 +77,21 @@ class AdamWConfig:
     weight_decay: float = 0.0
     """λ, applied as `weight_decay_form` says (× a table row's wd_mul)."""
     weight_decay_form: str = field(default="decoupled", metadata={"choices": WEIGHT_DECAY_FORMS})
-    """decoupled: p ← p·(1 − η·λ), then the step | cautious (record D's): p ← p − u −
+    """decoupled: p ← p·(1 − η·λ), then the step | cautious (record_2026_07_17's): p ← p − u −
     λ·η²·1[u⊙p > 0]⊙p in fp32, η the tensor's own LR, u the Adam step (optim/adam.py)."""
     eps_placement: str = field(default="corrected", metadata={"choices": EPS_PLACEMENTS})
     """corrected: m̂/(√v̂ + ε) as torch's AdamW | raw: √(1−β₂ᵗ)/(1−β₁ᵗ)·m/(√v + ε), ε on the
     raw √v (the 2025-11 record's)."""
     state_dtype: str = field(default="param", metadata={"choices": STATE_DTYPES})
     """The moments' dtype: the parameter's | bf16 for every parameter | fp32 for every
-    parameter (record D's)."""
+    parameter (record_2026_07_17's)."""
     update_every: int = 1
     """Update every k-th step with the sum of the k gradients since the last (2 in the
     2025-11 record: odd steps, gradients of steps s−1 and s); 1 = every step."""
     table: dict[str, AdamRow] = field(default_factory=dict)
     """Per-tensor settings: {name pattern (fnmatch, as optim.lr_mul): AdamRow}. Each pattern
     must match an Adam parameter, no parameter two patterns; unmatched ones keep the group's
-    (record D's table, D.3)."""
+    (record_2026_07_17's table, D.3)."""
 
     @property
     def torch_equivalent(self) -> bool:
@@ -141,10 +141,10 @@ class ScheduleConfig:
     min_lr_frac: float = 0.0
     """The LR floor at the end, as a fraction of each group's LR."""
     cooldown_form: str = field(default="steps", metadata={"choices": COOLDOWN_FORMS})
-    """steps: over round(cooldown_frac · steps) whole steps | fraction: continuously in the
-    fraction of training left (the 2025-01 record's formula) | from_step: from the whole step
-    c = ⌊S·(1 − cooldown_frac)⌋ of the S scheduled steps, τ = min(1, (s − c)/(S − c)),
-    factor p·(1 − τ) + min_lr_frac·τ with p the current peak (record D's). Plateaus by stage
+    """steps: over round(cooldown_frac · steps) whole steps | fraction: continuously in the fraction
+    of training left (the 2025-01 record's formula) | from_step: from the whole step c = ⌊S·(1 −
+    cooldown_frac)⌋ of the S scheduled steps, τ = min(1, (s − c)/(S − c)), factor p·(1 − τ) +
+    min_lr_frac·τ with p the current peak (record_2026_07_17's). Plateaus by stage
     (train.stages.rows.N.lr_peak) need fraction or from_step."""
 
     def validate(self, total_steps: int) -> None:
@@ -194,23 +194,23 @@ class OptimConfig:
     Muon scales the whole step of a match (its cautious decay too); AdamW needs a setting
     torch's AdamW lacks (optim/adam.py). Every pattern must match a parameter."""
     tie_embed_head_until: int = 0
-    """Record D's tied token table and head (#51, #53; optim/tied.py): the step s (0-based)
-    whose Adam update is the last tied one (record D: 921). Until then `embed.weight` takes no
-    step of its own: at each Adam update its summed gradient is added to `lm_head.weight`'s,
-    the head takes the step and the table becomes a copy of it; right after the update of
-    step s the table's Adam state becomes the head's (m, v, update count) and from then on
-    the two train apart. 0 = never tied. Needs model.embed.tied_init, optim/adam.py (a
-    setting torch's AdamW lacks) and s an update step: s + 1 divisible by
-    optim.adamw.update_every."""
+    """record_2026_07_17's tied token table and head (#51, #53; optim/tied.py): the step s (0-based)
+    whose Adam update is the last tied one (record_2026_07_17: 921). Until then `embed.weight` takes
+    no step of its own: at each Adam update its summed gradient is added to `lm_head.weight`'s, the
+    head takes the step and the table becomes a copy of it; right after the update of step s the
+    table's Adam state becomes the head's (m, v, update count) and from then on the two train apart.
+    0 = never tied. Needs model.embed.tied_init, optim/adam.py (a setting torch's AdamW lacks) and s
+    an update step: s + 1 divisible by optim.adamw.update_every."""
     tie_sum: str = field(default="update", metadata={"choices": TIE_SUMS})
-    """Where the tied table's gradient joins the head's (optim.tie_embed_head_until): update
-    (E's sum over an Adam update's steps is added to W's sum: record D, D.3) | step (E's
-    gradient is added to W's every step, before the steps are summed, as autograd sums one
-    tensor's two uses: record M, whose lookup reads the head's own rows until the split)."""
+    """Where the tied table's gradient joins the head's (optim.tie_embed_head_until): update (E's
+    sum over an Adam update's steps is added to W's sum: record_2026_07_17, D.3) | step (E's
+    gradient is added to W's every step, before the steps are summed, as autograd sums one tensor's
+    two uses: record_medium_2025_12_31, whose lookup reads the head's own rows until the split)."""
     roles: dict[str, str] = field(default_factory=dict, metadata=MUST_MATCH)
     """Role routing: {name pattern (fnmatch): role}, overriding the role by shape
     (optim/partition.py), e.g. {"smear_gate.weight": "scalar"} puts a 2-D gate on Adam
-    (record D's gates). Every pattern must match a parameter, none two with different roles."""
+    (record_2026_07_17's gates). Every pattern must match a parameter, none two with different
+    roles."""
 
     def validate(
         self, total_steps: int, scheduled_steps: int | None = None,

@@ -13,7 +13,7 @@ trainable parameter through the module that registers it:
 - "matrix": every other 2-D parameter (Muon's with optim.name=muon_adamw).
 
 `optim.roles` ({name pattern: role}) overrides both the declared role and the rule for the
-parameters its patterns match (record D steps its 2-D gates with Adam).
+parameters its patterns match (record_2026_07_17 steps its 2-D gates with Adam).
 
 Anything else (a 3-D parameter without a declared role, say) fits no group, and a parameter
 registered by two modules (weights tied between embedding and head) would fit two; both are

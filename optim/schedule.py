@@ -6,13 +6,12 @@ steps to a floor. Muon's momentum likewise follows the records: it starts lower 
 memory while the early gradients change quickly) and rises linearly to its final value; it
 may fall again over the last steps (the 2025-11 record).
 
-The 2025-11 record adds two things: extension steps after the schedule's end (its span is
-the scheduled steps, train.steps − train.extension_steps; after it the LR holds its floor),
-and a plateau ("peak") per stage that the cooldown falls from (`peak_lr_multiplier`), the
-stage table's lr_peak column (train.stages, stages/table.py), switched at fractions of the
-steps of its own (the table's peak_edges, `lr_peak_at`). Record D (2026-07) switches its peaks
-with the stages, by the table's one rule, and draws the cooldown from a whole step
-(cooldown_form=from_step).
+The 2025-11 record adds two things: extension steps after the schedule's end (its span is the
+scheduled steps, train.steps − train.extension_steps; after it the LR holds its floor), and a
+plateau ("peak") per stage that the cooldown falls from (`peak_lr_multiplier`), the stage table's
+lr_peak column (train.stages, stages/table.py), switched at fractions of the steps of its own (the
+table's peak_edges, `lr_peak_at`). record_2026_07_17 (2026-07) switches its peaks with the stages,
+by the table's one rule, and draws the cooldown from a whole step (cooldown_form=from_step).
 
 `optim_values` gives both for a step; the run's schedule (trainer/schedule.py) asks for them
 once per step, with the model's own step values, and hands them to the optimizer object
@@ -93,13 +92,12 @@ def lr_multiplier(
     and the floor is where the line ends, after it: with a floor of 0 no step is wasted at
     LR 0. In between it is 1.
 
-    cooldown_form="fraction" draws the cooldown in the fraction of training left instead, as
-    the 2025-01 record does: t = 1 − step/total_steps, w = min(t / cooldown_frac, 1), factor
-    w·1 + (1 − w)·min_lr_frac, the same operations in the same order as its script, so that
-    the factors are its bits. The steps form equals it up to rounding where
-    cooldown_frac · total_steps is whole; elsewhere its line starts at the rounded step.
-    cooldown_form="from_step" is record D's (`from_step_cooldown` with peak 1). Warmup applies
-    first in all.
+    cooldown_form="fraction" draws the cooldown in the fraction of training left instead, as the
+    2025-01 record does: t = 1 − step/total_steps, w = min(t / cooldown_frac, 1), factor w·1 + (1 −
+    w)·min_lr_frac, the same operations in the same order as its script, so that the factors are its
+    bits. The steps form equals it up to rounding where cooldown_frac · total_steps is whole;
+    elsewhere its line starts at the rounded step. cooldown_form="from_step" is record_2026_07_17's
+    (`from_step_cooldown` with peak 1). Warmup applies first in all.
     """
     if cooldown_form not in COOLDOWN_FORMS:
         raise ValueError(
@@ -139,10 +137,10 @@ def muon_momentum(step: int, warmup_steps: int, start: float, end: float) -> flo
 def from_step_cooldown(
     step: int, scheduled_steps: int, peak: float, cooldown_frac: float, min_lr_frac: float
 ) -> float:
-    """Record D's cooldown at `step` of S = `scheduled_steps` (< S): `peak` before the whole
-    step c = ⌊S·(1 − cooldown_frac)⌋, then τ = min(1, (step − c)/(S − c)) and
-    f = peak·(1 − τ) + min_lr_frac·τ, the record's operations in its order (its bits; for
-    1,380 steps and 0.6: c = 552, τ = (s − 552)/828)."""
+    """record_2026_07_17's cooldown at `step` of S = `scheduled_steps` (< S): `peak` before the
+    whole step c = ⌊S·(1 − cooldown_frac)⌋, then τ = min(1, (step − c)/(S − c)) and f = peak·(1 − τ)
+    + min_lr_frac·τ, the record's operations in its order (its bits; for 1,380 steps and 0.6: c =
+    552, τ = (s − 552)/828)."""
     start = int(scheduled_steps * (1 - cooldown_frac))
     if step < start:
         return peak
@@ -151,8 +149,8 @@ def from_step_cooldown(
 
 
 def peak_index(step: int, scheduled_steps: int, edges: Sequence[float]) -> int:
-    """Which plateau `step` is on where the plateaus have edges of their own: the number of
-    edges below x = step / scheduled_steps (x > edge: record C's peak steps up at s = 700 and
+    """Which plateau `step` is on where the plateaus have edges of their own: the number of edges
+    below x = step / scheduled_steps (x > edge: record_2025_11_29's peak steps up at s = 700 and
     1400 of 2120 for edges 0.33, 0.66, before its batch does at 707 and 1414)."""
     x = step / scheduled_steps
     return sum(x > edge for edge in edges)
@@ -160,8 +158,9 @@ def peak_index(step: int, scheduled_steps: int, edges: Sequence[float]) -> int:
 
 def lr_peak_at(stages: StageTable, step: int, scheduled_steps: int) -> float:
     """The plateau at `step`: the lr_peak of row `peak_index` where the table has peak_edges
-    (record C), else of the step's own stage (`StageTable.index`, the rule every stage
-    column follows: record D's peaks switch with its batch at exactly 460 and 920 of 1,380)."""
+    (record_2025_11_29), else of the step's own stage (`StageTable.index`, the rule every stage
+    column follows: record_2026_07_17's peaks switch with its batch at exactly 460 and 920 of
+    1,380)."""
     if stages.peak_edges:
         return stages.rows[peak_index(step, scheduled_steps, stages.peak_edges)].lr_peak
     return stages.row(step, scheduled_steps).lr_peak
@@ -182,13 +181,13 @@ def peak_lr_multiplier(
 
         f = min_lr_frac + (p − min_lr_frac) · (S − step) / (cooldown_frac · S),
 
-    evaluated in that order, left to right (the spec's 0.1 + (p − 0.1)·(2120 − s)/1166,
-    with 1166 = 0.55 · 2120 computed as the product). The line restarts from the new p where
-    the plateau steps up inside the cooldown (the record's jump 0.972 → 1.230 at s = 1400).
-    Steps from S on run at the floor. Warmup, when asked for, applies first, (step + 1) /
-    warmup_steps, as in `lr_multiplier`. cooldown_form="from_step": record D's line from the
-    current peak instead (`from_step_cooldown`), with the same jump where the peak steps up
-    inside the cooldown (0.913 → 1.028 at s = 920).
+    evaluated in that order, left to right (the spec's 0.1 + (p − 0.1)·(2120 − s)/1166, with 1166 =
+    0.55 · 2120 computed as the product). The line restarts from the new p where the plateau steps
+    up inside the cooldown (the record's jump 0.972 → 1.230 at s = 1400). Steps from S on run at the
+    floor. Warmup, when asked for, applies first, (step + 1) / warmup_steps, as in `lr_multiplier`.
+    cooldown_form="from_step": record_2026_07_17's line from the current peak instead
+    (`from_step_cooldown`), with the same jump where the peak steps up inside the cooldown (0.913 →
+    1.028 at s = 920).
     """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")

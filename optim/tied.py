@@ -1,4 +1,4 @@
-"""The token table tied to the LM head until a split (record D, #51 and #53):
+"""The token table tied to the LM head until a split (record_2026_07_17, #51 and #53):
 `optim.tie_embed_head_until`.
 
 E (`embed.weight`) and W (`lm_head.weight`) start equal (model.embed.tied_init: E = Wᵀ in the
@@ -10,12 +10,12 @@ each of Adam's updates (optim/adam.py, the sum of `update_every` gradients):
     E ← Wᵀ                     (E's moments and update count stay as they were: idle)
 
 The update that brings W's update count to T = (tie_embed_head_until + 1) / update_every is the
-last tied one (record D: s = 921, T = 461); right after it E's Adam state becomes W's (m, v
+last tied one (record_2026_07_17: s = 921, T = 461); right after it E's Adam state becomes W's (m, v
 and the count, transposed), and from the next update on the two are stepped apart.
 
-With optim.tie_sum=step (record M) E's gradient joins W's at every step instead, before the
-pair is summed (`join_step`): (g_W + g_E)_{s−1} + (g_W + g_E)_s, the summed gradient of the
-one tensor that serves as both head and table in that record; the rest is the same.
+With optim.tie_sum=step (record_medium_2025_12_31) E's gradient joins W's at every step instead,
+before the pair is summed (`join_step`): (g_W + g_E)_{s−1} + (g_W + g_E)_s, the summed gradient of
+the one tensor that serves as both head and table in that record; the rest is the same.
 
 Whether the split happened is read from W's update count, which a checkpoint holds, so a run
 resumed on either side of it goes on exactly (nothing of the tie is saved). A step the loop
@@ -63,9 +63,9 @@ class TiedEmbedHead:
 
     @torch.no_grad()
     def join_step(self, ready: Ready, state: Any) -> Ready:
-        """optim.tie_sum=step: this step's gradients (p, g, …) with E's added to W's and E's
-        zero, while tied, so that the steps' sum is Σ_s (g_W + g_E)_s, one tensor's summed
-        gradient (record M); the sum of E's zeros then joins W's at the update unchanged."""
+        """optim.tie_sum=step: this step's gradients (p, g, …) with E's added to W's and E's zero,
+        while tied, so that the steps' sum is Σ_s (g_W + g_E)_s, one tensor's summed gradient
+        (record_medium_2025_12_31); the sum of E's zeros then joins W's at the update unchanged."""
         if count(state[self.head]) >= self.split_update:
             return ready
         g_embed = next((g for p, g, _, _ in ready if p is self.embed), None)

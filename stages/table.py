@@ -7,11 +7,11 @@ P = len(rows) equal stages, and step s is in stage
 
     i(s) = min(⌊P·s / S⌋, P − 1)                                        (`stage_index`)
 
-in integers, so the boundaries are exact (record C: 2,120 steps, stage 1 from 707, stage 2
-from 1,414; record D: 1,380 steps, 460 and 920); the extension steps after S are in the last.
-Stage i starts at ⌈i·S / P⌉ (`stage_start`). The model, the data, the optimizer and the
-trainer all read the current row through `StageTable.index`, so every column switches at the
-same step: one row per stage makes a disagreement impossible.
+in integers, so the boundaries are exact (record_2025_11_29: 2,120 steps, stage 1 from 707, stage 2
+from 1,414; record_2026_07_17: 1,380 steps, 460 and 920); the extension steps after S are in the
+last. Stage i starts at ⌈i·S / P⌉ (`stage_start`). The model, the data, the optimizer and the
+trainer all read the current row through `StageTable.index`, so every column switches at the same
+step: one row per stage makes a disagreement impossible.
 
 A column that no row sets (0, or [] for the MTP weights) leaves its key's global value in
 place (train.seq_len, data.max_piece_len, ...); a column is set in every row or in none.
@@ -33,7 +33,7 @@ KEY = "train.stages"
 def stage_index(step: int, scheduled_steps: int, n_stages: int) -> int:
     """The stage of `step` among `n_stages` equal stages of `scheduled_steps`:
     min(⌊P·step / S⌋, P − 1), in integers (exact; the extension steps are in the last).
-    Record C (P = 3, S = 2,120): 0 up to 706, 1 for 707 … 1,413, 2 from 1,414 on."""
+    record_2025_11_29 (P = 3, S = 2,120): 0 up to 706, 1 for 707 … 1,413, 2 from 1,414 on."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     if n_stages < 1 or scheduled_steps < 1:
@@ -52,27 +52,28 @@ class Stage:
     table, the key's global value holds."""
 
     seq_len: int = 0
-    """Tokens per rank sequence in this stage (record C and D: 16,384 / 32,768 / 49,152);
+    """Tokens per rank sequence in this stage (record_2025_11_29 and D: 16,384 / 32,768 / 49,152);
     0 = train.seq_len. train.seq_len must be the largest (it sizes the buffers)."""
     window: int = field(default=0, metadata=MUST_MATCH)
-    """The long attention window in blocks of model.attention.window_block (records C and D:
-    3, 7, 11); the short one is ⌊window/2⌋ and the YaRN stage is the row's index. 0 = no
-    window by stage (model.attention.window_tokens's linear growth, or none)."""
+    """The long attention window in blocks of model.attention.window_block (record_2025_11_29 and
+    record_2026_07_17: 3, 7, 11); the short one is ⌊window/2⌋ and the YaRN stage is the row's index.
+    0 = no window by stage (model.attention.window_tokens's linear growth, or none)."""
     max_piece_len: int = 0
-    """data.align=pieces: the most tokens kept of one document in this stage (record D: 896,
-    2,048, 2,048, #72); 0 = data.max_piece_len, which must be the largest."""
+    """data.align=pieces: the most tokens kept of one document in this stage (record_2026_07_17:
+    896, 2,048, 2,048, #72); 0 = data.max_piece_len, which must be the largest."""
     max_pieces: int = field(default=0, metadata=OPERATIONAL)
-    """data.align=pieces: the most document pieces one rank sequence may hold (record D: 63,
-    95, 127, its cu_seqlens of 64 / 96 / 128, #78); a batch that needs more fails naming this
+    """data.align=pieces: the most document pieces one rank sequence may hold (record_2026_07_17:
+    63, 95, 127, its cu_seqlens of 64 / 96 / 128, #78); a batch that needs more fails naming this
     key, never truncates. 0 = no limit."""
     lr_peak: float = 0.0
     """The LR multiplier's plateau in this stage, the cooldown falling from the current one
-    (record C: 1, 1.51, 1.93; record D: 1, 1.52, 1.73); needs optim.schedule.cooldown_form=
-    fraction or from_step. 0 = no plateaus (the multiplier peaks at 1)."""
+    (record_2025_11_29: 1, 1.51, 1.93; record_2026_07_17: 1, 1.52, 1.73); needs
+    optim.schedule.cooldown_form= fraction or from_step. 0 = no plateaus (the multiplier peaks at
+    1)."""
     mtp_weights: list[float] = field(default_factory=list, metadata=MUST_MATCH)
     """model.head.mtp: the weights w_0 … w_{K−1} of the tokens 1 … K ahead in this stage
-    (record D: [1, 0.5, 0.25], [1, 0.5], [1]); the forward takes them padded with zeros to the
-    longest row's length."""
+    (record_2026_07_17: [1, 0.5, 0.25], [1, 0.5], [1]); the forward takes them padded with zeros to
+    the longest row's length."""
 
 
 COLUMNS = tuple(f.name for f in fields(Stage))
@@ -87,20 +88,21 @@ class StageTable:
     """The stages in order, each an equal share of the scheduled steps (`stage_index`);
     [] = one stage, every key at its global value."""
     window_after: int = field(default=0, metadata=MUST_MATCH)
-    """The long window over the extension steps, in blocks (records C and D: 13; a YaRN stage
-    of its own, index len(rows)); 0 = the last row's."""
+    """The long window over the extension steps, in blocks (record_2025_11_29 and record_2026_07_17:
+    13; a YaRN stage of its own, index len(rows)); 0 = the last row's."""
     window_final_eval: int = field(default=0, metadata=MUST_MATCH)
-    """The long window of the final validation only, in blocks (records C and D: 20); the short
-    one and the YaRN stage stay the last step's. 0 = the last step's."""
+    """The long window of the final validation only, in blocks (record_2025_11_29 and
+    record_2026_07_17: 20); the short one and the YaRN stage stay the last step's. 0 = the last
+    step's."""
     mtp_decay: bool = field(default=False, metadata=MUST_MATCH)
     """The last weight of a row of two or more MTP weights falls linearly to 0 over its stage,
-    w·(1 − (P·x − i)) at x = s/S in stage i (record D: 0.25·(1 − s/460) in stage 0, then
+    w·(1 − (P·x − i)) at x = s/S in stage i (record_2026_07_17: 0.25·(1 − s/460) in stage 0, then
     0.5·(1 − (s − 460)/460)); false = each row's weights hold through its stage."""
     peak_edges: list[float] = field(default_factory=list)
     """Where the LR plateau steps up, in x = step / scheduled steps: row i + 1's lr_peak from
-    x > edge i on, instead of at the stage boundaries (record C: [0.33, 0.66], the peaks at
+    x > edge i on, instead of at the stage boundaries (record_2025_11_29: [0.33, 0.66], the peaks at
     700 and 1,400 of 2,120, before the batch at 707 and 1,414); one fewer than the rows.
-    [] = the plateaus switch with the stages (record D)."""
+    [] = the plateaus switch with the stages (record_2026_07_17)."""
     columns: dict[str, list[Any]] = field(default_factory=dict)
     """Whole columns by name, each replacing that column's value in every row, in order: how a
     size overlay (conf/size/) shortens a preset's stages without restating its rows (a YAML

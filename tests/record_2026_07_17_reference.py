@@ -1,9 +1,9 @@
-"""Independent float64 reference of record D's (#89) model forward and training loss.
+"""Independent float64 reference of record_2026_07_17's (#89) model forward and training loss.
 
-Follows only the record's description in docs/records.md: record D's D.1, D.2, D.4 and D.10, C.1's
-smear and mask, and the shared norm; nothing of the project is imported. Exact math: float64
-everywhere, no bf16 / FP8 roundings (the FP8 MLP and head, bf16 rotary tables and bf16 sigma of
-D.1/D.2 are deliberately absent). Citations: "fwd n" = D.1 forward-pass step n, "Attn n" = D.1
+Follows only the record's description in docs/records.md: record_2026_07_17's D.1, D.2, D.4 and
+D.10, C.1's smear and mask, and the shared norm; nothing of the project is imported. Exact math:
+float64 everywhere, no bf16 / FP8 roundings (the FP8 MLP and head, bf16 rotary tables and bf16 sigma
+of D.1/D.2 are deliberately absent). Citations: "fwd n" = D.1 forward-pass step n, "Attn n" = D.1
 Attn_l step n, "MUDD" = D.1 MUDD paragraph, "VE gate" = D.1 gated value embeddings, "D.2" = loss.
 """
 
@@ -21,7 +21,7 @@ HASH_CUR, HASH_PREV = 36_313, 27_191  # fwd 2
 
 
 @dataclass
-class RecordDShape:
+class ModelShape:
     n_layer: int = 11
     n_head: int = 6
     head_dim: int = 128
@@ -56,7 +56,7 @@ def smear(e: Tensor, gate: Tensor, lam: Tensor, gc: int) -> Tensor:
     return torch.cat([e[:, :1], e[:, 1:] + lam * g * e[:, :-1]], dim=1)
 
 
-def bigram_term(tokens: Tensor, bg: Tensor, sign: Tensor, s: RecordDShape) -> Tensor:
+def bigram_term(tokens: Tensor, bg: Tensor, sign: Tensor, s: ModelShape) -> Tensor:
     """fwd 2: hash and sign index restart at every row (= rank sequence); row rows-1 at t = 0."""
     cur, prev = tokens[:, 1:], tokens[:, :-1]
     h = ((HASH_CUR * cur) ^ (HASH_PREV * prev)) % (s.bigram_rows - 1)
@@ -75,9 +75,9 @@ def bigram_term(tokens: Tensor, bg: Tensor, sign: Tensor, s: RecordDShape) -> Te
 def rope_pairs(head_dim: int, mode: str) -> tuple[Tensor, Tensor]:
     """Attn 3: index pairs (a_j, b_j), j < D/4, rotated by frequency omega_j."""
     j = torch.arange(head_dim // 4)
-    if mode == "interleaved":  # record D: adjacent dims (2j, 2j+1); D/2.. static
+    if mode == "interleaved":  # record_2026_07_17: adjacent dims (2j, 2j+1); D/2.. static
         return 2 * j, 2 * j + 1
-    if mode == "half":  # record C: dim j with dim j + D/2
+    if mode == "half":  # record_2025_11_29: dim j with dim j + D/2
         return j, j + head_dim // 2
     raise ValueError(mode)
 
@@ -102,7 +102,7 @@ def attention(
     u: Tensor,
     aux: Tensor | None,
     seg: Tensor,
-    s: RecordDShape,
+    s: ModelShape,
     *,
     window: int,
     scale: float,
@@ -162,7 +162,7 @@ def attention(
     return y.reshape(bsz, T, d) @ (lam1 * p[f"W_o.{layer}"]).T  # Attn 9
 
 
-def ve_aux(p: dict, layer: int, u: Tensor, ve: Tensor, s: RecordDShape) -> Tensor:
+def ve_aux(p: dict, layer: int, u: Tensor, ve: Tensor, s: ModelShape) -> Tensor:
     """VE gate: aux_h = 2 sigmoid([u[0:6], ve[0:6]] . G_ve[h]) * ve_h."""
     half = s.gate_channels // 2
     g = 2 * torch.sigmoid(torch.cat([u[..., :half], ve[..., :half]], -1) @ p[f"ve_gate.{layer}"].T)
@@ -183,7 +183,7 @@ def mudd(p: dict, j: int, y: Tensor, n: int) -> Tensor:
 def forward(
     params: dict[str, Tensor],
     tokens: Tensor,
-    shape: RecordDShape,
+    shape: ModelShape,
     *,
     window_short: int,
     window_long: int,

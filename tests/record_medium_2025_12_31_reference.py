@@ -1,10 +1,11 @@
-"""Independent float64 reference of record M's model forward pass and losses.
+"""Independent float64 reference of record_medium_2025_12_31's model forward pass and losses.
 
-Follows only the record's description in docs/records.md, record M: M.1 (forward steps 1-7, Attn
-steps 1-8, MLP), M.2 (softcap and losses), M.10 and M.11, with the steps M.1 takes from record C
-(C.1 forward step 2 smear, C.1 Attn steps 3, 5 and 6: half-truncated rotary, document/window mask,
-sparse gate) and record D (D.1 forward step 4 skip gate, D.1 Attn steps 1, 4 and 9), and the shared
-parameter-free RMSNorm with eps = 2^-23. Nothing of the project is imported.
+Follows only the record's description in docs/records.md, record_medium_2025_12_31: M.1 (forward
+steps 1-7, Attn steps 1-8, MLP), M.2 (softcap and losses), M.10 and M.11, with the steps M.1 takes
+from record_2025_11_29 (C.1 forward step 2 smear, C.1 Attn steps 3, 5 and 6: half-truncated rotary,
+document/window mask, sparse gate) and record_2026_07_17 (D.1 forward step 4 skip gate, D.1 Attn
+steps 1, 4 and 9), and the shared parameter-free RMSNorm with eps = 2^-23. Nothing of the project is
+imported.
 
 Exact math: float64 everywhere; the bf16 parameters, bf16 activations, bf16 rotary tables and bf16
 capped logits of M.1/M.2 are deliberately absent (those roundings are tested elsewhere). Every input
@@ -39,10 +40,10 @@ fixed dims.
 
 Misreadings (negative controls; each changes only the one thing named):
 
-- ``"key_offset_second_half"``: the key offset shifts dims D/2 ... D - 1 (record D's dims for its
-  interleaved rotary) instead of the zero-frequency dims.
-- ``"value_gate_reads_ve"``: the value-embedding gate reads record D's input [u[0:G/2], ve[0:G/2]]
-  instead of u[0:G].
+- ``"key_offset_second_half"``: the key offset shifts dims D/2 ... D - 1 (record_2026_07_17's
+  dims for its interleaved rotary) instead of the zero-frequency dims.
+- ``"value_gate_reads_ve"``: the value-embedding gate reads record_2026_07_17's input
+  [u[0:G/2], ve[0:G/2]] instead of u[0:G].
 - ``"skips_reversed"``: the saved skip sources are paired with the targets in reverse order (for
   the record 2 -> 9, 4 -> 10, 6 -> 11); gate k and logit w_k stay with the k-th target.
 - ``"no_x02"``: the second embedding's term Lambda[l, 1] * x02 is dropped.
@@ -65,7 +66,7 @@ MISREADINGS = frozenset(
 
 
 @dataclass
-class RecordMShape:
+class ModelShape:
     n_layer: int = 16
     n_head: int = 8
     head_dim: int = 128
@@ -132,7 +133,7 @@ def skip_gate(x0: Tensor, gate: Tensor, logit: Tensor, gc: int) -> Tensor:
     return torch.sigmoid(logit) * 2 * torch.sigmoid(x0[..., :gc] @ gate.T)
 
 
-def qkv(u: Tensor, qkvo: Tensor, lam0: Tensor, s: RecordMShape) -> tuple[Tensor, Tensor, Tensor]:
+def qkv(u: Tensor, qkvo: Tensor, lam0: Tensor, s: ModelShape) -> tuple[Tensor, Tensor, Tensor]:
     """M.1 Attn step 1: [q | k | v] = u (lambda0 W_qkv)^T, W_qkv = rows 0 ... 3d-1 of P."""
     bsz, T, d = u.shape
     out = u @ (lam0 * qkvo[: 3 * d]).T
@@ -173,7 +174,7 @@ def value_embed(
     v: Tensor, u: Tensor, ve: Tensor, gate: Tensor, gc: int, misreading: str | None
 ) -> Tensor:
     """M.1 Attn step 5: v_h <- v_h + 2 sigma(u[0:G] G_ve[h]^T) ve_h, ve reshaped to heads."""
-    if misreading == "value_gate_reads_ve":  # record D's gate input [u[0:G/2], ve[0:G/2]]
+    if misreading == "value_gate_reads_ve":  # record_2026_07_17's gate input [u[0:G/2], ve[0:G/2]]
         half = gc // 2
         gin = torch.cat([u[..., :half], ve[..., :half]], dim=-1)
     else:
@@ -207,7 +208,7 @@ def attn_output(y: Tensor, qkvo: Tensor, lam1: Tensor) -> Tensor:
 
 
 def attn(
-    p: dict[str, Tensor], layer: int, u: Tensor, ve: Tensor | None, s: RecordMShape, run: _Run
+    p: dict[str, Tensor], layer: int, u: Tensor, ve: Tensor | None, s: ModelShape, run: _Run
 ) -> Tensor:
     """M.1 Attn_l(u), steps 1-8; u = RMSNorm of the layer's stream, ve the raw lookup or None."""
     L, gc = s.n_layer, s.gate_channels
@@ -235,7 +236,7 @@ def mlp(p: dict[str, Tensor], layer: int, n: Tensor) -> Tensor:
 
 
 def residual_mix(
-    p: dict[str, Tensor], layer: int, x: Tensor, x0: Tensor, x02: Tensor, s: RecordMShape, run: _Run
+    p: dict[str, Tensor], layer: int, x: Tensor, x0: Tensor, x02: Tensor, s: ModelShape, run: _Run
 ) -> Tensor:
     """M.1 forward step 5: x <- r_l x + Lambda[l,0] x0 + Lambda[l,1] x02 (after the skip)."""
     lam = p["x0_lambdas"].view(s.n_layer, 2)[layer]
@@ -253,7 +254,7 @@ def block(
     x02: Tensor,
     skip_in: list[tuple[Tensor, Tensor]],
     ve: Tensor | None,
-    s: RecordMShape,
+    s: ModelShape,
     run: _Run,
 ) -> Tensor:
     """M.1 forward step 5, one layer: skips added first, then the mix, Attn and MLP."""
@@ -274,12 +275,12 @@ def head(x: Tensor, w_head: Tensor) -> Tensor:
     return rms_norm(x) @ w_head.T
 
 
-def softcap(z: Tensor, s: RecordMShape) -> Tensor:
+def softcap(z: Tensor, s: ModelShape) -> Tensor:
     """M.2: c(z) = softcap sigma((z + shift) / div) (23 sigma((z + 5)/7.5) in the record)."""
     return s.softcap * torch.sigmoid((z + s.softcap_shift) / s.softcap_div)
 
 
-def skip_pairs(s: RecordMShape, misreading: str | None) -> list[tuple[int, int]]:
+def skip_pairs(s: ModelShape, misreading: str | None) -> list[tuple[int, int]]:
     """M.1 forward step 5: (source, target) of skip k; the misreading reverses the sources."""
     sources = [src for src, _ in s.skips]
     if misreading == "skips_reversed":
@@ -287,7 +288,7 @@ def skip_pairs(s: RecordMShape, misreading: str | None) -> list[tuple[int, int]]
     return [(src, tgt) for src, (_, tgt) in zip(sources, s.skips, strict=True)]
 
 
-def _check(s: RecordMShape, misreading: str | None) -> None:
+def _check(s: ModelShape, misreading: str | None) -> None:
     L = s.n_layer
     if misreading is not None and misreading not in MISREADINGS:
         raise ValueError(f"unknown misreading {misreading!r}; known: {sorted(MISREADINGS)}")
@@ -307,7 +308,7 @@ def _check(s: RecordMShape, misreading: str | None) -> None:
 def logits(
     params: dict[str, Tensor],
     tokens: Tensor,
-    shape: RecordMShape,
+    shape: ModelShape,
     *,
     long_window: int,
     short_window: int,
@@ -358,7 +359,7 @@ def training_loss(
     tokens: Tensor,
     targets: Tensor,
     mtp_weights: list[float] | tuple[float, ...],
-    shape: RecordMShape,
+    shape: ModelShape,
     **kwargs,
 ) -> Tensor:
     """M.2 training loss: sum over rows, positions i and k of w_k (lse_i - c_i[y_{i+k}]), i+k < T.
@@ -378,7 +379,7 @@ def training_loss(
 
 
 def eval_loss(
-    params: dict[str, Tensor], tokens: Tensor, targets: Tensor, shape: RecordMShape, **kwargs
+    params: dict[str, Tensor], tokens: Tensor, targets: Tensor, shape: ModelShape, **kwargs
 ) -> Tensor:
     """M.2 evaluation loss: next-token cross-entropy of the capped logits, mean over all tokens."""
     c = logits(params, tokens, shape, **kwargs)

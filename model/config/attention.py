@@ -44,14 +44,15 @@ class AttentionConfig:
     merged_qkvo: bool = False
     """One (4, d, d) parameter for W_q, W_k, W_v, W_o (each (out, in); Muon per slice)."""
     weight_lambdas: bool = False
-    """Record D's (λ⁰, λ¹) per layer (#47, #48): q, k, v = u·(λ⁰·W_qkv)ᵀ and out = y·(λ¹·W_o)ᵀ,
-    the scalar multiplying the weight (in its dtype), from (0.5, 1). In the packed vector with
-    model.numerics.scalars_layout=weight_lambdas, else each attention's `weight_lambdas`."""
+    """record_2026_07_17's (λ⁰, λ¹) per layer (#47, #48): q, k, v = u·(λ⁰·W_qkv)ᵀ and out =
+    y·(λ¹·W_o)ᵀ, the scalar multiplying the weight (in its dtype), from (0.5, 1). In the packed
+    vector with model.numerics.scalars_layout=weight_lambdas, else each attention's
+    `weight_lambdas`."""
     init_std: float = 0.0
     """W_q, W_k, W_v (and W_o with out_init=uniform) ~ U(±√3·init_std/√d); 0 = model.init_std,
-    as C_fc (record M, #53: 1, std 1/√d, beside C_fc's 0.5)."""
+    as C_fc (record_medium_2025_12_31, #53: 1, std 1/√d, beside C_fc's 0.5)."""
     out_init: str = field(default="zero", metadata={"choices": OUT_INITS})
-    """W_o at initialisation: zero (each block starts as the identity) | uniform (record D,
+    """W_o at initialisation: zero (each block starts as the identity) | uniform (record_2026_07_17,
     #64: drawn like W_q, W_k, W_v)."""
     gate: bool = False
     """Per-head output gate y_h <- y_h·σ(u[:k]·G[h]ᵀ), G (heads × k) zero-init, k =
@@ -65,21 +66,22 @@ class AttentionConfig:
     key_offset: bool = False
     """In the long-window layers, after rotary: k_t[c] <- k_(t−1)[c] for t ≥ 1 (the previous
     position of the packed sequence, across documents too), the un-shifted values, on the
-    channels c the rotary leaves unrotated (#49): with interleaved_half 64–127 of 128 (record
-    D), with half_truncated 32–63 and 96–127 (record M); needs a rope other than full."""
+    channels c the rotary leaves unrotated (#49): with interleaved_half 64–127 of 128
+    (record_2026_07_17), with half_truncated 32–63 and 96–127 (record_medium_2025_12_31); needs
+    a rope other than full."""
     xsa: str = ""
-    """Per-layer pattern: "X" learnable XSA, "." none; "" = none (record D: ".X.XX..XX.X").
+    """Per-layer pattern: "X" learnable XSA, "." none; "" = none (record_2026_07_17: ".X.XX..XX.X").
     y_h <- y_h − tanh(α_h)·⟨y_h, v̂_h⟩·v̂_h after attention, v̂ = v/max(‖v‖, 10⁻⁴) per head and
     token, α (n_layer × n_head, `xsa.alphas`) from 0 (model/xsa.py)."""
     paired: str = ""
-    """Per-layer pattern: "P" paired-head attention, "." normal; "" = none (record D:
+    """Per-layer pattern: "P" paired-head attention, "." normal; "" = none (record_2026_07_17:
     "P.P..P...P."). Head h and head h + H/2 share a slot over 2T positions (h at 2t for h < H/2,
     else 2t+1), rotated at position 2t + (h mod 2), the window counted in those positions;
     no key offset, no XSA; needs an even model.n_head (model/paired.py)."""
     # --- rotary ---------------------------------------------------------------------------
     rope: str = field(default="full", metadata={"choices": ROPES})
     """full: base rope_base on every dim | half_truncated: 32 frequencies 1 … 1/1024 on the
-    first half of each half-head, 0 on the rest | interleaved_half (record D): the same
+    first half of each half-head, 0 on the rest | interleaved_half (record_2026_07_17): the same
     frequencies on adjacent pairs (2j, 2j+1) of the first half of the head, the second half
     static (model/rotary.py)."""
     rope_base: float = 10000.0
@@ -93,8 +95,8 @@ class AttentionConfig:
     rotary frequencies are rescaled and the attention scale raised (model/yarn.py); the
     forward takes the stage (model/forward_schedule.py)."""
     yarn_max_window: int = 0
-    """YaRN rescales only at changes to a long window of at most this many blocks; a change to
-    a longer one keeps the frequencies and the scale as they are (record M: 13, so its
+    """YaRN rescales only at changes to a long window of at most this many blocks; a change to a
+    longer one keeps the frequencies and the scale as they are (record_medium_2025_12_31: 13, so its
     windows 15 … 23 and the final evaluation's 27 apply none). 0 = every change."""
     # --- sliding windows ------------------------------------------------------------------
     window: str = ""

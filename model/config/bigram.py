@@ -1,5 +1,5 @@
-"""The `model.bigram` section: the bigram-hash embedding (record D, #62, sign trick #83), the
-part `BigramHash` of model/bigram.py. Its formulas are that module's docstring."""
+"""The `model.bigram` section: the bigram-hash embedding (record_2026_07_17, #62, sign trick #83),
+the part `BigramHash` of model/bigram.py. Its formulas are that module's docstring."""
 
 import math
 from dataclasses import dataclass, field
@@ -11,8 +11,8 @@ POSITION1 = ("token", "reserved_row")
 
 @dataclass
 class BigramOptim:
-    """The Adam settings of the part's parameters (record D's D.3 rows), declared on them by
-    the part: the optimizer reads them there, not from a table of names."""
+    """The Adam settings of the part's parameters (record_2026_07_17's D.3 rows), declared on them
+    by the part: the optimizer reads them there, not from a table of names."""
 
     embed: ParamOptim = field(default_factory=ParamOptim)
     """The table Bg (an embedding: Adam's embed group)."""
@@ -23,26 +23,26 @@ class BigramOptim:
 @dataclass
 class BigramConfig:
     rows: int = 0
-    """Rows R of the table `bigram.embed` (record D, #62: 754,560); 0 = off. Token t ≥ 1 of
+    """Rows R of the table `bigram.embed` (record_2026_07_17, #62: 754,560); 0 = off. Token t ≥ 1 of
     a row reads row ((36,313·x_t) XOR (27,191·x_(t−1))) mod (R − 1), token 0 the last row;
     the term b is added to the stream's first `dim` channels."""
     dim: int = 192
-    """Channels k of the table and of the stream it is added to (record D: 192); at most
+    """Channels k of the table and of the stream it is added to (record_2026_07_17: 192); at most
     model.n_embd."""
     signs: int = 0
-    """Rows N of the fixed ±1 sign table `bigram.signs` (#83, record D: 8,192): b_t = Bg[h_t] ⊙
-    S[(x_(t−1) XOR x_t) mod N]; 0 = no sign table (the #62 form)."""
+    """Rows N of the fixed ±1 sign table `bigram.signs` (#83, record_2026_07_17: 8,192): b_t =
+    Bg[h_t] ⊙ S[(x_(t−1) XOR x_t) mod N]; 0 = no sign table (the #62 form)."""
     position1: str = field(default="token", metadata={"choices": POSITION1})
     """What token 1's hash reads as its predecessor: "token" = x_0, as every later token
     reads its own; "reserved_row" = the reserved row (R − 1), its product with 27,191
     wrapped in int32, as record #89's code computes."""
     lambda_init: float = 0.05
-    """The initial λ^bg of every layer (record D, #74: 0.05): the (n_layer,) fp32
+    """The initial λ^bg of every layer (record_2026_07_17, #74: 0.05): the (n_layer,) fp32
     `bigram.lambdas` scale the term added to x0 (λ^bg_0) and after the attention of each
     later layer with attention (λ^bg_ℓ), cast to the stream's dtype."""
     in_x0: bool = False
-    """The layer-0 term is part of x0 itself, so every later read of x0 (the x0 injections
-    and shortcut, the skip gate) sees it: record D's in-place add (#83). Off: only the stream
+    """The layer-0 term is part of x0 itself, so every later read of x0 (the x0 injections and
+    shortcut, the skip gate) sees it: record_2026_07_17's in-place add (#83). Off: only the stream
     gets it and x0 stays RMSNorm(e′) (the #62/#74 form)."""
     optim: BigramOptim = field(default_factory=BigramOptim)
 

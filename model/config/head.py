@@ -21,16 +21,16 @@ class HeadConfig:
     """The cap c of the softcap (`softcap_form`); 0 disables it."""
     softcap_form: str = field(default="tanh", metadata={"choices": SOFTCAP_FORMS})
     """tanh: c·tanh(z/c) | sigmoid: c·σ((z + b)/τ), b = softcap_shift, τ = softcap_divisor:
-    the 2025-01 record's 30·σ(z/7.5) (b = 0, τ = c/4), record D's 23·σ((z + 5)/7.5)."""
+    the 2025-01 record's 30·σ(z/7.5) (b = 0, τ = c/4), record_2026_07_17's 23·σ((z + 5)/7.5)."""
     softcap_shift: float = 0.0
-    """b of the sigmoid form (record D: 5)."""
+    """b of the sigmoid form (record_2026_07_17: 5)."""
     softcap_divisor: float = 0.0
-    """τ of the sigmoid form; 0 = c/4 (record D: 7.5)."""
+    """τ of the sigmoid form; 0 = c/4 (record_2026_07_17: 7.5)."""
     loss: str = field(default="auto", metadata={"choices": LOSSES})
     """Softcapped cross-entropy: fused (chunked, for CPU caches) | plain (the formula, which
     torch.compile fuses on GPU) | auto: fused on CPU, plain elsewhere | sigmoid_e5m2_grad: the
     FP8 head, the sigmoid cap and the cross-entropy in one, the loss writing the head's e5m2
-    logit gradient itself (model/record_loss.py, record D's form: σ rounded to bf16, the
+    logit gradient itself (model/record_loss.py, record_2026_07_17's form: σ rounded to bf16, the
     gradient with its end-of-sequence quirk; needs head.fp8, reduction=sum and the sigmoid
     cap; evaluation takes the plain formula)."""
     loss_kernel: str = field(default="torch", metadata={"choices": LOSS_KERNELS})
@@ -42,19 +42,20 @@ class HeadConfig:
     """The training loss over tokens: mean | sum (the 2025-11 record). Evaluation: the mean."""
     loss_dtype: str = field(default="fp32", metadata={"choices": LOSS_DTYPES})
     """fp32: cap and cross-entropy in fp32 at least | bf16: the cap in the logits' dtype, and in
-    training the cross-entropy too (evaluation: fp32 cross-entropy) | bf16_train: in training
-    the cap in the logits' dtype and the cross-entropy in fp32 from those capped values, in
-    evaluation the logits cast to fp32 before the cap (record M, M.2); needs head.loss≠fused."""
+    training the cross-entropy too (evaluation: fp32 cross-entropy) | bf16_train: in training the
+    cap in the logits' dtype and the cross-entropy in fp32 from those capped values, in evaluation
+    the logits cast to fp32 before the cap (record_medium_2025_12_31, M.2); needs
+    head.loss≠fused."""
     fp8: bool = False
     """The LM head in FP8 while training (e4m3 forward, e5m2 gradients; divisors
     model.numerics.fp8_scales)."""
     init_std: float = 0.0
     """The head's initial weights N(0, init_std²); 0 = zero, so the first loss is ln(vocab)
-    (record D: 0.005)."""
+    (record_2026_07_17: 0.005)."""
     bf16: bool = False
     """The LM head weight a bf16 parameter (the 2025-11 record); needs model.numerics.dtype=bf16."""
     mtp: bool = False
-    """Multi-token prediction in training (record D, model/mtp.py): position i's logits are
+    """Multi-token prediction in training (record_2026_07_17, model/mtp.py): position i's logits are
     also scored against the targets of i+1 … i+K−1 of its row, weighted by the step's
     weights, a column of the stage table (train.stages.rows.N.mtp_weights; `mtp_weights_at`);
     evaluation stays next-token. Needs head.loss≠fused."""

@@ -19,18 +19,18 @@ class NumericsConfig:
     fp8_scales: str = field(default="pow2", metadata={"choices": FP8_SCALES})
     """The FP8 head's divisors (x_s, w_s, g_s), model/head.py: pow2 (1/2, 2⁻⁹, 2⁻¹⁹: the
     2025-01 record's) | sqrt_d_over_448 (√d/448, 2⁻⁹, 1/448: the 2025-11 record's) |
-    fixed_over_448 (100/448, 1.6/448, 0.75/448: record D's)."""
+    fixed_over_448 (100/448, 1.6/448, 0.75/448: record_2026_07_17's)."""
     packed_scalars: bool = False
     """Every scalar of the model in one fp32 vector, the 2025-11 record's layout
     (model/scalars.py)."""
     scalars_layout: str = field(default="mixes", metadata={"choices": SCALAR_LAYOUTS})
     """Which packed vector (model/scalars.py): mixes (skip logits, x0 and value mixes per layer,
     λ_smear, λ_back: the 2025-11 record's) | weight_lambdas ((λ⁰, λ¹) per layer, λ_smear,
-    w_skip: record D's) | residual_weight_lambdas (r_ℓ and (λ⁰, λ¹) per layer, λ_smear,
-    λ_back, a logit per gated skip: record M's)."""
+    w_skip: record_2026_07_17's) | residual_weight_lambdas (r_ℓ and (λ⁰, λ¹) per layer, λ_smear,
+    λ_back, a logit per gated skip: record_medium_2025_12_31's)."""
     bf16_matrices: bool = False
-    """The hidden matrices (attention's and the MLP's) are bf16 parameters, as record D's are
-    (its optimizer keeps the fp32 master); needs model.numerics.dtype=bf16."""
+    """The hidden matrices (attention's and the MLP's) are bf16 parameters, as record_2026_07_17's
+    are (its optimizer keeps the fp32 master); needs model.numerics.dtype=bf16."""
     scalars_multiple: int = 8
     """The packed vector is padded (with ones) to a multiple of this: the record's 8 ranks, kept
     whatever the rank count so the parameter count is the same everywhere."""

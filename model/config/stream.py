@@ -21,12 +21,13 @@ class EmbedConfig:
     (v ← α·v + β·ve), "." = none; "" = no tables. The 2025-01 record: "012......012"."""
     value_gate: bool = False
     """Each layer with a table adds its lookup gated per head, v_h ← v_h + 2σ([u[:k/2],
-    ve[:k/2]]·G[h]ᵀ)·ve_h, G zero (record D); without it v ← α·v + β·ve (model/values.py)."""
+    ve[:k/2]]·G[h]ᵀ)·ve_h, G zero (record_2026_07_17); without it v ← α·v + β·ve
+    (model/values.py)."""
     value_std: float = 1.0
-    """The value tables' initial std: N(0, value_std²) (record D: 0.01); 0 = zero tables
-    (record M)."""
+    """The value tables' initial std: N(0, value_std²) (record_2026_07_17: 0.01); 0 = zero tables
+    (record_medium_2025_12_31)."""
     tied_init: bool = False
-    """The token table starts as the LM head's transpose, E = W_headᵀ (record D, #51; the
+    """The token table starts as the LM head's transpose, E = W_headᵀ (record_2026_07_17, #51; the
     optimizer keeps them tied until it splits them); needs model.embed.rows = 0."""
     smear: bool = False
     """e'_t = e_t + λ·σ(e_t[:k]·wᵀ)·e_(t−1) on the token embeddings (w 1 × k zero, λ from 0,
@@ -34,12 +35,12 @@ class EmbedConfig:
     value_gate_input: str = field(
         default="stream_and_value", metadata={"choices": VALUE_GATE_INPUTS}
     )
-    """What the per-head value gate reads (model.embed.value_gate): stream_and_value
-    [u[:k/2], ve[:k/2]] (record D, #70) | stream u[:k] (record M, #55), u the attention's
-    input, k = model.gate_channels."""
+    """What the per-head value gate reads (model.embed.value_gate): stream_and_value [u[:k/2],
+    ve[:k/2]] (record_2026_07_17, #70) | stream u[:k] (record_medium_2025_12_31, #55), u the
+    attention's input, k = model.gate_channels."""
     second_table: bool = False
-    """A second token table E2 (`embed2`, N(0, 1); record M, M10): x02 = RMSNorm(E2[tokens])
-    joins the x0 shortcut before every layer with a weight of its own, Λ[ℓ, 1]
+    """A second token table E2 (`embed2`, N(0, 1); record_medium_2025_12_31, M10): x02 =
+    RMSNorm(E2[tokens]) joins the x0 shortcut before every layer with a weight of its own, Λ[ℓ, 1]
     (model.residual.x0_lambdas)."""
 
     def validate(self, vocab_size: int) -> None:
@@ -80,9 +81,10 @@ class ResidualConfig:
     x0_shortcut: bool = False
     """x ← a·x + b·x0 before each block, (a, b) learned from (x0_mix_a_init, 0)."""
     x0_mix_a_init: float = 1.0
-    """The initial a of the x0 shortcut's (a, b); the 2025-11 record 1.1, record M's r 1.05."""
+    """The initial a of the x0 shortcut's (a, b); the 2025-11 record 1.1, record_medium_2025_12_31's
+    r 1.05."""
     x0_lambdas: bool = False
-    """Record M's x0 shortcut (#52): x ← r_ℓ·x + Λ[ℓ, 0]·x0 (+ Λ[ℓ, 1]·x02 with
+    """record_medium_2025_12_31's x0 shortcut (#52): x ← r_ℓ·x + Λ[ℓ, 0]·x0 (+ Λ[ℓ, 1]·x02 with
     model.embed.second_table) before each layer, with r_ℓ in the packed vector
     (model.numerics.scalars_layout=residual_weight_lambdas, from x0_mix_a_init) and Λ the
     (n_layer, 1 or 2) fp32 `x0_lambdas.lambdas` from 0, on Adam; layer 0 computes
@@ -91,33 +93,34 @@ class ResidualConfig:
     """Decoder layers add encoder outputs (last in, first out), weights from 1."""
     skips: list[list[int]] = field(default_factory=list)
     """Gated skips, each a pair [from, to]: the output of layer `from` is added to the input of
-    layer `to` with weight σ(w_k), w_k from −1.5 (skip k, in list order where several end at
-    one layer); [] = none. The 2025-11 record: [[4, 7]]; record D: [[3, 6]]; record M: [[6, 9],
-    [4, 10], [2, 11]] (model/residual.py)."""
+    layer `to` with weight σ(w_k), w_k from −1.5 (skip k, in list order where several end at one
+    layer); [] = none. The 2025-11 record: [[4, 7]]; record_2026_07_17: [[3, 6]];
+    record_medium_2025_12_31: [[6, 9], [4, 10], [2, 11]] (model/residual.py)."""
     skip_per_token: bool = False
-    """Each gated skip's weight per token (record D, #55): σ(w_k)·2·σ(x0_t[:k]·g_kᵀ), g_k row k
-    of the (skips × k) `skips.token_gate` (an nn.Linear, zero, so each starts at σ(w_k));
-    k = model.gate_channels."""
+    """Each gated skip's weight per token (record_2026_07_17, #55): σ(w_k)·2·σ(x0_t[:k]·g_kᵀ), g_k
+    row k of the (skips × k) `skips.token_gate` (an nn.Linear, zero, so each starts at σ(w_k)); k =
+    model.gate_channels."""
     attn_input_layer: int = -1
     """The attention of every later layer reads RMSNorm of this layer's output instead of
-    its own stream (record D, #77: 7, so layers 8–10 attend from c₇); −1 = off."""
+    its own stream (record_2026_07_17, #77: 7, so layers 8–10 attend from c₇); −1 = off."""
     backout_layer: int = -1
     """Before the final norm x <- x − λ·(output of this layer), λ from 0.5; −1 = off. The
     2025-11 record: 8."""
     x0_after_attention: bool = False
-    """x ← … + λ^x0_ℓ·x0 right after each attention sublayer (record D, D.1 step 5), λ^x0 the
-    model's (n_layer,) fp32 `x0_injection.lambdas` from 0, cast to the stream's dtype; layers
-    without attention add nothing."""
+    """x ← … + λ^x0_ℓ·x0 right after each attention sublayer (record_2026_07_17, D.1 step 5),
+    λ^x0 the model's (n_layer,) fp32 `x0_injection.lambdas` from 0, cast to the stream's dtype;
+    layers without attention add nothing."""
     sublayer_scales: bool = False
-    """Per-sublayer residual scales (record D): x ← r^A_ℓ·x + p^A_ℓ·Attn_ℓ(u), then
+    """Per-sublayer residual scales (record_2026_07_17): x ← r^A_ℓ·x + p^A_ℓ·Attn_ℓ(u), then
     x ← r^M_ℓ·x + p^M_ℓ·MLP_ℓ(n), with learned fp32 (r, p) per layer and sublayer
     (model/residual.py)."""
     resid_init: float = math.sqrt(1.1)
-    """The initial r of every sublayer (record D: √1.1, so the stream grows by 1.1 per layer)."""
+    """The initial r of every sublayer (record_2026_07_17: √1.1, so the stream grows by 1.1 per
+    layer)."""
     post_init: float = 1.0
     """The initial p of every sublayer."""
     mudd: bool = False
-    """MUDD dense connections (record D, #81; model/mudd.py): the last layer's residual
+    """MUDD dense connections (record_2026_07_17, #81; model/mudd.py): the last layer's residual
     coefficients, values and value-embedding gate come per token from a coefficient network
     on its input, and a second network mixes c₀ = x0, c₇ = output of attn_input_layer,
     c₉ = the last layer's input, ve₀ = table 0's lookup and c₃ = output of the one skip's
@@ -126,7 +129,7 @@ class ResidualConfig:
     (2, mudd_hidden, d), `mudd.w2` (2, 14, mudd_hidden), `mudd.b2` (2, 14): 14 outputs per
     network, of which the last layer reads 14 and the one after it 5."""
     mudd_hidden: int = 64
-    """The MUDD coefficient networks' hidden width (record D: 64)."""
+    """The MUDD coefficient networks' hidden width (record_2026_07_17: 64)."""
 
     def validate(self, n_layer: int) -> None:
         for key in ("backout_layer", "attn_input_layer"):
@@ -191,10 +194,10 @@ class MlpConfig:
     fc_in_out: bool = False
     """Store C_fc as (in, out) = (d, 4d), used as u·C_fc (C_proj stays (out, in))."""
     proj_in_out: bool = False
-    """Store C_proj as (in, out) = (4d, d), used as h·C_proj (record D, #48: both MLP matrices
-    3,072 × 768); the stored shape decides NorMuon's axis."""
+    """Store C_proj as (in, out) = (4d, d), used as h·C_proj (record_2026_07_17, #48: both MLP
+    matrices 3,072 × 768); the stored shape decides NorMuon's axis."""
     fp8: str = field(default="off", metadata={"choices": MLP_FP8})
-    """The MLP's projections as FP8 GEMMs in training forwards, backward in bf16 (record D,
+    """The MLP's projections as FP8 GEMMs in training forwards, backward in bf16 (record_2026_07_17,
     model/mlp_fp8.py): up (the up projection, current scales: #84) | up_down (and the down
     projection, delayed scales: #89) | off; needs model.numerics.dtype=bf16."""
     fp8_kernel: str = field(default="torch", metadata={"choices": ("torch", "triton")})

@@ -35,8 +35,8 @@ Group = dict[str, Any]
 
 
 class ExchangeByDtype:
-    """A group's banks' row exchange (optim/ddp_rows.py `RowExchange`), one per dtype of its
-    banks (record M's fp32 matrices beside its bf16 gates), with RowExchange's calls, each
+    """A group's banks' row exchange (optim/ddp_rows.py `RowExchange`), one per dtype of its banks
+    (record_medium_2025_12_31's fp32 matrices beside its bf16 gates), with RowExchange's calls, each
     taking or giving one entry per bank in the banks' order."""
 
     def __init__(self, banks: list[Bank], comm: Comm) -> None:

@@ -2,7 +2,7 @@
 (`optim.compile`; `dist.parallelism=ddp_row_shards` shares the banks out by rows).
 
 A bank is every parameter of a Muon param group with the same shape, dtype and head-pair
-split, in the group's order (record D: the ten (4, 768, 768) W_q, W_k, W_v, W_o stacks, and
+split, in the group's order (record_2026_07_17: the ten (4, 768, 768) W_q, W_k, W_v, W_o stacks, and
 the 22 MLP matrices, C_fc and C_proj alike, 3,072 × 768). Its state is stacked too: the
 momentum (k, *shape), NorMuon's second moments (one stack per kind of piece: the head-pair
 blocks, then W_v and W_o) and the fp32 master's low halves. Each parameter's entries in the
@@ -14,7 +14,7 @@ A bank is stepped by Muon's one update (optim/muon/update.py `stack_update`), co
 values as 0-d float64 tensors and a factor per row, so one graph serves the run. Eager, the
 per-parameter step runs the same function on each matrix as a stack of one with Python
 floats; the two differ only where ATen fuses a multiply and an add into one rounding
-(update.py), and are bit for bit the same for records D and M
+(update.py), and are bit for bit the same for record_2026_07_17 and record_medium_2025_12_31
 (tests/unit/test_optimizer_compile.py).
 """
 

@@ -131,10 +131,10 @@ class MuonConfig:
     EMA with this β₂ (no bias correction), then O is rescaled to its former Frobenius norm.
     0 = off (Muon)."""
     normuon_axis: str = field(default="columns", metadata={"choices": NORMUON_AXES})
-    """The axis of NorMuon's statistics: columns (the mean of O² over dim −2, one value per
-    column, whatever the shape: the 2025-11 record's) | shape (over dim −1, one value per row,
-    where rows ≥ cols, else per column: the 2026-07 record's) | rows (over dim −1, one value per
-    row, whatever the shape: record M's, whose matrices are all tall or square but its 8 × 16
+    """The axis of NorMuon's statistics: columns (the mean of O² over dim −2, one value per column,
+    whatever the shape: the 2025-11 record's) | shape (over dim −1, one value per row, where rows ≥
+    cols, else per column: the 2026-07 record's) | rows (over dim −1, one value per row, whatever
+    the shape: record_medium_2025_12_31's, whose matrices are all tall or square but its 8 × 16
     gates, which it normalises per row too)."""
     normuon_form: str = field(default="fp32", metadata={"choices": NORMUON_FORMS})
     """NorMuon's arithmetic: fp32 (O in the second moment's dtype, fp32 for fp32 matrices) |

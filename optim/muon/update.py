@@ -15,7 +15,8 @@ the group's momentum μ, LR η and weight decay λ, each matrix's LR multiplier 
                cautious:   W ← W − η·m·s·(O + λη·[O⊙W ≥ 0]⊙W); normuon_form=o_dtype adds the
                            decay into O in O's dtype, with λη rounded once to W's dtype
                in place:   W ← W − (W⊙M)·λη·η' − O·η', M = [O⊙W ≥ 0], η' = η·m·s
-                           (fp32_mean_squares without a master: record M; a bf16 weight's λη
+                           (fp32_mean_squares without a master: record_medium_2025_12_31;
+                           a bf16 weight's λη
                            and η' rounded to bf16 first)
                a master:   the same order (or W·(1 − ηλ) − O·η') on the fp32 master of a bf16
                            weight (master.py), which then splits into weight and low half
@@ -96,7 +97,7 @@ class Layout:
 
 
 def in_place(hp: MuonConfig) -> bool:
-    """Whether the weights take the in-place step (record M's)."""
+    """Whether the weights take the in-place step (record_medium_2025_12_31's)."""
     return (
         hp.master_weights == "none"
         and hp.weight_decay_form == "cautious"
@@ -113,7 +114,7 @@ def host_values(group: dict[str, Any], hp: MuonConfig, dtype: torch.dtype) -> di
     """The step's values for a stack of `dtype` matrices, as Python floats (IEEE doubles): μ
     and 1 − μ, the LR (rounded to bf16 first for a bf16 matrix stepped on itself, outside the
     in-place form), λ, λ·η (the in-place form's rounded to a bf16 weight's dtype), 1 − η·λ,
-    −η, and record C's decay coefficient bf16(λ·η) (normuon_form=o_dtype)."""
+    −η, and record_2025_11_29's decay coefficient bf16(λ·η) (normuon_form=o_dtype)."""
     lr, decay, mu = group["lr"], group["weight_decay"], group["momentum"]
     plain = hp.master_weights == "none" and not in_place(hp)
     step_lr = _round(lr, dtype) if plain else lr

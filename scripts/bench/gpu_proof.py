@@ -37,8 +37,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 # Seconds each part may take on one H100, from the first runs there (docs/gpu-proof.md): record
 # #9's compile took 41 s and its part 64 s; #46's first compile passed 110 s and #89's ran 220 s
-# before a kernel error, so theirs are guesses with room (three stages, three compiles; record
-# M's five measured stages, at twice #89's width).
+# before a kernel error, so theirs are guesses with room (three stages, three compiles;
+# record_medium_2025_12_31's five measured stages, at twice #89's width).
 CAPS = {
     "env": 20, "record_2024_11_06": 80, "record_2025_01_26": 90, "record_2025_11_29": 240,
     "record_2026_07_17": 600, "record_medium_2025_12_31": 540, "optimizer": 150,

@@ -1,4 +1,4 @@
-"""Benchmark record D's loss and logit gradient: torch's ops against the one Triton kernel.
+"""Benchmark record_2026_07_17's loss and logit gradient: torch's ops against the one Triton kernel.
 
 `record_loss_rows` (model/record_loss.py: torch ops, eager and under torch.compile) against
 `record_loss_rows_triton` (model/triton_loss.py: one launch, the loss and G₈ together) on the

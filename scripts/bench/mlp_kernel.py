@@ -1,5 +1,5 @@
-"""Benchmark record D's FP8 up projection and ReLU², and their backward's ∂pre: the torch path
-against the Triton kernels.
+"""Benchmark record_2026_07_17's FP8 up projection and ReLU², and their backward's ∂pre: the torch
+path against the Triton kernels.
 
 From the same n₈ and c_fc₈ (model/mlp_fp8.py's quantisation of an RMS-normed n, T×d bf16,
 and of c_fc ~ U(±√3/√d), 4d×d), each computes pre, post, post₈ and the layer's max post:
@@ -10,7 +10,7 @@ and of c_fc ~ U(±√3/√d), 4d×d), each computes pre, post, post₈ and the l
 - triton: `fused_up_relu2` (model/triton_mlp.py: one launch) and the amax of its tile maxima.
 
 s_act is the delayed scale a step later would use, 1.8·m/448 with m eager torch's max post.
-Record D's shape per rank by default: T = 16,384 tokens, d = 768, 4d = 3,072. Prints each
+record_2026_07_17's shape per rank by default: T = 16,384 tokens, d = 768, 4d = 3,072. Prints each
 one's milliseconds (medians of --reps, repetitions interleaved, each the mean of --inner calls),
 the fused kernel's TFLOP/s, the ratio triton/torch, `torch._scaled_mm` alone for scale, and
 whether they agree (tests/unit/test_triton_mlp.py's bounds, exit status 1 past them): pre

@@ -16,8 +16,9 @@ from trainer.config import Config, to_config
 CONF = Path(__file__).resolve().parents[2] / "conf"
 PARTS = Parts(model=GPT, optimizer=build_optimizer, data=build_data)  # train.py's
 GPUS = 8  # the records' world: each GPU runs batch_size / 8 sequences per step
-# The records' own ms per step on one of their 8 GPUs; by batch phase for the 2025-11 record,
-# by stage for the others (record M's twelve: its four batch sizes, the last over 1,175-4,699)
+# The records' own ms per step on one of their 8 GPUs; by batch phase for the 2025-11 record, by
+# stage for the others (record_medium_2025_12_31's twelve: its four batch sizes, the last over
+# 1,175-4,699)
 RECORD_STEP_MS = {
     "record_2024_11_06": 154.78, "record_2025_01_26": 100.0,
     "record_2025_11_29": (33.9, 60.1, 88.1), "record_2026_07_17": (31.50, 56.82, 82.78),

@@ -40,8 +40,8 @@ PRESETS = ("record_2024_11_06", "record_2025_01_26", "record_2025_11_29", NEWEST
 # The presets measured as one GPU of a W-GPU run (`--world`: rank 0's share of the sharded
 # optimizer), and profiled (a file beside the proof's results)
 WORLDS = {NEWEST: 8, MEDIUM: 8}
-# The stages (1-based) a preset's rows measure unless --stages says: record M's four batch
-# sizes and its last stage (the longest window), not all twelve stages' compiles
+# The stages (1-based) a preset's rows measure unless --stages says: record_medium_2025_12_31's four
+# batch sizes and its last stage (the longest window), not all twelve stages' compiles
 STAGES = {MEDIUM: [1, 2, 3, 4, 12]}
 PROFILED = (NEWEST,)
 OPTIMIZER_WORLDS = (1, 8)  # the optimizer part's rows: one GPU's whole step, rank 0's of 8

@@ -1,7 +1,7 @@
-"""One training step (forward and backward) of record D's model at toy size on this machine:
-the preset as it runs (`model=record_2026_07`: bf16, the FP8 MLP with delayed scales, the FP8
-head, the record's loss form, multi-token prediction) against the same model with its FP8
-and its loss form off (bf16 matmuls, the autograd loss), measured in the same run.
+"""One training step (forward and backward) of record_2026_07_17's model at toy size on this
+machine: the preset as it runs (`model=record_2026_07`: bf16, the FP8 MLP with delayed scales, the
+FP8 head, the record's loss form, multi-token prediction) against the same model with its FP8 and
+its loss form off (bf16 matmuls, the autograd loss), measured in the same run.
 
     python scripts/bench/record_2026_07_17_step.py       # d 96, 11 layers, 2 × 256 tokens
     python scripts/bench/record_2026_07_17_step.py --width 192 --tokens 1024 --threads 1
@@ -72,7 +72,7 @@ def main() -> None:
     rows = [("the preset (FP8 MLP, FP8 head, record loss)", preset),
             ("baseline: bf16, no FP8, autograd loss", preset | PLAIN)]  # fmt: skip
     times = [step_ms(changes, args.tokens, args.repeats) for _, changes in rows]
-    print(f"record D at d {args.width}, 11 layers, {args.tokens} tokens/step, "
+    print(f"record_2026_07_17 at d {args.width}, 11 layers, {args.tokens} tokens/step, "
           f"{torch.get_num_threads()} threads; median of {args.repeats} steps")  # fmt: skip
     print("| model | ms/step | vs baseline |\n|---|---|---|")
     for (name, _), ms in zip(rows, times, strict=True):

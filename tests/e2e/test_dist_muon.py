@@ -203,7 +203,7 @@ RECORD_2026_07_17 = {**NORMUON, "normuon_beta2": 0.9, "normuon_axis": "shape", "
 def train_record_2026_07_17(
     group: dist.ProcessGroup | None = None, **settings: object
 ) -> tuple[list[torch.Tensor], Muon]:
-    """Record D's NorMuon on bf16 matrices: two (4, d, d) stacks split into head pairs (16
+    """record_2026_07_17's NorMuon on bf16 matrices: two (4, d, d) stacks split into head pairs (16
     rows), two tall MLP matrices (one at lr_mul 2); every rank draws DDP's averaged grads."""
     gen = torch.Generator().manual_seed(0)
     shapes = [(4, 32, 32), (128, 32), (128, 32), (4, 32, 32)]

@@ -132,7 +132,7 @@ def test_a_reference_with_its_own_tokens_per_step() -> None:
 
 
 def test_record_2026_07_17_reference_is_its_log() -> None:
-    """Record #89's curve (docs/records.md, record D): 1,390 steps, 365,690,880 tokens."""
+    """Record #89's curve (docs/records.md, record_2026_07_17): 1,390 steps, 365,690,880 tokens."""
     record = load_reference("modded_2026-07-17_fp8downprojection")
     assert record.records[-1]["step"] == 1390 and record.records[-1]["tokens"] == 365_690_880
     assert record.final_val_loss() == pytest.approx(3.2775)

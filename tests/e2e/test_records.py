@@ -85,7 +85,7 @@ def test_record_2025_11_29_toy_resumes_from_an_even_step(
     """The 2025-11 record at toy size through its three batch phases (one uninterrupted run,
     the reference): a resume from the save after update 4, an even step whose gradient Adam
     holds until update 5, bit for bit. Two ranks through the same phases, packed pieces and
-    odd-step Adam: record D's test below; each rank's NorMuon against one process's:
+    odd-step Adam: record_2026_07_17's test below; each rank's NorMuon against one process's:
     tests/e2e/test_dist_muon.py."""
     preset = ["experiment=record_2025_11_29"]
     run(tmp_path / "one", corpus_cache, *preset)
@@ -167,15 +167,15 @@ def _rank_job_d(rank: int, world: int, run_dir: str, overrides: list[str], cache
 def test_record_2026_07_17_toy_same_curve_on_two_ranks_and_resumes_around_the_split(
     tmp_path: Path, corpus_cache: Path
 ) -> None:
-    """Record D at toy size through its three stages (one uninterrupted run, the reference): the
-    loss falls; 2 ranks give its curve (5e-3: measured 2e-3 at most, each rank summing its own
-    bf16 gradients over Adam's pair before they are averaged, as the record's ranks do, where
-    one process sums each step's two micro-steps first), with the preset's
+    """record_2026_07_17 at toy size through its three stages (one uninterrupted run, the
+    reference): the loss falls; 2 ranks give its curve (5e-3: measured 2e-3 at most, each rank
+    summing its own bf16 gradients over Adam's pair before they are averaged, as the record's ranks
+    do, where one process sums each step's two micro-steps first), with the preset's
     dist.parallelism=ddp_row_shards (each rank updates its share of the banks and tables); one
     process resumes bit for bit from the save after update 4 (an even step, Adam holding its
-    gradient, the head still tied), and two sharded ranks from the save after update 5 (the
-    split just made, E's state rows taken from W's; the save gathered from both ranks), the FP8
-    scales mid-sequence at both. The saves are the uninterrupted runs' own, resumed into new run
+    gradient, the head still tied), and two sharded ranks from the save after update 5 (the split
+    just made, E's state rows taken from W's; the save gathered from both ranks), the FP8 scales
+    mid-sequence at both. The saves are the uninterrupted runs' own, resumed into new run
     directories (a stop's save is the same save: tests/e2e/test_resume.py stops and resumes)."""
     run_d(tmp_path / "one", corpus_cache, "train.checkpoint_every=4", "train.checkpoint_keep=2")
     want = curve(tmp_path / "one")
@@ -197,8 +197,9 @@ def test_record_2026_07_17_toy_same_curve_on_two_ranks_and_resumes_around_the_sp
     assert curve(sharded) == two
 
 
-# Record M at its toy size (conf/preset_size/toy/record_medium_2025_12_31.yaml: its table at 8
-# layers, its twelve stages one step each, no extension steps, the head tied until step 3).
+# record_medium_2025_12_31 at its toy size (conf/preset_size/toy/record_medium_2025_12_31.yaml: its
+# table at 8 layers, its twelve stages one step each, no extension steps, the head tied until step
+# 3).
 def run_m(run_dir: Path, cache: Path, *overrides: str) -> float:
     return run(run_dir, cache, "experiment=record_medium_2025_12_31", *overrides)
 
@@ -212,13 +213,13 @@ def _rank_job_m(rank: int, world: int, run_dir: str, overrides: list[str], cache
 def test_record_medium_2025_12_31_toy_same_curve_on_two_ranks_and_resumes_around_the_split(
     tmp_path: Path, corpus_cache: Path
 ) -> None:
-    """Record M at toy size through its twelve stages, its four batch sizes and the split (one
-    uninterrupted run, the reference): the loss falls; 2 ranks give its curve (5e-3: measured
-    2e-3 at most, the sharded exchanges rounding its bf16 gradients in another order, where 2
-    replicated ranks agree to 3e-4), with the preset's dist.parallelism=ddp_row_shards; one
-    process resumes bit for bit from the save after update 2 (an even step: Adam holds its
-    gradient, the head still tied) and from the save after update 4 (the split made at update 3, E's
-    state taken from W's). Record D's test resumes sharded ranks."""
+    """record_medium_2025_12_31 at toy size through its twelve stages, its four batch sizes and the
+    split (one uninterrupted run, the reference): the loss falls; 2 ranks give its curve (5e-3:
+    measured 2e-3 at most, the sharded exchanges rounding its bf16 gradients in another order, where
+    2 replicated ranks agree to 3e-4), with the preset's dist.parallelism=ddp_row_shards; one
+    process resumes bit for bit from the save after update 2 (an even step: Adam holds its gradient,
+    the head still tied) and from the save after update 4 (the split made at update 3, E's state
+    taken from W's). record_2026_07_17's test resumes sharded ranks."""
     run_m(tmp_path / "one", corpus_cache, "train.checkpoint_every=2", "train.checkpoint_keep=8")
     want = curve(tmp_path / "one")
     assert [r[0] for r in want] == list(range(13)) and want[-1][2] < want[0][2] - 0.3

@@ -64,7 +64,7 @@ def batch(seq_len: int, rows: int, doc_every: int, seed: int) -> tuple[torch.Ten
 def test_one_static_training_graph_without_breaks_or_recompiles(record: str, impl: str) -> None:
     """impl=flex is the CUDA path: block masks built in the graph, FlexAttention. It has no
     backward on a CPU, so its training-mode forwards run without gradients here; sdpa (the
-    dense masks) and record A's causal attention run whole steps."""
+    dense masks) and record_2024_11_06's causal attention run whole steps."""
     overrides = [f"experiment={record}", *TOY, f"model.attention.impl={impl}"]
     conf = to_config(compose_config(overrides))
     t = conf.train
@@ -87,7 +87,7 @@ def test_one_static_training_graph_without_breaks_or_recompiles(record: str, imp
     step(compiled, batch(t.seq_len, 2, 200, 1), rt, 2, None, _tensors(window(0)))
     after_first = CompileCounts.now()
     train_graph = recorder.graphs[-1]
-    # More steps: the window grows (record B crosses several block counts; the toy window
+    # More steps: the window grows (record_2025_01_26 crosses several block counts; the toy window
     # block is the preset's 128 on a 512-token sequence) and documents move.
     for k, s in enumerate((1, t.steps // 3, t.steps // 2, t.steps - 1)):
         opt.set_step(schedule.at(s).optim)

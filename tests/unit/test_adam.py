@@ -1,7 +1,6 @@
-"""optim/adam.py against torch's AdamW and against the 2025-11 record's Adam written out in
-float64 (docs/records.md, record C (C.3)): ε on the raw √v, bf16 moments, updates every other
-step from the summed gradients, exact resume inside a pair; and `optim.lr_mul` in both
-optimizers."""
+"""optim/adam.py against torch's AdamW and against the 2025-11 record's Adam written out in float64
+(docs/records.md, record_2025_11_29 (C.3)): ε on the raw √v, bf16 moments, updates every other step
+from the summed gradients, exact resume inside a pair; and `optim.lr_mul` in both optimizers."""
 
 import pytest
 import torch

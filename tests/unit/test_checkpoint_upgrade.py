@@ -1,7 +1,8 @@
-"""A save of naming 1 (before the model's parts: `bigram_embed`, `xsa_alphas`, …) is read
-under today's names (trainer/checkpoint/upgrade.py). The names of naming 1 below are written
-out as that code named them, for records B, C (unpacked) and D at toy size, so the test does
-not read the upgrade table to know them; `scripts/bitwise.py` loads real naming-1 saves."""
+"""A save of naming 1 (before the model's parts: `bigram_embed`, `xsa_alphas`, …) is read under
+today's names (trainer/checkpoint/upgrade.py). The names of naming 1 below are written out as that
+code named them, for record_2025_01_26, record_2025_11_29 (unpacked) and record_2026_07_17 at toy
+size, so the test does not read the upgrade table to know them; `scripts/bitwise.py` loads real
+naming-1 saves."""
 
 import pytest
 import torch
@@ -111,7 +112,7 @@ def test_the_optimizers_param_names_and_a_sharded_saves_keys() -> None:
 
 
 def test_a_naming_1_config_names_todays_parameters() -> None:
-    """Record D's saved optimizer tables of naming 1 (as its preset wrote them) read under
+    """record_2026_07_17's saved optimizer tables of naming 1 (as its preset wrote them) read under
     today's names, its two bigram rows moved to the part's section; a naming-2 save as is."""
     old = {
         "optim": {

@@ -27,7 +27,7 @@ def test_every_group_has_presets() -> None:
     assert presets("experiment")
 
 
-# What a preset needs from the command line to run alone: a directory; record D's and M's
+# What a preset needs from the command line to run alone: a directory; record_2026_07_17's and M's
 # models their windows and MTP weights by stage, columns of the stage table their experiments
 # give.
 NEEDS = {("model", name): ["train.stages.rows=[{window:3,mtp_weights:[1.0]}]"]

@@ -12,7 +12,7 @@ NEWEST = ["experiment=record_2026_07_17", "run_dir=/tmp/unused"]
 
 
 def test_the_newest_presets_stages_are_three_rows_of_every_column() -> None:
-    """One row per stage: every column of record D has three values, by construction."""
+    """One row per stage: every column of record_2026_07_17 has three values, by construction."""
     table = to_config(compose_config(NEWEST)).train.stages
     assert len(table.rows) == 3
     for column in ("seq_len", "window", "max_piece_len", "max_pieces", "lr_peak", "mtp_weights"):

@@ -154,9 +154,9 @@ def test_the_h100s_flex_error_is_raised_and_the_fix_compiles(tmp_path: Path, old
 @needs_triton
 @pytest.mark.parametrize("old", [True, False], ids=["before-the-fix", "the-fix"])
 def test_the_h100s_e5m2_error_is_raised_and_the_fix_compiles(tmp_path: Path, old: bool) -> None:
-    """Record D's loss writing its e5m2 gradient into an empty buffer: with the H100's Triton
-    (3.6) the kernel needs an e5m2 constant that Triton cannot build (the H100's second error,
-    word for word), while Triton 3.9 builds it (so the dry run must use the GPU's Triton);
+    """record_2026_07_17's loss writing its e5m2 gradient into an empty buffer: with the H100's
+    Triton (3.6) the kernel needs an e5m2 constant that Triton cannot build (the H100's second
+    error, word for word), while Triton 3.9 builds it (so the dry run must use the GPU's Triton);
     concatenated chunks, the project's code, compile with either."""
     import triton
 

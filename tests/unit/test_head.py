@@ -1,11 +1,11 @@
 """The FP8 head's gradient cast sees the same values whatever the gradient accumulation.
 
-Record B runs 8 GPUs with one micro-step each: every rank's e5m2 cast scales the gradient of
-its own mean loss by 2¹⁹. One process with 8 micro-steps backpropagates loss / 8, so without
-a correction the cast would see values 8 times smaller (an effective 2¹⁶) and flush more small
-gradients to zero. With `micro_steps` the head undoes the factor inside the cast, and 8
-accumulated micro-steps give the head gradient that 8 ranks averaging their own would: equal
-up to the order of the sum.
+record_2025_01_26 runs 8 GPUs with one micro-step each: every rank's e5m2 cast scales the gradient
+of its own mean loss by 2¹⁹. One process with 8 micro-steps backpropagates loss / 8, so without a
+correction the cast would see values 8 times smaller (an effective 2¹⁶) and flush more small
+gradients to zero. With `micro_steps` the head undoes the factor inside the cast, and 8 accumulated
+micro-steps give the head gradient that 8 ranks averaging their own would: equal up to the order of
+the sum.
 """
 
 import pytest
@@ -98,8 +98,8 @@ def signed(shape: tuple[int, int], scale: float, gen: torch.Generator) -> torch.
 
 
 def fp8_formula(x, w, g, scales, k):
-    """Record C's head (docs/records.md, C.1) in float64 with every rounding written out (the
-    quotients X / x_s and G / g_s rounded to bf16 first, as a division on a bf16 tensor is)."""
+    """record_2025_11_29's head (docs/records.md, C.1) in float64 with every rounding written out
+    (the quotients X / x_s and G / g_s rounded to bf16 first, as a division on a bf16 tensor is)."""
     x_s, w_s, g_s = scales
     bf16 = lambda t: t.bfloat16().double()  # noqa: E731
     x8 = bf16(x.double() / x_s).to(torch.float8_e4m3fn).double()

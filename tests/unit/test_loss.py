@@ -46,10 +46,10 @@ def test_chunking_follows_the_device() -> None:
 
 
 def test_bf16_train_caps_in_bf16_for_training_and_in_fp32_for_evaluation() -> None:
-    """model.head.loss_dtype=bf16_train (record M, M.2): in training the cap is rounded to bf16
-    once and the cross-entropy (or the MTP loss) taken of those values in fp32; in evaluation
-    the logits are cast to fp32 before the cap. Record D's `bf16` keeps the training
-    cross-entropy in bf16 and the evaluation cap in bf16: both differ on these logits."""
+    """model.head.loss_dtype=bf16_train (record_medium_2025_12_31, M.2): in training the cap is
+    rounded to bf16 once and the cross-entropy (or the MTP loss) taken of those values in fp32; in
+    evaluation the logits are cast to fp32 before the cap. record_2026_07_17's `bf16` keeps the
+    training cross-entropy in bf16 and the evaluation cap in bf16: both differ on these logits."""
     from model.config import HeadConfig
     from model.loss import model_loss, softcap
 

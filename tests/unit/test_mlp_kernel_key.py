@@ -1,8 +1,8 @@
-"""model.mlp.fp8_kernel=triton where the model calls it (`FP8Mlp`, record D's FP8 MLP with its
-delayed scales): through the fused Triton kernel (Triton's interpreter on a CPU) the output,
-the max post the next step's scale takes and every gradient equal the torch path's, and the
-key is refused where the kernel cannot run or has nothing to fuse. The kernel itself against
-its reference: tests/unit/test_triton_mlp.py."""
+"""model.mlp.fp8_kernel=triton where the model calls it (`FP8Mlp`, record_2026_07_17's FP8 MLP with
+its delayed scales): through the fused Triton kernel (Triton's interpreter on a CPU) the output, the
+max post the next step's scale takes and every gradient equal the torch path's, and the key is
+refused where the kernel cannot run or has nothing to fuse. The kernel itself against its reference:
+tests/unit/test_triton_mlp.py."""
 
 import pytest
 import torch

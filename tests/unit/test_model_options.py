@@ -161,9 +161,9 @@ def tokens(B: int = 2, T: int = 40, seed: int = 1) -> torch.Tensor:
 
 
 CASES = {
-    "record A options": RECORD_2024_11_06,
+    "record_2024_11_06 options": RECORD_2024_11_06,
     "value residual, fixed": update(BASE, {"attention.value_residual": "fixed"}),
-    "record B options": RECORD_2025_01_26,
+    "record_2025_01_26 options": RECORD_2025_01_26,
     "document mask, no window": update(BASE, {"attention.document_mask": True}),
     "window, no document mask": update(
         BASE, {"attention.window": "LS", "attention.window_block": 4, "attention.window_tokens": 8}

@@ -1,6 +1,7 @@
-"""NorMuon's momentum where its warm-up and cooldown overlap (only in scaled-down runs): the
-warm-up wins, as in records C and D (docs/records.md C.4, D.4; the records' `get_muon_momentum`
-is an if / elif), not the former reading with the cooldown applied on top of the warm-up."""
+"""NorMuon's momentum where its warm-up and cooldown overlap (only in scaled-down runs): the warm-up
+wins, as in record_2025_11_29 and record_2026_07_17 (docs/records.md C.4, D.4; the records'
+`get_muon_momentum` is an if / elif), not the former reading with the cooldown applied on top of the
+warm-up."""
 
 import pytest
 
@@ -39,8 +40,8 @@ def test_momentum_warmup_wins_where_they_overlap() -> None:
 
 
 def test_record_2025_11_29_toy_momentum_is_unchanged() -> None:
-    """Record C's toy (8 steps, warmup 3, cooldown 2) has no overlap: bit for bit the values
-    of the code before the fix (the cooldown applied to every step), so its curve is
+    """record_2025_11_29's toy (8 steps, warmup 3, cooldown 2) has no overlap: bit for bit the
+    values of the code before the fix (the cooldown applied to every step), so its curve is
     unchanged."""
     got = momenta(8, 3, 2)
     before = [momentum_cooldown(s, 8, 2, muon_momentum(s, 3, 0.85, 0.95), 0.85) for s in range(8)]

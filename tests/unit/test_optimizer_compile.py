@@ -5,8 +5,8 @@ fp32 matrices; Adam's tables (the token table tied to the head), the head, fp32 
 bf16 gates.
 
 - Muon over banks, uncompiled, is the per-parameter step: bit for bit where every op is
-  the same (record D's fp32-master step, record C's), to a fused multiply-add's rounding
-  where ATen fuses one (the other records' `p.add_(O, alpha=−η)`).
+  the same (record_2026_07_17's fp32-master step, record_2025_11_29's), to a fused
+  multiply-add's rounding where ATen fuses one (the other records' `p.add_(O, alpha=−η)`).
 - Compiled (inductor, or aot_eager: BACKENDS), Muon and Adam equal the eager step to its roundings
   (`close`: within a few units in the last place of each weight's dtype, on a small
   fraction of the entries), and nothing recompiles as the LR and momentum change; a
@@ -29,12 +29,12 @@ from trainer.launch.compile import CompileCounts, reset_compile_state
 
 PRESETS = ["record_2024_11_06", "record_2025_01_26", "record_2025_11_29", "record_2026_07_17",
            "record_medium_2025_12_31"]  # fmt: skip
-# The backend each preset's compiled step is checked with. Inductor generates the same bank
-# and Adam functions for every preset, at other shapes: the NorMuon records (whose fp32
-# master and truncation are where its roundings could differ) compile with it; the plain
-# Muon records trace the same graphs with aot_eager (graph counts, recompiles, what is read),
-# without inductor's C++ builds (about 25 s of CI's time).
-# Record M's step on the weights themselves is bit for bit its banks' (below): it traces.
+# The backend each preset's compiled step is checked with. Inductor generates the same bank and Adam
+# functions for every preset, at other shapes: the NorMuon records (whose fp32 master and truncation
+# are where its roundings could differ) compile with it; the plain Muon records trace the same
+# graphs with aot_eager (graph counts, recompiles, what is read), without inductor's C++ builds
+# (about 25 s of CI's time). record_medium_2025_12_31's step on the weights themselves is bit for
+# bit its banks' (below): it traces.
 BACKENDS = {"record_2024_11_06": "aot_eager", "record_2025_01_26": "aot_eager",
             "record_2025_11_29": "inductor", "record_2026_07_17": "inductor",
             "record_medium_2025_12_31": "aot_eager"}  # fmt: skip
@@ -61,7 +61,8 @@ def muon_params(cfg: OptimConfig, dtype: torch.dtype, misread: bool = False
         if p.ndim == 3:  # as the model's merged attention declares it (optim/muon/stacks.py)
             p.stack_of = "q, k, v, o"
     params[2].lr_mul = 1.0 if misread else next(iter(cfg.lr_mul.values()), 1.0)
-    if cfg.muon.normuon_axis == "rows":  # record M: its bf16 8 × 16 gates beside fp32 matrices
+    # record_medium_2025_12_31: its bf16 8 × 16 gates beside fp32 matrices
+    if cfg.muon.normuon_axis == "rows":
         gate = torch.nn.Parameter(torch.zeros(8, 16, dtype=torch.bfloat16))  # zero, as its init
         gate.muon_head_rows, gate.lr_mul = 0, 0.1
         params.append(gate)
@@ -148,11 +149,11 @@ def worst(a: list[torch.Tensor], b: list[torch.Tensor], start: list[torch.Tensor
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_banked_muon_is_the_per_parameter_step(preset: str) -> None:
-    """Uncompiled banks against the per-parameter path: record D's step (an fp32 master)
-    and record M's (the same order on the weights, its bf16 gate's momentum lerped in fp32
-    as ATen lerps a bf16 tensor) bit for bit; the others' `p.add_(O, alpha=−η)`, one rounding
-    in ATen (a fused multiply-add) and two on a stack with a factor per row, within a few units
-    in the last place after 4 steps (measured: at most 3, in 16 to 29 % of the entries)."""
+    """Uncompiled banks against the per-parameter path: record_2026_07_17's step (an fp32 master)
+    and record_medium_2025_12_31's (the same order on the weights, its bf16 gate's momentum lerped
+    in fp32 as ATen lerps a bf16 tensor) bit for bit; the others' `p.add_(O, alpha=−η)`, one
+    rounding in ATen (a fused multiply-add) and two on a stack with a factor per row, within a few
+    units in the last place after 4 steps (measured: at most 3, in 16 to 29 % of the entries)."""
     per_param = run(preset, None, banks=False)
     banked = run(preset, None, banks=True)
     if preset in BITWISE:
@@ -165,7 +166,7 @@ def test_banked_muon_is_the_per_parameter_step(preset: str) -> None:
 @pytest.mark.parametrize("preset", PRESETS)
 def test_compiled_optimizer_equals_the_eager_one(preset: str) -> None:
     """Compiled with BACKENDS: within 10 % of one step's RMS of today's eager step (measured:
-    record D bit for bit but for a few fp32 scalars; the others up to a few percent, where
+    record_2026_07_17 bit for bit but for a few fp32 scalars; the others up to a few percent, where
     a fused multiply-add's rounding of the momentum sends a bf16 Newton–Schulz iteration of
     an ill-conditioned matrix another way), and one graph per part (no recompile as the LR
     and momentum change; Adam's second is the untied update after the split). C_proj's LR
@@ -178,7 +179,7 @@ def test_compiled_optimizer_equals_the_eager_one(preset: str) -> None:
     graphs = (CompileCounts.now() - before).graphs
     assert graphs <= (3 if settings(preset).tie_embed_head_until else 2), graphs
     assert worst(eager, compiled, start) <= 0.1
-    if settings(preset).lr_mul:  # records C and D scale an MLP matrix
+    if settings(preset).lr_mul:  # record_2025_11_29 and record_2026_07_17 scale an MLP matrix
         assert worst(eager, run(preset, None, misread=True), start) > 1.0
 
 

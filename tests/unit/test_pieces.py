@@ -1,7 +1,7 @@
-"""Packed document pieces (data/pieces.py, data.align=pieces): record C's training batches.
+"""Packed document pieces (data/pieces.py, data.align=pieces): record_2025_11_29's training batches.
 
-Checked against a hand-worked example and against a literal transcription of record C's loop
-(docs/records.md, C.5) written here, on every world size, across shard ends, with a length per
+Checked against a hand-worked example and against a literal transcription of record_2025_11_29's
+loop (docs/records.md, C.5) written here, on every world size, across shard ends, with a length per
 step, resumed.
 """
 
@@ -95,9 +95,9 @@ def test_hand_worked_pieces_and_segments(tmp_path):
 
 
 def _segments(lengths, seq_len):
-    """Segment id of each input position from the pieces' lengths (docs/records.md, record C
-    (C.5): boundaries 0, the cumulative lengths, the last piece one token shorter so the last
-    boundary is L)."""
+    """Segment id of each input position from the pieces' lengths (docs/records.md,
+    record_2025_11_29 (C.5): boundaries 0, the cumulative lengths, the last piece one token shorter
+    so the last boundary is L)."""
     bounds = np.cumsum([0, *lengths])
     bounds[-1] -= 1
     assert bounds[-1] == seq_len

@@ -1,5 +1,5 @@
-"""The 2025-11 record's model and loss options (docs/records.md, record C: C.1, C.2) against
-its formulas.
+"""The 2025-11 record's model and loss options (docs/records.md, record_2025_11_29: C.1, C.2)
+against its formulas.
 
 `reference()` writes the forward pass out from C.1 with no module of the project: masks by
 loops over positions, rotary from the formula, the gates, smear, skip, backout and the packed
@@ -264,7 +264,7 @@ YARN = {
     "attention.window_block": 1,
 }
 CASES = {  # (model config, window tokens (long, short), YaRN stage, stage table)
-    "record C at 4 layers": (TOY, (5, 2), 2, RECORD_STAGES),
+    "record_2025_11_29 at 4 layers": (TOY, (5, 2), 2, RECORD_STAGES),
     "empty block 0": (
         update(
             BASE, {"mlp.layers": ".MMM", "attention.layers": ".AAA", "residual.x0_shortcut": True}
@@ -283,7 +283,7 @@ CASES = {  # (model config, window tokens (long, short), YaRN stage, stage table
 
 
 # The CPU's bf16 decides the rotary tables of these: CI reruns them emulated.
-BF16 = {"record C at 4 layers", "yarn"}
+BF16 = {"record_2025_11_29 at 4 layers", "yarn"}
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The 2025-11 record's model (docs/records.md, record C: C.1, C.2): its parameter count,
+"""The 2025-11 record's model (docs/records.md, record_2025_11_29: C.1, C.2): its parameter count,
 initial values, losses, YaRN table, token-window FLOPs and config checks. (The forward pass
 against the record's formulas: test_record_2025_11_29_model.py.)"""
 

@@ -1,5 +1,5 @@
 """Three optimizer steps of the 2025-11 record's preset (at 4 layers, in float64) against its
-optimizers written out from the formulas of docs/records.md, record C (C.3, C.4), with no
+optimizers written out from the formulas of docs/records.md, record_2025_11_29 (C.3, C.4), with no
 project code in the reference: NorMuon on every matrix (each slice of the merged q/k/v/o on
 its own, C_fc at twice the LR, gates included), Adam on the tables, the head and the scalar
 vector only at the odd step, with the sum of the two steps' gradients. Steps 0 (even), 1

@@ -1,4 +1,4 @@
-"""Record D's Adam (docs/records.md D.3, D.10 item 7): role routing of its gates
+"""record_2026_07_17's Adam (docs/records.md D.3, D.10 item 7): role routing of its gates
 onto Adam (`optim.roles`), the per-tensor table (`optim.adamw.table`), cautious weight decay
 with a strict mask and λ from the tensor's own LR, fp32 moments, updates on odd steps from
 two summed gradients. The formula is written out in float64 below from D.3 alone, with
@@ -25,7 +25,7 @@ from tests.unit.test_record_2026_07_17_model import PRESET
 
 CPU = torch.device("cpu")
 BASE, LAMBDA, EPS = 0.008, 0.005, 1e-10
-# Record D's Adam as its preset would write it (the report's snippet).
+# record_2026_07_17's Adam as its preset would write it (the report's snippet).
 RECORD_2026_07_17 = """
 roles:
   "blocks.*.attn.gate.weight": scalar
@@ -219,7 +219,7 @@ def test_fp32_moments_of_a_bf16_parameter_resume_exactly() -> None:
 
 @pytest.fixture(scope="module")
 def record_2026_07_17() -> nn.Module:
-    """Record D's model at toy width, on the meta device (names and shapes only)."""
+    """record_2026_07_17's model at toy width, on the meta device (names and shapes only)."""
     toy = {"n_embd": 96, "compile": False, "bigram.rows": 97, "bigram.dim": 8,
            "bigram.signs": 16, "residual.mudd_hidden": 8}  # fmt: skip
     toy |= {f"bigram.optim.{p}": ParamOptim(**row) for p, row in BIGRAM.items()}

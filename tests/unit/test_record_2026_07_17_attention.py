@@ -1,4 +1,4 @@
-"""Record D's attention, the parts built so far (docs/records.md D.1 Attn_ℓ): the
+"""record_2026_07_17's attention, the parts built so far (docs/records.md D.1 Attn_ℓ): the
 interleaved rotary with a static second half (step 3) and the key offset of the long-window
 layers (step 4), each against its formula written out channel by channel."""
 
@@ -65,8 +65,9 @@ def test_yarn_rescales_only_the_rotating_pairs() -> None:
 
 @pytest.mark.parametrize("rope", ["interleaved_half", "half_truncated"])
 def test_the_key_offset_formula(rope: str) -> None:
-    """Record D's offset moves channels D/2 … D−1 (its interleaved rotary's static half),
-    record M's D/4 … D/2−1 and 3D/4 … D−1 (the half-truncated rotary's zero frequencies)."""
+    """record_2026_07_17's offset moves channels D/2 … D−1 (its interleaved rotary's static half),
+    record_medium_2025_12_31's D/4 … D/2−1 and 3D/4 … D−1 (the half-truncated rotary's zero
+    frequencies)."""
     k = torch.randn(2, 3, T, D, generator=torch.Generator().manual_seed(3))
     moved = torch.zeros(D, dtype=torch.bool)
     for a, b in static_spans(rope, D):

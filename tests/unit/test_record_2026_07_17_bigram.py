@@ -1,5 +1,5 @@
-"""Record D's bigram-hash embedding (docs/records.md, record #89's bigram-hash embedding: D.1
-forward steps 2, 3 and 5), against the spec written out in float64, with token 1 hashing x_0
+"""record_2026_07_17's bigram-hash embedding (docs/records.md, record #89's bigram-hash embedding:
+D.1 forward steps 2, 3 and 5), against the spec written out in float64, with token 1 hashing x_0
 (bigram.position1=token; the record's reserved-row form is test_bigram_position1.py):
 
     h_0 = R − 1,  h_t = ((36,313·x_t) XOR (27,191·x_(t−1))) mod (R − 1),  per row of the batch

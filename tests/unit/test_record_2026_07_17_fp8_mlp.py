@@ -1,4 +1,4 @@
-"""Record D's FP8 MLP (docs/records.md D.1 "FP8 MLP", model.mlp.fp8): the training
+"""record_2026_07_17's FP8 MLP (docs/records.md D.1 "FP8 MLP", model.mlp.fp8): the training
 forward's casts and scales against the formula written with torch's own float8 dtypes, the
 delayed scales over steps (bootstrap, micro-step slots), evaluation leaving them alone, the
 bf16 backward in float64, and the scales through a checkpoint and a change of world size."""

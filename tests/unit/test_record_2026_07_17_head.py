@@ -1,4 +1,4 @@
-"""Record D's head and loss, the parts built so far (docs/records.md D.2, with
+"""record_2026_07_17's head and loss, the parts built so far (docs/records.md D.2, with
 its FP8 head): the softcap 23·σ((z + 5)/7.5) and its cross-entropy, against the formula."""
 
 import pytest

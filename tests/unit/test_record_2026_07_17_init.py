@@ -1,4 +1,4 @@
-"""Record D's λ⁰/λ¹, scalar vector, inits and dtypes (docs/records.md D.1:
+"""record_2026_07_17's λ⁰/λ¹, scalar vector, inits and dtypes (docs/records.md D.1:
 "Inits and dtypes", "λ⁰ and λ¹", Attn_ℓ steps 1 and 9), each checked against the record's
 formula or number."""
 

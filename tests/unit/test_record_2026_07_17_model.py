@@ -1,11 +1,11 @@
-"""Record D's whole model (docs/records.md D.1, D.2) against the float64 reference that follows the
-record's description alone (tests/record_2026_07_17_reference.py, which imports nothing of the
-project): the record's 11-layer table and the same table resampled to 8 layers, at a toy width (6
-heads of 16), every parameter random so that every mechanism matters. Logits to 1e-9, and every
-parameter's gradient of the multi-token loss (its autograd form) to 1e-7. The reference's
-misreadings (no x0 quirk, adjacent head pairs, record C's rotary pairing) are far outside those
-tolerances. The FP8 MLP, the FP8 head and the record's loss form are roundings, tested against their
-formulas with explicit casts (test_record_2026_07_17_fp8_mlp.py, _mtp.py)."""
+"""record_2026_07_17's whole model (docs/records.md D.1, D.2) against the float64 reference that
+follows the record's description alone (tests/record_2026_07_17_reference.py, which imports nothing
+of the project): the record's 11-layer table and the same table resampled to 8 layers, at a toy
+width (6 heads of 16), every parameter random so that every mechanism matters. Logits to 1e-9, and
+every parameter's gradient of the multi-token loss (its autograd form) to 1e-7. The reference's
+misreadings (no x0 quirk, adjacent head pairs, record_2025_11_29's rotary pairing) are far outside
+those tolerances. The FP8 MLP, the FP8 head and the record's loss form are roundings, tested against
+their formulas with explicit casts (test_record_2026_07_17_fp8_mlp.py, _mtp.py)."""
 
 import pytest
 import torch
@@ -44,8 +44,8 @@ RECORD_2026_07_17 = dotted(OmegaConf.to_container(OmegaConf.load(PRESET))) | TOY
 EIGHT = {"n_layer": 8, "residual.skips": [[2, 4]],
          "residual.attn_input_layer": 5}  # fmt: skip
 SHAPES = {
-    11: ref.RecordDShape(),
-    8: ref.RecordDShape(n_layer=8, attention="AAAA.AAA", paired="P.....P.", window="SSLSSSSL",
+    11: ref.ModelShape(),
+    8: ref.ModelShape(n_layer=8, attention="AAAA.AAA", paired="P.....P.", window="SSLSSSSL",
                         key_offset="..K....K", xsa=".XXX.X.X", value_table=".0....34",
                         skip_from=2, skip_to=4, c7=5),
 }  # fmt: skip
@@ -61,7 +61,7 @@ def config(n_layer: int) -> ModelConfig:
     return update(ModelConfig(), changes)
 
 
-def shape(n_layer: int) -> ref.RecordDShape:
+def shape(n_layer: int) -> ref.ModelShape:
     s = SHAPES[n_layer]
     s.head_dim, s.vocab, s.bigram_rows, s.bigram_dim = D, 50304, 97, 8
     s.sign_rows, s.mudd_hidden = 16, 8

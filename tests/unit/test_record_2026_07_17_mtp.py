@@ -1,4 +1,4 @@
-"""Record D's training loss (docs/records.md D.2, with its FP8 head, and D.4): multi-token
+"""record_2026_07_17's training loss (docs/records.md D.2, with its FP8 head, and D.4): multi-token
 prediction with the stage weights, and the record's own form whose loss writes the e5m2 logit
 gradient (σ rounded to bf16, the end-of-sequence quirk) that the FP8 head uses as its G₈.
 Each is checked against the formula written here in float64, with explicit casts."""
@@ -101,7 +101,7 @@ def shifted(y: torch.Tensor) -> torch.Tensor:
     return out
 
 
-# Record D's MTP column (D.4): the weights of each stage, the last falling over it
+# record_2026_07_17's MTP column (D.4): the weights of each stage, the last falling over it
 STAGES_D = StageTable(
     rows=[Stage(mtp_weights=w) for w in ([1.0, 0.5, 0.25], [1.0, 0.5], [1.0])], mtp_decay=True
 )

@@ -1,11 +1,11 @@
-"""Record D's MUDD dense connections (docs/records.md D.1 "MUDD", steps 5–6, D.10 item 4) against
-the record's formulas, written out here in float64.
+"""record_2026_07_17's MUDD dense connections (docs/records.md D.1 "MUDD", steps 5–6, D.10 item 4)
+against the record's formulas, written out here in float64.
 
-The toy model maps record D's layers onto 5: layer 1 (table 0) is the record's layer 1 and its
-output c₃ (the skip's source), layer 2 has no attention and takes the gated skip (the record's
-layer 6) and its output is c₇ (attn_input_layer), layer 3 attends from RMSNorm(c₇) (layers 8,
-9), layer 4 is the MUDD block with table 1 (the record's layer 10 with VE₄); sublayer scales, x0
-after attention, per-head value gates and sparse attention gates are on, as in the record.
+The toy model maps record_2026_07_17's layers onto 5: layer 1 (table 0) is the record's layer 1 and
+its output c₃ (the skip's source), layer 2 has no attention and takes the gated skip (the record's
+layer 6) and its output is c₇ (attn_input_layer), layer 3 attends from RMSNorm(c₇) (layers 8, 9),
+layer 4 is the MUDD block with table 1 (the record's layer 10 with VE₄); sublayer scales, x0 after
+attention, per-head value gates and sparse attention gates are on, as in the record.
 """
 
 import math

@@ -1,4 +1,4 @@
-"""Record D's NorMuon (docs/records.md D.3 "NorMuon") and record C's
+"""record_2026_07_17's NorMuon (docs/records.md D.3 "NorMuon") and record_2025_11_29's
 NorMuon fixes, against the records' formulas written out in float64 with no project code in the
 reference, each with a negative control (a plausible misreading that must not match):
 
@@ -42,7 +42,7 @@ def blocks(x: torch.Tensor, name: str, split: bool) -> list[torch.Tensor]:
 
 
 def reference(weights, grads, *, split=True, axis="shape", beta2=BETA2, m=M):
-    """Steps of record D's NorMuon in float64; returns the weights after each step."""
+    """Steps of record_2026_07_17's NorMuon in float64; returns the weights after each step."""
     w = {n: x.double().clone() for n, x in weights.items()}
     b = {n: torch.zeros_like(x) for n, x in w.items()}
     v: dict = {}
@@ -106,8 +106,8 @@ def test_one_and_two_steps_are_the_formula_and_misreadings_are_not() -> None:
         assert close(got[step], want[step], 1e-12), step
     misreadings = {
         "whole Q and K": reference(weights, grads, split=False),
-        "per column (record C)": reference(weights, grads, axis="columns"),
-        "beta2 0.95 (record C)": reference(weights, grads, beta2=0.95),
+        "per column (record_2025_11_29)": reference(weights, grads, axis="columns"),
+        "beta2 0.95 (record_2025_11_29)": reference(weights, grads, beta2=0.95),
         "c_proj at 2 (lr_mul unread)": reference(weights, grads, m={**M, "proj": 2.0}),
         "c_fc at 1 (no shape factor)": reference(weights, grads, m={**M, "fc": 1.0}),
     }
@@ -233,9 +233,9 @@ def test_refusals_name_their_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_record_2026_07_17_model_at_toy_size_takes_it() -> None:
-    """Record D's model (d = 96, 6 heads of 16) with its NorMuon keys through build_optimizer:
-    W_q, W_k in blocks of 32 rows (per-column statistics: wide), W_v, W_o and both MLP
-    matrices per row; every weight bf16, the truncation of its master."""
+    """record_2026_07_17's model (d = 96, 6 heads of 16) with its NorMuon keys through
+    build_optimizer: W_q, W_k in blocks of 32 rows (per-column statistics: wide), W_v, W_o and both
+    MLP matrices per row; every weight bf16, the truncation of its master."""
     from model import GPT
     from optim import build_optimizer
     from tests.helpers import compose_config

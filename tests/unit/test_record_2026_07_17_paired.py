@@ -1,4 +1,4 @@
-"""Record D's paired-head attention (docs/records.md D.1 Attn_ℓ step 5, D.10 item 1)
+"""record_2026_07_17's paired-head attention (docs/records.md D.1 Attn_ℓ step 5, D.10 item 1)
 against the record's rules, written per head and token in float64 (no doubled tensor):
 
     head h of token t is rotated at position 2t if h is even, 2t+1 if h is odd; it sits at

@@ -68,8 +68,8 @@ def test_the_preset_composes_the_record_2026_07_17_model() -> None:
 
 
 def test_the_readmes_toy_command_composes() -> None:
-    """README.md's record D toy command is a valid run (its run: tests/e2e/test_records.py's
-    record D toy, a smaller one)."""
+    """README.md's record_2026_07_17 toy command is a valid run (its run:
+    tests/e2e/test_records.py's record_2026_07_17 toy, a smaller one)."""
     line = next(x for x in (CONF_DIR.parent / "README.md").read_text().splitlines()
                 if x.startswith("python train.py experiment=record_2026_07_17"))  # fmt: skip
     conf = to_config(compose_config([*shlex.split(line)[2:], "run_dir=."]))  # as a shell reads it

@@ -1,11 +1,11 @@
-"""Record D's schedules and batches (docs/records.md D.4, D.5, D.10 item 9), through
-the objects a run calls (`Schedule.for_run`, `yarn_table`, `PieceLoader`), from record D's keys:
-RECORD_2026_07_17 below, the schedule, stage table and data part the experiment preset takes.
+"""record_2026_07_17's schedules and batches (docs/records.md D.4, D.5, D.10 item 9), through the
+objects a run calls (`Schedule.for_run`, `yarn_table`, `PieceLoader`), from record_2026_07_17's
+keys: RECORD_2026_07_17 below, the schedule, stage table and data part the experiment preset takes.
 
 The expected numbers are D.4's table of boundary steps, to its printed digits, and references
 written here in float64 from D.4's formulas (no project module inside them). Negative controls:
-plausible misreadings (record C's peak edges, peaks, floor or cooldown; the momentum cooldown
-on top of the warmup; one piece cap throughout) must fail the same checks.
+plausible misreadings (record_2025_11_29's peak edges, peaks, floor or cooldown; the momentum
+cooldown on top of the warmup; one piece cap throughout) must fail the same checks.
 """
 
 import itertools
@@ -28,7 +28,8 @@ from trainer.schedule import Schedule
 
 STEPS, SCHEDULED = 1390, 1380  # D.4: 1,380 scheduled + 10 extension steps
 ROOT = Path(__file__).resolve().parents[2]
-# Record D's stage table by column (D.4, D.5): three equal stages of the 1,380 scheduled steps
+# record_2026_07_17's stage table by column (D.4, D.5): three equal stages of the 1,380 scheduled
+# steps
 COLUMNS = {
     "seq_len": [16384, 32768, 49152], "window": [3, 7, 11], "max_piece_len": [896, 2048, 2048],
     "max_pieces": [63, 95, 127], "lr_peak": [1.0, 1.52, 1.73],
@@ -37,7 +38,8 @@ COLUMNS = {
 
 
 def rows(**changes: list) -> list[dict]:
-    """Record D's rows with `changes` ({column: a value per row}) in place of its columns."""
+    """record_2026_07_17's rows with `changes` ({column: a value per row}) in place of its
+    columns."""
     columns = COLUMNS | changes
     per_row = zip(*columns.values(), strict=True)
     return [dict(zip(columns, values, strict=True)) for values in per_row]
@@ -176,10 +178,11 @@ def test_final_validation_row(run) -> None:
 @pytest.mark.parametrize(
     "misreading",
     [
-        {"train": {"stages": {"peak_edges": [0.33, 0.66]}}},  # record C's edges: 456, 911
-        {"train": {"stages": {"rows": rows(lr_peak=[1.0, 1.51, 1.93])}}},  # record C's peaks
-        {"optim": {"schedule": {"min_lr_frac": 0.1}}},  # record C's floor
-        {"optim": {"schedule": {"cooldown_frac": 0.55}}},  # record C's cooldown
+        {"train": {"stages": {"peak_edges": [0.33, 0.66]}}},  # record_2025_11_29's edges: 456, 911
+        # record_2025_11_29's peaks
+        {"train": {"stages": {"rows": rows(lr_peak=[1.0, 1.51, 1.93])}}},
+        {"optim": {"schedule": {"min_lr_frac": 0.1}}},  # record_2025_11_29's floor
+        {"optim": {"schedule": {"cooldown_frac": 0.55}}},  # record_2025_11_29's cooldown
         {"optim": {"muon": {"momentum_cooldown_steps": 40}}},  # cooldown over the extension
     ],
 )
@@ -247,7 +250,7 @@ def reference_buffers(tokens: np.ndarray, steps: list[tuple[int, int]], rows: in
 
 
 def toy_run(tmp_path: Path, caps: list[int], limits: list[int], lengths: list[int]):
-    """Record D's data keys at toy size: 6 scheduled steps + 1 extension, L = 8/16/24."""
+    """record_2026_07_17's data keys at toy size: 6 scheduled steps + 1 extension, L = 8/16/24."""
     write_shard(tmp_path / "train_000000.bin", docs(lengths))
     table = [{"seq_len": n, "max_piece_len": cap} for n, cap in zip((8, 16, 24), caps, strict=True)]
     for row, limit in zip(table, limits, strict=False):

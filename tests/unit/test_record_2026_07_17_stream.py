@@ -1,4 +1,4 @@
-"""Record D's residual stream, the parts built so far (docs/records.md D.1 forward,
+"""record_2026_07_17's residual stream, the parts built so far (docs/records.md D.1 forward,
 steps 4 and 5): the per-token skip gate and the attention of the late layers reading an
 earlier layer's output, checked at each layer's input against the formulas in float64."""
 
@@ -42,7 +42,7 @@ def test_the_skip_gate_is_per_token() -> None:
     assert gate.std() > 0.01  # it does vary by token
     want = got["out"][1] + gate * got["out"][0]
     torch.testing.assert_close(ins[2], want, rtol=1e-13, atol=1e-13)
-    one_weight = got["out"][1] + torch.sigmoid(w) * got["out"][0]  # record C's gate
+    one_weight = got["out"][1] + torch.sigmoid(w) * got["out"][0]  # record_2025_11_29's gate
     assert (ins[2] - one_weight).abs().max() > 1e-3
     without_two = got["out"][1] + gate / 2 * got["out"][0]
     assert (ins[2] - without_two).abs().max() > 1e-3
@@ -67,8 +67,8 @@ def test_a_closed_token_gate_is_record_2025_11_29_skip() -> None:
 
 
 def test_later_layers_attend_from_an_earlier_output() -> None:
-    """With attn_input_layer = 0 the attention of layers 1–3 reads RMSNorm(out₀), layer 0 its
-    own stream (record D: layers 8–10 read RMSNorm(c₇)). Layer 1's own stream is out₀ anyway;
+    """With attn_input_layer = 0 the attention of layers 1–3 reads RMSNorm(out₀), layer 0 its own
+    stream (record_2026_07_17: layers 8–10 read RMSNorm(c₇)). Layer 1's own stream is out₀ anyway;
     layers 2 and 3 tell the two apart."""
     _, _, ins, got = run(update(BASE, {"residual.attn_input_layer": 0}))
     torch.testing.assert_close(got["attn"][0], F.rms_norm(ins[0], (32,)))
@@ -82,7 +82,7 @@ def test_later_layers_attend_from_an_earlier_output() -> None:
 
 def test_x0_is_injected_right_after_attention() -> None:
     """x ← r·x + p·Attn(u) + λ^x0_ℓ·x0, then the MLP; a layer without attention injects
-    nothing (D.1 step 5; record D's layer 6)."""
+    nothing (D.1 step 5; record_2026_07_17's layer 6)."""
     cfg = update(BASE, {"residual.x0_after_attention": True, "residual.sublayer_scales": True,
                         "attention.layers": "A.AA"})  # fmt: skip
     torch.manual_seed(0)

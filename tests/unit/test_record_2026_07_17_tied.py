@@ -1,9 +1,9 @@
-"""Record D's tied token table and head (docs/records.md D.3 "The tied head and embedding", D.10
-item 6; optim/tied.py) against the rule written out in float64: while tied, at each Adam update (odd
-steps, two summed gradients) E's sum joins W's, W takes one Adam step and E becomes W, E's state
-idle; after the update of step s_split E's m, v, t become W's; then they step apart. With negative
-controls (no gradient sum, no state copy, the copy a pair early or late), exact resume on either
-side of the split, and the option's checks."""
+"""record_2026_07_17's tied token table and head (docs/records.md D.3 "The tied head and embedding",
+D.10 item 6; optim/tied.py) against the rule written out in float64: while tied, at each Adam update
+(odd steps, two summed gradients) E's sum joins W's, W takes one Adam step and E becomes W, E's
+state idle; after the update of step s_split E's m, v, t become W's; then they step apart. With
+negative controls (no gradient sum, no state copy, the copy a pair early or late), exact resume on
+either side of the split, and the option's checks."""
 
 import io
 
@@ -24,7 +24,7 @@ STEPS = 10
 SHAPE = (6, 4)
 EPS = 1e-10
 # Different settings for the two groups, so a copy of the wrong state or a step with the
-# wrong group shows; W's as record D's head (lr 0.008, betas (0.5, 0.95), decay).
+# wrong group shows; W's as record_2026_07_17's head (lr 0.008, betas (0.5, 0.95), decay).
 E_SET = {"lr": 0.03, "betas": (0.9, 0.99), "weight_decay": 0.0}
 W_SET = {"lr": 0.008, "betas": (0.5, 0.95), "weight_decay": 0.5}
 
@@ -236,8 +236,8 @@ def test_build_checks_the_pair() -> None:
 
 
 def test_a_tie_past_the_run_is_named_at_start(tmp_path) -> None:
-    """Record D's preset shortened below its split (921) keeps the pair tied throughout: the
-    run's start says so and names the key; a split inside the run says nothing."""
+    """record_2026_07_17's preset shortened below its split (921) keeps the pair tied throughout:
+    the run's start says so and names the key; a split inside the run says nothing."""
     import dataclasses
 
     from trainer.observe.console import tie_outlasts_run

@@ -1,4 +1,4 @@
-"""Record D's value embeddings (docs/records.md D.1, "Gated value embeddings"): five
+"""record_2026_07_17's value embeddings (docs/records.md D.1, "Gated value embeddings"): five
 untied tables, N(0, 0.01²), each added to its layer's values gated per head,
 aux_h = 2σ([u[0:6], ve[0:6]]·G[h]ᵀ)·ve_h, v ← v + aux; checked against the formula in float64."""
 
@@ -58,7 +58,7 @@ def test_the_gated_value_is_the_formula(monkeypatch: pytest.MonkeyPatch) -> None
     ):
         wrong = (raw + gate[..., None] * ve.view(2, 9, 2, 16)).transpose(1, 2)
         assert (wrong - seen_v[1]).abs().max() > 1e-4
-    assert not hasattr(attn, "value_mix")  # record C's α, β are gone
+    assert not hasattr(attn, "value_mix")  # record_2025_11_29's α, β are gone
 
 
 def test_the_gate_starts_open_and_the_tables_small(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,15 +1,15 @@
-"""Record M's whole model (docs/records.md M.1, M.2) against the float64 reference that follows the
-record's description alone (tests/record_medium_2025_12_31_reference.py, which imports nothing of
-the project): the record's 16-layer table and the same table resampled to 8 layers (with two skips
-ending at one layer), at a toy width (4 heads of 16), every parameter random so that every mechanism
-matters. Logits to 1e-9, every parameter's gradient of the multi-token loss to 1e-7, the evaluation
-loss to 1e-11. Four misreadings of the reference (record D's key-offset channels, record D's
-value-gate input, the skips' sources reversed, no x02) move the logits by far more than that. The
-tie: while it holds, the table is the head's copy (the optimizer keeps it so, optim/tied.py), and
-the model is then the record's forward that reads the head's rows, whatever the record's own unused
-E holds; the two tables' gradients sum to the record's one tensor's. The bf16 roundings are the
-preset's, tested by its training step below and by their formulas elsewhere (test_loss.py,
-test_record_medium_2025_12_31_optim.py)."""
+"""record_medium_2025_12_31's whole model (docs/records.md M.1, M.2) against the float64 reference
+that follows the record's description alone (tests/record_medium_2025_12_31_reference.py, which
+imports nothing of the project): the record's 16-layer table and the same table resampled to 8
+layers (with two skips ending at one layer), at a toy width (4 heads of 16), every parameter random
+so that every mechanism matters. Logits to 1e-9, every parameter's gradient of the multi-token loss
+to 1e-7, the evaluation loss to 1e-11. Four misreadings of the reference (record_2026_07_17's
+key-offset channels, record_2026_07_17's value-gate input, the skips' sources reversed, no x02) move
+the logits by far more than that. The tie: while it holds, the table is the head's copy (the
+optimizer keeps it so, optim/tied.py), and the model is then the record's forward that reads the
+head's rows, whatever the record's own unused E holds; the two tables' gradients sum to the record's
+one tensor's. The bf16 roundings are the preset's, tested by its training step below and by their
+formulas elsewhere (test_loss.py, test_record_medium_2025_12_31_optim.py)."""
 
 import pytest
 import torch
@@ -40,8 +40,8 @@ RECORD_MEDIUM_2025_12_31 = dotted(OmegaConf.to_container(OmegaConf.load(PRESET))
 # windows LSLSSLSL, tables 024..024; the skips chosen so that two end at one layer.
 EIGHT = {"n_layer": 8, "residual.skips": [[3, 4], [2, 5], [1, 5]], "residual.backout_layer": 5}
 SHAPES = {
-    16: ref.RecordMShape(head_dim=D, n_head=H),
-    8: ref.RecordMShape(n_layer=8, n_head=H, head_dim=D, window="LSLSSLSL",
+    16: ref.ModelShape(head_dim=D, n_head=H),
+    8: ref.ModelShape(n_layer=8, n_head=H, head_dim=D, window="LSLSSLSL",
                         value_table="024..024", skips=((3, 4), (2, 5), (1, 5)), backout_layer=5),
 }  # fmt: skip
 
@@ -259,6 +259,7 @@ def test_the_preset_takes_a_training_step_with_its_roundings() -> None:
     ],
 )  # fmt: skip
 def test_bad_settings_name_their_key(changes: dict, says: str) -> None:
-    """Each of record M's keys, set where it cannot work, fails naming what to change."""
+    """Each of record_medium_2025_12_31's keys, set where it cannot work, fails naming what to
+    change."""
     with pytest.raises(ValueError, match=says):
         update(config(16), changes).validate()

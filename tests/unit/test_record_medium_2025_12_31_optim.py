@@ -1,15 +1,15 @@
-"""Record M's optimizers (docs/records.md M.3, M.10 item 7) from the preset itself
+"""record_medium_2025_12_31's optimizers (docs/records.md M.3, M.10 item 7) from the preset itself
 (experiment=record_medium_2025_12_31) and against M.3's formulas written here in float64:
 
 - every tensor's optimizer, LR at f = 1, betas, weight-decay factor and decay per step, to
   M.3's table's printed digits;
 - NorMuon's steps 1–5 (momentum, Polar Express, per-row normalisation of every matrix, the
   8 × 16 gates too, the cautious decay on the weights) against a float64 reference, with
-  misreadings that must fail (record D's per-column axis for wide matrices, P without its
-  factor 2, record D's β₂);
+  misreadings that must fail (record_2026_07_17's per-column axis for wide matrices, P without its
+  factor 2, record_2026_07_17's β₂);
 - a bf16 gate's step with its two factors rounded to bf16;
 - the tie: the head's and the table's gradients summed every step, as one tensor's
-  (optim.tie_sum=step), which in bf16 differs from record D's sum of the pairs' sums.
+  (optim.tie_sum=step), which in bf16 differs from record_2026_07_17's sum of the pairs' sums.
 """
 
 import pytest
@@ -163,9 +163,11 @@ def test_normuon_steps_are_the_formula_and_misreadings_are_not(preset) -> None:
     for step in (0, 1):
         assert close(got[step], want[step], 1e-12), step
     misreadings = {
-        "the gate per column (record D's shape rule)": reference(weights, grads, axis="shape"),
+        "the gate per column (record_2026_07_17's shape rule)": reference(
+            weights, grads, axis="shape"
+        ),
         "P at 1 (lr_mul unread)": reference(weights, grads, m={**M, "qkvo": 1.0}),
-        "beta2 0.9 (record D)": reference(weights, grads, beta2=0.9),
+        "beta2 0.9 (record_2026_07_17)": reference(weights, grads, beta2=0.9),
     }
     for name, wrong in misreadings.items():
         assert not close(got[1], wrong[1], 1e-6), name
@@ -208,7 +210,7 @@ def tie_pair(tie_sum: str) -> tuple[torch.Tensor, torch.Tensor, Adam]:
 def test_the_tie_sums_one_tensors_gradient_every_step() -> None:
     """optim.tie_sum=step: W's update takes (g_W + g_E)₀ + (g_W + g_E)₁, each sum rounded to
     bf16 as autograd's for the record's one tensor; the table follows W, and after the second
-    update takes W's Adam state (t = 2) and trains apart. Record D's form, (g_W₀ + g_W₁) +
+    update takes W's Adam state (t = 2) and trains apart. record_2026_07_17's form, (g_W₀ + g_W₁) +
     (g_E₀ + g_E₁), differs in bf16 on these gradients."""
     gen = torch.Generator().manual_seed(3)
     grads = [(torch.randn(6, 4, generator=gen).bfloat16(), torch.randn(6, 4, generator=gen)
@@ -236,4 +238,4 @@ def test_the_tie_sums_one_tensors_gradient_every_step() -> None:
         opt.step()
     assert not torch.equal(embed.detach(), head.detach()) and int(opt.state[embed]["step"]) == 3
     pairs = (grads[0][0] + grads[1][0]) + (grads[0][1] + grads[1][1])
-    assert not torch.equal(pairs, one)  # record D's order rounds otherwise here
+    assert not torch.equal(pairs, one)  # record_2026_07_17's order rounds otherwise here

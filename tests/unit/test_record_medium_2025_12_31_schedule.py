@@ -1,12 +1,12 @@
-"""Record M's schedules and batches (docs/records.md M.4, M.5, M.10 item 8), through the
-objects a run calls (`Schedule.for_run`, `yarn_table`), from the preset itself
+"""record_medium_2025_12_31's schedules and batches (docs/records.md M.4, M.5, M.10 item 8), through
+the objects a run calls (`Schedule.for_run`, `yarn_table`), from the preset itself
 (experiment=record_medium_2025_12_31).
 
 The expected numbers are M.4's table of boundary steps, every row to its printed digits: the
 LR multiplier f(s) and η_s, the momentum μ_s, the tokens per step, the short and long windows,
 the attention scale s_attn, the MTP weights' count and last weight, and 1.2·η_s². Negative
 controls: plausible misreadings (the plateaus switching with the batch at 1,175, YaRN at every
-window change, record C's cooldown fraction) must fail the same check.
+window change, record_2025_11_29's cooldown fraction) must fail the same check.
 """
 
 import pytest
@@ -104,7 +104,7 @@ def test_every_row_of_m4_is_the_presets() -> None:
     [
         ["train.stages.peak_edges=[]"],  # the plateaus with the batch: 2.0 at 1,175
         ["model.attention.yarn_max_window=0"],  # YaRN at every window change
-        ["optim.schedule.cooldown_frac=0.55"],  # record C's cooldown
+        ["optim.schedule.cooldown_frac=0.55"],  # record_2025_11_29's cooldown
     ],
 )
 def test_misreadings_fail_the_table(misreading: list[str]) -> None:

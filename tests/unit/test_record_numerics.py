@@ -61,7 +61,7 @@ def test_reciprocal_rope_frequencies_and_bf16_tables_are_record_2024_11_06():
     differ = default.inv_freq != record
     assert differ.any()
     assert torch.equal(torch.nextafter(default.inv_freq, record)[differ], record[differ])
-    # Record A's tables: fp32 angles t·θ, cos and sin rounded to bf16.
+    # record_2024_11_06's tables: fp32 angles t·θ, cos and sin rounded to bf16.
     t = torch.arange(T).type_as(record)
     freqs = torch.outer(t, record)
     cos, sin = freqs.cos().bfloat16(), freqs.sin().bfloat16()
@@ -72,7 +72,7 @@ def test_reciprocal_rope_frequencies_and_bf16_tables_are_record_2024_11_06():
 
 
 def test_record_2024_11_06_rotation_in_bf16():
-    """Record A rotates bf16 q/k with the bf16 tables: y1 = x1·cos + x2·sin,
+    """record_2024_11_06 rotates bf16 q/k with the bf16 tables: y1 = x1·cos + x2·sin,
     y2 = x1·(−sin) + x2·cos, every product and sum rounded to bf16."""
     d, T = 128, 256
     inv_freq = 1 / 10000 ** (torch.arange(0, d, 2).float() / d)
@@ -86,7 +86,7 @@ def test_record_2024_11_06_rotation_in_bf16():
 
 
 def test_half_truncated_rope_is_record_2025_01_26_as_it_is():
-    """Record B's frequencies (1/1024)^linspace(0, 1, d/4), then d/4 zeros, its fp32 tables
+    """record_2025_01_26's frequencies (1/1024)^linspace(0, 1, d/4), then d/4 zeros, its fp32 tables
     from an einsum of positions and frequencies, and its fp32 rotation of bf16 q/k: the
     "half_truncated" mode already computes all of it the same way (no option needed)."""
     d, T = 128, 1024
@@ -106,8 +106,8 @@ def test_half_truncated_rope_is_record_2025_01_26_as_it_is():
 
 
 def record_2024_11_06_zeropower(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """Record A's Newton–Schulz of one 2-D matrix, in its order: normalise, then transpose a
-    tall matrix (a view), then P = A·X, X = a·X + b·P + c·A @ P (Python: (c·A)·P)."""
+    """record_2024_11_06's Newton–Schulz of one 2-D matrix, in its order: normalise, then transpose
+    a tall matrix (a view), then P = A·X, X = a·X + b·P + c·A @ P (Python: (c·A)·P)."""
     a, b, c = A_COEFFS
     X = G.bfloat16()
     X /= X.norm() + eps
@@ -123,7 +123,7 @@ def record_2024_11_06_zeropower(G: torch.Tensor, steps: int = 5, eps: float = 1e
 
 
 def record_2025_01_26_zeropower(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """Record B's, batched over leading dimensions: transpose a tall stack (a view), each
+    """record_2025_01_26's, batched over leading dimensions: transpose a tall stack (a view), each
     matrix divided by its own norm, then B = b·A + c·A @ A (Python: (c·A)·A), X = a·X + B·X."""
     a, b, c = A_COEFFS
     X = G.bfloat16()
@@ -164,8 +164,8 @@ def test_one_iteration_of_each_record_form():
 
 def test_expanded_zeropower_is_record_2024_11_06():
     """5 steps in bf16, incl. the normalisation and the transpose rule; 1536×384 is tall like
-    record A's W_fc, large enough that its column-major view rounds unlike a contiguous copy
-    on a CPU."""
+    record_2024_11_06's W_fc, large enough that its column-major view rounds unlike a contiguous
+    copy on a CPU."""
     for shape, seed in (((256, 256), 4), ((64, 256), 5), ((256, 64), 6), ((1536, 384), 7)):
         G = _randn(*shape, seed=seed)
         record = record_2024_11_06_zeropower(G)
@@ -186,9 +186,10 @@ def test_factored_unfused_zeropower_is_record_2025_01_26():
 # main one (its bf16 is asked for, whatever the CPU: no CPU-dependent path; Makefile)
 @pytest.mark.slow
 def test_orthogonalise_batches_record_forms_as_the_records_run_them():
-    """Muon's batched path: matrices of one shape share a stack, tall ones batched tall (so each
-    is iterated in the record's layout), a lone matrix passed as itself, a 3-stack per slice.
-    Every result is the record's, matrix by matrix (record A) or per parameter (record B)."""
+    """Muon's batched path: matrices of one shape share a stack, tall ones batched tall (so each is
+    iterated in the record's layout), a lone matrix passed as itself, a 3-stack per slice. Every
+    result is the record's, matrix by matrix (record_2024_11_06) or per parameter
+    (record_2025_01_26)."""
     # Tall shapes large enough that, on a CPU, a contiguous copy and a stack of one round unlike
     # the record's column-major 2-D view.
     updates = {
@@ -203,7 +204,7 @@ def test_orthogonalise_batches_record_forms_as_the_records_run_them():
         assert form in RECORD_FORMS
         out = orthogonalise(list(updates.values()), "classic", 5, 1e-7, torch.bfloat16, form)
         for i, u in updates.items():
-            if record is None:  # record A: one 2-D matrix at a time
+            if record is None:  # record_2024_11_06: one 2-D matrix at a time
                 want = torch.stack(
                     [record_2024_11_06_zeropower(m) for m in u.reshape(-1, *u.shape[-2:])]
                 )
@@ -269,7 +270,7 @@ def test_cooldown_form_is_checked():
 
 
 def test_steps_cooldown_is_record_2024_11_06_at_every_step():
-    """Record A: 1 until step 2286, then (3200 − s)/914 with an integer 914."""
+    """record_2024_11_06: 1 until step 2286, then (3200 − s)/914 with an integer 914."""
     got = [lr_multiplier(s, 3200, 0, 0.2856, 0.0) for s in range(3200)]
     assert got == [1.0 if s < 2286 else (3200 - s) / 914 for s in range(3200)]
 

@@ -2,9 +2,9 @@
 docs/records.md gives for its record: steps, batch and sequence lengths, every LR, betas, eps,
 the momentum warmup, the window schedule's end, the LR floor, validation tokens and cadence.
 
-The numbers below are copied from docs/records.md (records A and B), not from the presets, and the
-schedules are checked through the functions a run calls, so a preset that drifts from its
-record fails here.
+The numbers below are copied from docs/records.md (record_2024_11_06 and record_2025_01_26), not
+from the presets, and the schedules are checked through the functions a run calls, so a preset that
+drifts from its record fails here.
 """
 
 import math
@@ -25,7 +25,7 @@ def resolved(name: str):
 
 
 def test_record_2024_11_06_preset_is_records_md() -> None:
-    """docs/records.md, record A (2024-11-06, #9): A.1, A.3, A.4, A.5."""
+    """docs/records.md, record_2024_11_06 (2024-11-06, #9): A.1, A.3, A.4, A.5."""
     c = resolved("record_2024_11_06")
     m, t, mu, a, s = c.model, c.train, c.optim.muon, c.optim.adamw, c.optim.schedule
     assert (m.n_layer, m.n_head, m.n_embd, m.vocab_size) == (12, 6, 768, 50304)
@@ -63,7 +63,7 @@ def test_record_2024_11_06_preset_is_records_md() -> None:
 
 
 def test_record_2025_01_26_preset_is_records_md() -> None:
-    """docs/records.md, record B (2025-01-26, #21): B.1, B.3, B.4, B.5."""
+    """docs/records.md, record_2025_01_26 (2025-01-26, #21): B.1, B.3, B.4, B.5."""
     c = resolved("record_2025_01_26")
     m, t, mu, a, s = c.model, c.train, c.optim.muon, c.optim.adamw, c.optim.schedule
     assert (m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.embed.rows) == (12, 6, 768, 50304, 50257)

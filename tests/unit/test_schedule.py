@@ -93,7 +93,7 @@ def test_record_2025_01_26_lr_schedule_at_its_boundaries():
 
 
 def test_momentum_warmup_at_its_boundaries():
-    """Record A: 0.85 + 0.10 min(s / 500, 1); record B the same over 300 steps."""
+    """record_2024_11_06: 0.85 + 0.10 min(s / 500, 1); record_2025_01_26 the same over 300 steps."""
     a = Schedules(3200, ScheduleConfig(), 500, 0.85, 0.95)
     assert [a.at(s).muon_momentum for s in (0, 250, 500, 3199)] == pytest.approx(
         [0.85, 0.90, 0.95, 0.95]

@@ -1,10 +1,10 @@
-"""The 2025-11 record's schedules (docs/records.md, record C (C.4)): LR peaks by their own
+"""The 2025-11 record's schedules (docs/records.md, record_2025_11_29 (C.4)): LR peaks by their own
 edges, the Muon momentum cooldown, the sequence length and the windows by stage, the extension
 steps and the YaRN table, through the objects a run calls (`Schedule.for_run`, `yarn_table`).
 
 The expected numbers are C.4's table, copied to its printed digits, and a reference written
 from C.4's formulas below (no project module inside it). With the new keys at their defaults,
-record B's preset must give today's values at every step, bit for bit.
+record_2025_01_26's preset must give today's values at every step, bit for bit.
 """
 
 import pytest
@@ -24,7 +24,7 @@ from trainer.schedule import Schedule
 
 STEPS, SCHEDULED = 2160, 2120  # C.4: 2,120 scheduled + 40 extension steps
 
-# Record C's settings as a run's config would hold them (the keys this file tests).
+# record_2025_11_29's settings as a run's config would hold them (the keys this file tests).
 ATTENTION = {"window": "LSSSLSSLSSSL", "window_block": 128, "yarn": True, "scale": 0.1,
              "rope": "half_truncated"}  # fmt: skip
 # Its stage table: three equal stages of the 2,120 scheduled steps, the peaks by their own edges
@@ -32,7 +32,8 @@ ROWS = {"seq_len": [16384, 32768, 49152], "window": [3, 7, 11], "lr_peak": [1.0,
 
 
 def rows(**changes: list) -> list[dict]:
-    """Record C's rows with `changes` ({column: a value per row}) in place of its columns."""
+    """record_2025_11_29's rows with `changes` ({column: a value per row}) in place of its
+    columns."""
     columns = ROWS | changes
     per_row = zip(*columns.values(), strict=True)
     return [dict(zip(columns, values, strict=True)) for values in per_row]
@@ -58,12 +59,12 @@ RECORD_2025_11_29 = {
 
 
 def stages(**changes: object) -> dict:
-    """The changes that set record C's stage-table entries `changes`."""
+    """The changes that set record_2025_11_29's stage-table entries `changes`."""
     return {"train": {"stages": changes}}
 
 
 def record_2025_11_29(**changes: dict) -> Config:
-    """Record C's config, validated, with `changes` ({group: {key: value}}) merged in."""
+    """record_2025_11_29's config, validated, with `changes` ({group: {key: value}}) merged in."""
     return to_config(OmegaConf.to_container(OmegaConf.merge(RECORD_2025_11_29, changes)))
 
 
@@ -246,7 +247,8 @@ def test_yarn_table_steps_are_cumulative_and_keep_equal_windows() -> None:
         yarn_table(base, [], 128, 0.1)
 
 
-# --- off by default: record B's preset is today's, bit for bit ------------------------------
+# --- off by default: record_2025_01_26's preset is today's, bit for bit
+# ------------------------------
 
 
 def test_defaults_leave_record_2025_01_26_bitwise() -> None:
@@ -271,12 +273,12 @@ def test_defaults_leave_record_2025_01_26_bitwise() -> None:
         == {"window_tokens": window_at(1770, 1770, 1728)}
         == {"window_tokens": 1728.0}
     )
-    assert t.tokens_after(1770) == 695_992_320  # C.5: record B's total
+    assert t.tokens_after(1770) == 695_992_320  # C.5: record_2025_01_26's total
 
 
 def test_extension_steps_hold_the_floor_and_the_final_window() -> None:
     """Without peaks, extension steps run at the floor, after the usual cooldown over the
-    scheduled steps; record B's linear window stops growing at the scheduled end."""
+    scheduled steps; record_2025_01_26's linear window stops growing at the scheduled end."""
     c = to_config(
         {
             "train": {"steps": 110, "extension_steps": 10},

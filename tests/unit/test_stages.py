@@ -1,6 +1,6 @@
-"""The stage table (stages/table.py): its one rule against hand-written boundaries of records
-C and D, every column of a run read through it, its checks, the old keys' one-line errors and
-a checkpoint saved with the former parallel lists read as the table."""
+"""The stage table (stages/table.py): its one rule against hand-written boundaries of
+record_2025_11_29 and record_2026_07_17, every column of a run read through it, its checks, the old
+keys' one-line errors and a checkpoint saved with the former parallel lists read as the table."""
 
 import math
 import shutil
@@ -85,7 +85,7 @@ def test_record_2026_07_17_boundaries_and_its_mtp_bits() -> None:
 
 def test_peaks_without_edges_switch_with_the_stages() -> None:
     """Without peak_edges the plateau is the step's stage's, min(⌊P·s / S⌋, P − 1), the
-    batch's rule; with record C's edges it steps up at x > edge instead."""
+    batch's rule; with record_2025_11_29's edges it steps up at x > edge instead."""
     for n in (1, 2, 3, 4):
         table = StageTable(rows=[Stage(lr_peak=1.0 + i) for i in range(n)])
         for total in (1, 5, 7, 1380, 2120):
@@ -207,7 +207,7 @@ def old_form(conf: Config) -> dict:
     return saved
 
 
-@pytest.mark.parametrize("preset", [C, D], ids=["record C", "record D"])
+@pytest.mark.parametrize("preset", [C, D], ids=["record_2025_11_29", "record_2026_07_17"])
 def test_a_config_saved_with_the_lists_reads_as_the_table(preset: list[str]) -> None:
     conf = to_config(compose_config(preset))
     saved = upgrade_saved(old_form(conf))

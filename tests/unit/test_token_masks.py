@@ -1,6 +1,6 @@
 """Token-granular sliding windows (model.attention.window_granularity=token, the 2025-11 record):
 i − j ≤ W tokens, in the block-level FlexAttention mask and the dense mask, against
-`create_block_mask` on the rule written out from record C (docs/records.md, C.1;
+`create_block_mask` on the rule written out from record_2025_11_29 (docs/records.md, C.1;
 tests/unit/test_masks.py holds the block-granular rule's tests and the helpers shared here)."""
 
 from collections.abc import Callable
@@ -16,16 +16,16 @@ from tests.unit.test_masks import effective_mask, row, tile_sets
 
 
 def token_windows(block: int) -> list[int]:
-    """Record C's windows (docs/records.md) around block boundaries, for blocks of 128: 1, 127,
-    128, 129, 255 (the first to hold a tile whole), 300, 384, 640 and more than any length; the
+    """record_2025_11_29's windows (docs/records.md) around block boundaries, for blocks of 128: 1,
+    127, 128, 129, 255 (the first to hold a tile whole), 300, 384, 640 and more than any length; the
     same places relative to a smaller block."""
     b = block
     return [0, 1, b - 1, b, b + 1, 2 * b - 1, 300 * b // 128, 3 * b, 5 * b, 10**6]
 
 
 def token_rule(idx: Tensor, W: int) -> Callable:
-    """The reference mask function, from record C (docs/records.md, C.1): j ≤ i, same document,
-    i − j ≤ W."""
+    """The reference mask function, from record_2025_11_29 (docs/records.md, C.1): j ≤ i, same
+    document, i − j ≤ W."""
     docs = (idx == EOT).cumsum(-1)
 
     def allowed(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:

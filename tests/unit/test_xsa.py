@@ -22,7 +22,7 @@ from tests.reference import norm, rotate
 BASE = ModelConfig(n_layer=3, n_head=2, n_embd=32)
 ON = update(BASE, {"attention.xsa": "X.X"})
 ON_LAYERS = (0, 2)
-RECORD = ".X.XX..XX.X"  # record D's 11-layer XSA pattern
+RECORD = ".X.XX..XX.X"  # record_2026_07_17's 11-layer XSA pattern
 WRONG = ("sign", "no tanh", "previous token", "unnormalised", "no floor")
 
 

@@ -38,7 +38,8 @@ RENAMED = {
 _OLD = {new: old for old, new in RENAMED.items()}
 # Name patterns of a saved optim.roles / optim.adamw.table / optim.lr_mul that no name maps
 PATTERNS = {"mudd_w[12]": "mudd.w[12]"}
-# Record D's table rows that naming 2 made its parts' own settings: {old row: where they went}
+# record_2026_07_17's table rows that naming 2 made its parts' own settings: {old row: where they
+# went}
 TO_PART_SETTINGS = {
     "bigram_embed.weight": ("model", "bigram", "optim", "embed"),
     "bigram_lambdas": ("model", "bigram", "optim", "lambdas"),

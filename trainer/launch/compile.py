@@ -8,12 +8,12 @@ is then compiled for any length. Static, each length gets its own graph (trainin
 validation in eval mode) and neither changes the other. Values that change during a run (the
 attention window, document boundaries) reach the graph as tensors, so they never recompile.
 
-Inductor keeps the intermediates of a fused kernel in fp32 and by default drops a cast to a
-narrower float between two of its ops. The records' specs round at such places (σ to bf16 in
-record D's loss before its e5m2 gradient, the FP8 scales to bf16), and the eager model, which
-the float64 reference tests check, rounds there. `emulate_precision_casts` keeps those casts,
+Inductor keeps the intermediates of a fused kernel in fp32 and by default drops a cast to a narrower
+float between two of its ops. The records' specs round at such places (σ to bf16 in
+record_2026_07_17's loss before its e5m2 gradient, the FP8 scales to bf16), and the eager model,
+which the float64 reference tests check, rounds there. `emulate_precision_casts` keeps those casts,
 so the compiled step computes the roundings the model writes (a conversion per cast; on a CPU,
-record D's head and loss then give eager's gradients bit for bit, against three quarters of
+record_2026_07_17's head and loss then give eager's gradients bit for bit, against three quarters of
 them differing without it: tests/unit/test_record_2026_07_17_head.py).
 
 A second run of the same preset starts fast when the first run's kernels are still on disk:

@@ -144,10 +144,10 @@ def describe_run(
 
 
 def tie_outlasts_run(conf: Config) -> str | None:
-    """A warning when the token table and the head are never updated apart: their first
-    separate Adam update (optim.tie_embed_head_until + optim.adamw.update_every) is past the
-    run's last step. A shortened record run (train.steps=100 on record D's preset, whose tie
-    ends at 921) keeps the pair tied throughout, which is allowed but rarely meant."""
+    """A warning when the token table and the head are never updated apart: their first separate
+    Adam update (optim.tie_embed_head_until + optim.adamw.update_every) is past the run's last step.
+    A shortened record run (train.steps=100 on record_2026_07_17's preset, whose tie ends at 921)
+    keeps the pair tied throughout, which is allowed but rarely meant."""
     until, steps = conf.optim.tie_embed_head_until, conf.train.steps
     apart = until + conf.optim.adamw.update_every
     if not until or apart < steps:
