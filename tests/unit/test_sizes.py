@@ -160,9 +160,9 @@ def test_a_size_without_the_experiments_overlay_is_said(tmp_path: Path) -> None:
     line the warning comes before the run (trainer/cli/main.py)."""
     from trainer.cli.sizes import size_without_overlay
 
-    said = size_without_overlay(["experiment=record_2024_11_06", "size=gpu_toy"], CONF_DIR)
-    assert said is not None and "conf/preset_size/gpu_toy/record_2024_11_06.yaml" in said
-    for quiet in (["experiment=record_2024_11_06", "size=toy"], ["experiment=smoke"],
+    said = size_without_overlay(["experiment=smoke", "size=gpu_toy"], CONF_DIR)
+    assert said is not None and "conf/preset_size/gpu_toy/smoke.yaml" in said
+    for quiet in (["experiment=record_2024_11_06", "size=gpu_toy"], ["experiment=smoke"],
                   ["size=toy"], ["experiment=smoke", "size=toy,full"]):  # fmt: skip
         assert size_without_overlay(quiet, CONF_DIR) is None, quiet
     # A user's own experiment: a conf directory with the experiment and no overlay
