@@ -54,8 +54,8 @@ from model.yarn import yarn_table
 from stages import StageTable
 
 
-def parts(*found: nn.Module | None) -> tuple[nn.Module, ...]:
-    """The parts that are on (built), in order: those acting at one point."""
+def built(*found: nn.Module | None) -> tuple[nn.Module, ...]:
+    """Those of `found` that are built (on), in order: the parts acting at one point."""
     return tuple(p for p in found if p is not None)
 
 
@@ -91,8 +91,8 @@ class GPT(nn.Module):
         # Where each part acts (model/points.py): not a module, so nothing registers twice
         self.points = Points(
             self.scalars, x0_mix=self.x0_lambdas, sublayer_scales=self.sublayer_scales,
-            value_gates=self.value_gates, after_heads=parts(self.xsa),
-            after_attention=parts(self.x0_injection, self.bigram),
+            value_gates=self.value_gates, after_heads=built(self.xsa),
+            after_attention=built(self.x0_injection, self.bigram),
             after_layers=self.mudd,
         )  # fmt: skip
         att = cfg.attention
