@@ -4,8 +4,7 @@ For input u (already RMS-normalised), per head of size D:
 
     q, k, v = u·W_qᵀ, u·W_kᵀ, u·W_vᵀ      (or slices 0, 1, 2 of one merged 3×d×d weight, or of
                                            the 2025-11 record's 4×d×d W_q, W_k, W_v, W_o;
-                                           record_2026_07_17: u·(λ⁰·W_qkv)ᵀ,
-                                           attention.weight_lambdas)
+                                           record_2026_07_17's u·(λ⁰·W_qkv)ᵀ: weight_lambdas)
     v <- mixes(v)                          value residual, value embeddings (model/values.py)
     v <- v + aux                           the MUDD layer, instead of the mixes (model/mudd.py)
     q, k <- rotary(RMSNorm(q)), rotary(RMSNorm(k))   QK-norm (unless attention.qk_norm=false)

@@ -9,14 +9,17 @@ A part declares what the rest of the model needs from it, so nothing else names 
 and it acts at one of the forward's named points (model/points.py).
 """
 
+from abc import ABC, abstractmethod
+
 from torch import nn
 
 
-class Part(nn.Module):
-    """The base of every part (module docstring)."""
+class Part(nn.Module, ABC):
+    """The base of every part (module docstring): a part without `reset` cannot be built."""
 
+    @abstractmethod
     def reset(self) -> None:
-        raise NotImplementedError(f"{type(self).__name__} draws its parameters in reset()")
+        """Draw (or set) the part's parameters in place."""
 
     def fsdp_units(self) -> list[nn.Module]:
         return []

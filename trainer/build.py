@@ -92,7 +92,10 @@ def build_run(
     no checkpointer (a benchmark's random batches)."""
     t, fsdp = conf.train, PARALLELISMS[conf.dist.parallelism].fsdp
     if world is not None and data and world != rt.data_world:
-        raise ValueError(f"world={world} with data: the loader reads {rt.data_world} rank(s)'")
+        raise ValueError(
+            f"world={world} with data: the loader reads {rt.data_world} rank(s); build a wider "
+            "world's share with data=False (a benchmark's own batches)"
+        )
     data_world = world or rt.data_world
     accum_steps = t.accumulation_steps(data_world)
     seed_everything(conf.seed)

@@ -8,6 +8,7 @@ context, and two parts at one point must act in their listed order.
 
 import dataclasses
 
+import pytest
 import torch
 from torch import Tensor
 
@@ -73,3 +74,13 @@ def test_parts_declare_their_init_cast_and_fsdp_unit() -> None:
     bf16 = GPT(update(cfg, {"numerics.dtype": "bf16"}))
     assert bf16.bigram.embed.weight.dtype == torch.bfloat16  # the part's own cast
     assert bf16.bigram.lambdas.dtype == torch.float32 and bf16.xsa.alphas.dtype == torch.float32
+
+
+def test_a_part_without_reset_cannot_be_built() -> None:
+    """init.py resets every part: one that does not say how is refused when built."""
+
+    class Undrawn(Part):
+        pass
+
+    with pytest.raises(TypeError, match="reset"):
+        Undrawn()
